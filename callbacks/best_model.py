@@ -1,0 +1,24 @@
+"""Keeps the best model so far (by `metric_for_best`) as a `save_pretrained` folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nlptrain.checkpoint import export_model
+from nlptrain.events import Callback
+
+
+class SaveBestModel(Callback):
+    # Every rank runs it: `on_main` writes on rank 0 and holds the others until the folder is
+    # complete, so no rank ever reads a half-written model.
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.saved_metrics: dict | None = None
+
+    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+        if is_best:
+            trainer.dist.on_main(lambda: export_model(trainer.unwrapped_model, trainer.tokenizer,
+                                                      self.folder))
+            self.saved_metrics = metrics

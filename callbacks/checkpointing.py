@@ -1,0 +1,36 @@
+"""Periodic checkpoints (every N steps and at epoch ends), and one more on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nlptrain.checkpoint import checkpoint_name, save_checkpoint
+from nlptrain.errors import Interrupted
+from nlptrain.events import Callback
+
+
+class Checkpointer(Callback):
+    # Every rank runs it: the RNG states of all ranks are gathered, rank 0 writes.
+
+    def __init__(self, folder: str | Path, every: int = 0, keep: int = 2) -> None:
+        self.folder = Path(folder)
+        self.every = every
+        self.keep = keep
+        self.last_saved_step = -1
+
+    def save(self, trainer: Any) -> None:
+        if trainer.global_step != self.last_saved_step:
+            save_checkpoint(trainer, self.folder / checkpoint_name(trainer.global_step), self.keep)
+            self.last_saved_step = trainer.global_step
+
+    def on_step_end(self, trainer: Any) -> None:
+        if self.every and trainer.global_step % self.every == 0:
+            self.save(trainer)
+
+    def on_epoch_end(self, trainer: Any) -> None:
+        self.save(trainer)
+
+    def on_exception(self, trainer: Any, error: BaseException) -> None:
+        if isinstance(error, Interrupted):  # all ranks stopped at the same step: safe to save
+            self.save(trainer)

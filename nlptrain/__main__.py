@@ -1,0 +1,5 @@
+import sys
+
+from nlptrain.cli import main
+
+sys.exit(main())

@@ -1,0 +1,145 @@
+"""Checkpoints: written atomically by rank 0, loaded without unpickling code, resumable exactly.
+
+A checkpoint is a folder `step-NNNNNNNN/` holding `model.safetensors` (weights), `state.pt`
+(optimizer, scaler, progress, every rank's RNG states, callback states; tensors and plain values
+only, read with `torch.load(weights_only=True)`) and `meta.json`. It is written under a temporary
+name and renamed, so a crash mid-write leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from nlptrain.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "step-"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
+             "numpy_pos": int(np.random.get_state()[2])}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def identity(trainer: Any) -> dict[str, Any]:
+    """What a checkpoint must match to be loaded into this trainer."""
+    config = trainer.unwrapped_model.config
+    return {"model_type": config.model_type, "labels": trainer.label_names,
+            "hidden_size": getattr(config, "hidden_size", None),
+            "num_hidden_layers": getattr(config, "num_hidden_layers", None)}
+
+
+def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
+    """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
+    rngs = trainer.dist.gather_objects(rng_state())
+    callbacks: dict[str, Any] = {}
+    trainer.callbacks.fire("on_save_checkpoint", trainer, callbacks)
+    state = {"progress": trainer.progress_state(), "optimizer": trainer.optimizer.state_dict(),
+             "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
+    meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
+            "world_size": trainer.dist.world_size}
+
+    def write() -> None:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = folder.parent / f".tmp-{folder.name}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        save_model(trainer.unwrapped_model, str(staging / "model.safetensors"))
+        torch.save(state, staging / "state.pt")
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(staging, folder)
+        if keep:
+            for old in list_checkpoints(folder.parent)[:-keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        log.debug("checkpoint written: %s", folder)
+
+    trainer.dist.on_main(write)
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    """Complete checkpoints in `folder`, oldest first (temporary folders are not complete)."""
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.glob(f"{PREFIX}*") if (p / "meta.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{PREFIX}{step:08d}"
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise CheckpointError(f"{path}: refused: it holds Python objects that could run code "
+                              f"when loaded ({str(err).splitlines()[0][:120]})") from None
+    except (OSError, RuntimeError, EOFError) as err:
+        raise CheckpointError(f"{path}: cannot be read ({err})") from None
+
+
+def load_checkpoint(trainer: Any, folder: Path) -> None:
+    """Restore weights, optimizer, progress, this rank's RNG and callback states."""
+    meta_path = folder / "meta.json"
+    if not meta_path.is_file():
+        raise CheckpointError(f"{folder}: not a complete checkpoint (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    for key, value in identity(trainer).items():
+        if meta.get(key) != value:
+            raise CheckpointError(f"{folder}: made for another model or task ({key} is "
+                                  f"{meta.get(key)!r} there, {value!r} here)")
+    state = read_state(folder / "state.pt")
+    missing, unexpected = load_model(trainer.unwrapped_model, str(folder / "model.safetensors"),
+                                     strict=False, device=str(trainer.device))
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: weights do not fit this model "
+                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.scaler.load_state_dict(state["scaler"])
+    trainer.load_progress_state(state["progress"])
+    rngs = state["rng"]
+    if trainer.dist.world_size == meta["world_size"]:
+        set_rng_state(rngs[trainer.dist.rank])
+    else:
+        log.warning("%s was written by %d ranks, this job has %d: data order resumes exactly, "
+                    "dropout randomness does not", folder, meta["world_size"],
+                    trainer.dist.world_size)
+    trainer.callbacks.fire("on_load_checkpoint", trainer, state["callbacks"])
+    log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1, trainer.global_step)
+
+
+def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    """`save_pretrained` of model and tokenizer (label names in config), replaced atomically."""
+    staging = folder.parent / f".tmp-{folder.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(staging)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)

