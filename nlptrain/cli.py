@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import sys
@@ -25,6 +26,8 @@ log = logging.getLogger("nlptrain")
 FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
               ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
 NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
+# Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
+MORE_COMMANDS: tuple[str, ...] = ()
 
 EPILOG = """examples:
   python -m nlptrain train                                  # the default task on data/
@@ -83,7 +86,7 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, **kwargs)
 
 
-def _run_options(parser: argparse.ArgumentParser) -> None:
+def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="default",
                         help="task file, or the name of one in tasks/ (default: the small "
                              "sentiment set in data/)")
@@ -108,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Fine-tune a model on a task; the run directory "
                                 "gets config.json, metrics.jsonl, checkpoints/, best/, model/.",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _run_options(train)
+    add_run_options(train)
     train.add_argument("--output-dir", help="run directory (default: runs/<task>-<time>)")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in --output-dir from its latest checkpoint")
@@ -121,12 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    description="Accuracy, macro-F1, per-class precision/recall "
                                    "and the confusion matrix of a saved model; the same numbers "
                                    "with 1 or N processes.")
-    _run_options(evaluate)
+    add_run_options(evaluate)
     evaluate.add_argument("--model", required=True, help="a saved model folder (run's model/)")
     evaluate.add_argument("--split", default="test", choices=["test", "valid", "train"],
                           help="which set of the task to score (default: test)")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     evaluate.set_defaults(handler=cmd_eval)
+    for module in MORE_COMMANDS:
+        importlib.import_module(module).add_command(commands)
     return parser
 
 
@@ -158,7 +163,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     opts = recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache)
     with recipe.backend(task.train.timeout) as dist:
-        _logging(args, dist.rank)
+        start_logging(args, dist.rank)
         recipe.train(task, opts, dist)
     return 0
 
@@ -171,14 +176,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     task = resolve_task(args)
     with recipe.backend(task.train.timeout) as dist:
-        _logging(args, dist.rank)
+        start_logging(args, dist.rank)
         metrics = recipe.evaluate(task, args.model, args.split, dist)
         if dist.is_main:
             print(json.dumps(metrics, indent=1) if args.json else metrics_text(metrics))
     return 0
 
 
-def _logging(args: argparse.Namespace, rank: int) -> None:
+def start_logging(args: argparse.Namespace, rank: int) -> None:
     from nlptrain.logs import setup_logging
 
     setup_logging(rank, args.log_level)
