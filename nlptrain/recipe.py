@@ -111,7 +111,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         if sets.test is not None:
             results["test"] = trainer.evaluate(sets.test)
         dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
-        dist.on_main(lambda: (run_dir / "results.json").write_text(json.dumps(results, indent=1)))
+        dist.on_main(lambda: write_outputs(run_dir, results))
     finally:
         trainer.close()
     final = results.get("test") or results.get("valid") or {}
@@ -120,6 +120,11 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
                  "test" if results.get("test") else "valid", final["accuracy"], final["macro_f1"],
                  final["rows"], run_dir / "model")
     return results
+
+
+def write_outputs(run_dir: Path, results: dict[str, Any]) -> None:
+    """What a finished run leaves for people, beside config.json, metrics.jsonl and model/."""
+    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
 
 
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
-
 from conftest import free_port
 
 
