@@ -27,7 +27,7 @@ FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-fil
               ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
 NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
 # Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
-MORE_COMMANDS: tuple[str, ...] = ()
+MORE_COMMANDS: tuple[str, ...] = ("nlptrain.plots", "nlptrain.predict", "nlptrain.data.split")
 
 EPILOG = """examples:
   python -m nlptrain train                                  # the default task on data/
@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in --output-dir from its latest checkpoint")
     train.add_argument("--overwrite", action="store_true",
                        help="replace what --output-dir holds")
+    train.add_argument("--tensorboard", action="store_true",
+                       help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
     _task_options(train)
     train.set_defaults(handler=cmd_train)
 
@@ -161,7 +163,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     task = resolve_task(args)
     opts = recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
-                             overwrite=args.overwrite, use_cache=not args.no_cache)
+                             overwrite=args.overwrite, use_cache=not args.no_cache,
+                             tensorboard=args.tensorboard)
     with recipe.backend(task.train.timeout) as dist:
         start_logging(args, dist.rank)
         recipe.train(task, opts, dist)
@@ -189,6 +192,11 @@ def start_logging(args: argparse.Namespace, rank: int) -> None:
     setup_logging(rank, args.log_level)
 
 
+def _rank_prefix() -> str:
+    rank = os.environ.get("RANK", "0")
+    return "" if rank == "0" else f"[rank {rank}] "
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
     parser = build_parser()
@@ -204,10 +212,16 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("%s", err)
         return 1
     except NlptrainError as err:
-        rank = os.environ.get("RANK", "0")
-        prefix = "" if rank == "0" else f"[rank {rank}] "
-        print(f"{prefix}error: {err}", file=sys.stderr)
+        print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
         return err.exit_code
+    except RuntimeError as err:
+        from nlptrain.distributed import is_peer_failure
+
+        if not is_peer_failure(err):
+            raise
+        print(f"{_rank_prefix()}stopping: another rank failed (see its error); "
+              f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

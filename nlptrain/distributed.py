@@ -82,7 +82,7 @@ class SingleProcess:
         result, and a failure there raises on every rank."""
         return work()
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         pass
 
 
@@ -170,12 +170,22 @@ class Distributed(SingleProcess):
             raise RemoteRankError(f"rank 0 failed: {failure}")
         return result
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Tear the process group down. After a failure, leave it: this process is about to exit,
+        and its closed sockets free the other ranks at once, whereas a teardown could wait on a
+        peer that is still inside a collective, until the timeout."""
+        if failed or not self.owns_group or not dist.is_initialized():
+            return
         # gloo on CPU can hang at exit while DDP's reducer is freed against a gloo worker thread;
         # the trainer has dropped its DDP reference by now, and collecting first cures it.
         gc.collect()
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
+        dist.destroy_process_group()
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Did a collective fail because another rank died (its own error is reported there)?"""
+    text = str(error)
+    return isinstance(error, dist.DistError) or "closed by peer" in text or "reset by peer" in text
 
 
 def from_env(timeout_s: float = 600.0) -> SingleProcess:

@@ -42,6 +42,7 @@ class RunOptions:
     resume: bool = False
     overwrite: bool = False
     use_cache: bool = True
+    tensorboard: bool = False  # also log to RUN_DIR/tensorboard (when the package is installed)
     callbacks: list[Callback] = field(default_factory=list)
 
 
@@ -56,8 +57,10 @@ def backend(timeout: float) -> Iterator[distributed.SingleProcess]:
     dist = distributed.from_env(timeout)
     try:
         yield dist
-    finally:
-        dist.close()
+    except BaseException:
+        dist.close(failed=True)
+        raise
+    dist.close()
 
 
 def collator(tokenizer: Any, task: TaskConfig) -> Collator:
@@ -69,6 +72,11 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
     """Fine-tune per `task`; returns the test metrics (or the last validation metrics)."""
     tokenizer = load_tokenizer(task.model.name)
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
+    config = task.train
+    if task.data.streaming:  # rows counted once; every rank takes one pass of the shortest share
+        from nlptrain.data.streaming import prepare_stream
+
+        config = prepare_stream(sets.train, task.train, dist)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers)
 
@@ -92,7 +100,15 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
                               task.train.keep_checkpoints)]
     best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
     callbacks += [best] if best else []
-    trainer = DistTrainer(model, sets.train, eval_set, config=task.train,
+    if task.data.train_shards:  # each rank swaps in its own file at on_train_start
+        from nlptrain.callbacks import PerRankData
+
+        callbacks.append(PerRankData.from_task(task, sets.vocab, opts.use_cache))
+    if opts.tensorboard:
+        from nlptrain.callbacks.tensorboard import TensorBoardLogger
+
+        callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
+    trainer = DistTrainer(model, sets.train, eval_set, config=config,
                           callbacks=[*callbacks, *opts.callbacks], tokenizer=tokenizer,
                           collate=collator(tokenizer, task), dist=dist)
     try:
@@ -111,7 +127,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         if sets.test is not None:
             results["test"] = trainer.evaluate(sets.test)
         dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
-        dist.on_main(lambda: write_outputs(run_dir, results))
+        dist.on_main(lambda: write_outputs(run_dir, results, task, sets))
     finally:
         trainer.close()
     final = results.get("test") or results.get("valid") or {}
@@ -122,9 +138,24 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
     return results
 
 
-def write_outputs(run_dir: Path, results: dict[str, Any]) -> None:
-    """What a finished run leaves for people, beside config.json, metrics.jsonl and model/."""
-    (run_dir / "results.json").write_text(json.dumps(results, indent=1))
+def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets: Any) -> None:
+    """What a finished run leaves for people, beside config.json, metrics.jsonl and model/:
+    results.json (with the data sizes), plots/*.png and report.md (both rebuilt from files)."""
+    from nlptrain.config import file_spec
+    from nlptrain.plots import plot_run
+    from nlptrain.report import write_report
+
+    data = {}
+    for name in ("train", "valid", "test"):
+        if getattr(sets, name) is not None:
+            spec = file_spec(task, name)
+            source = sets.sources.get(name) or (spec.path if spec else "")
+            if name == "train" and sets.sources:
+                source += " (less the held-out rows)"
+            data[name] = {"rows": len(getattr(sets, name)), "source": source}
+    (run_dir / "results.json").write_text(json.dumps({**results, "data": data}, indent=1))
+    plot_run(run_dir)
+    write_report(run_dir)
 
 
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:

@@ -86,6 +86,8 @@ class Trainer:
         self.interrupted = False
         self._resume_samples = 0
         self._loader_for: tuple[Any, Any] = (None, None)
+        self._failed = False
+        self._owns_dist = dist is None
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
@@ -138,6 +140,7 @@ class Trainer:
                     self.callbacks.fire("on_epoch_end", self)
                     self._next_epoch()
             except BaseException as error:
+                self._failed = True
                 self.callbacks.fire("on_exception", self, error)
                 raise
             finally:
@@ -298,10 +301,11 @@ class Trainer:
             self._resume_samples = 0
 
     def close(self) -> None:
-        """Drop the DDP wrapper and tear the process group down (cures a gloo exit hang)."""
+        """Drop the DDP wrapper (cures a gloo exit hang); end the process group if ours."""
         self.model = self.unwrapped_model
         self._loader_for = (None, None)
-        self.dist.close()
+        if self._owns_dist:
+            self.dist.close(failed=self._failed)
 
 
 class DistTrainer(Trainer):
@@ -314,10 +318,12 @@ class DistTrainer(Trainer):
 
     def __init__(self, model: torch.nn.Module, *args: Any, timeout: float | None = None,
                  **kwargs: Any) -> None:
-        if kwargs.get("dist") is None:
+        made_here = kwargs.get("dist") is None
+        if made_here:
             config = kwargs.get("config") or TrainConfig()
             kwargs["dist"] = distributed.from_env(timeout or config.timeout)
         super().__init__(model, *args, **kwargs)
+        self._owns_dist = made_here
 
 
 def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -78,8 +78,8 @@ class Datasets:
 def stratified_split(labels: np.ndarray, size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held out) row numbers; stratified by label when every class can be split."""
     rows = np.arange(len(labels))
-    counts = np.bincount(labels) if len(labels) else np.zeros(0)
-    stratify = labels if counts[counts > 0].min(initial=0) >= 2 else None
+    present = np.bincount(labels)[np.unique(labels)] if len(labels) else np.zeros(0, dtype=int)
+    stratify = labels if len(present) and present.min() >= 2 else None
     kept, held = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify)
     return np.sort(kept), np.sort(held)
 
@@ -121,18 +121,24 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
     dist = dist or SingleProcess()
     data_dir = Path(task.data_dir or ".")
     specs = {which: file_spec(task, which) for which in ("train", "valid", "test")}
-    if specs["train"] is None:
+    if specs["train"] is None and not task.data.train_shards:
         raise DataError(f"task '{task.name}': no [data] train file")
     vocab = LabelVocab.from_config(task.data.labels) if task.data.labels else None
-    train_files = _files(specs["train"], data_dir, vocab)
+    # Per-rank files or a stream: no rank loads the whole train file (see streaming.py, split.py).
+    per_rank = bool(task.data.train_shards or task.data.streaming)
+    if per_rank:
+        from nlptrain.data.streaming import per_rank_labels
+
+        vocab = per_rank_labels(task, vocab, dist.world_size)
+    train_files = _files(specs["train"], data_dir, vocab) if specs["train"] else []
     cache_dir = None
     if use_cache:
         cache_dir = Path(task.data.cache_dir) if task.data.cache_dir else \
             default_cache_dir(train_files[0].parent if train_files else data_dir)
 
     def load_all() -> Datasets:
-        train, labels = load_file(specs["train"], data_dir, vocab, tokenizer,
-                                  task.model.max_length, cache_dir, "train")
+        train, labels = (None, vocab) if per_rank else load_file(
+            specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train")
         loaded = {"train": train}
         for which in ("valid", "test"):
             if specs[which] is not None:
@@ -147,6 +153,13 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
         dist.on_main(lambda: built.setdefault("sets", load_all()) and None)
     sets = built.get("sets") or load_all()
     seed = task.data.split_seed
+    if per_rank:  # the train rows are read later, each rank its own: nothing to hold out here
+        from nlptrain.data.streaming import StreamingDataset, warn_no_held_out
+
+        warn_no_held_out(task, sets)
+        sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \
+            if task.data.streaming else None
+        return sets
     if sets.test is None and task.data.test_size > 0:
         kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed)
         sets.train, sets.test = sets.train.select(kept), sets.train.select(held)

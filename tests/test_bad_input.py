@@ -1,0 +1,97 @@
+"""Bad input: one clear error naming the file (and line), exit 1, nothing left in the run dir."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nlptrain.cli import main
+
+
+def train(capsys, task: Path, run_dir: Path, *extra: str) -> tuple[int, str]:
+    code = main(["train", "--task", str(task), "--output-dir", str(run_dir), *extra])
+    return code, capsys.readouterr().err
+
+
+def edit(task: Path, old: str, new: str) -> Path:
+    text = task.read_text()
+    assert old in text
+    task.write_text(text.replace(old, new))
+    return task
+
+
+DATA_ERRORS = {
+    "missing file": (lambda d: (d / "train.tsv").unlink(), r"train\.tsv: train file not found"),
+    "empty file": (lambda d: (d / "train.tsv").write_text(""), r"train\.tsv: train file holds no rows"),
+    "row without label": (lambda d: (d / "train.tsv").write_text("text\tlabel\nfine\tpos\nno label\n"),
+                          r"train\.tsv:3: 1 column\(s\), expected at least 2"),
+    "unknown label": (lambda d: (d / "test.tsv").write_text("text\tlabel\nfine\tpos\nhm\tmeh\n"),
+                      r"test\.tsv:3: label 'meh' is not one of the task's labels"),
+    "undecodable bytes": (lambda d: (d / "train.tsv").write_bytes(b"text\tlabel\nna\xefve\tpos\n"),
+                          r"train\.tsv:2: byte 0xef at column 3 is not UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", list(DATA_ERRORS))
+def test_bad_data_is_one_clear_error_and_no_run_dir(capsys, toy_task, tmp_path, case):
+    damage, message = DATA_ERRORS[case]
+    damage(toy_task.parent)
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1
+    assert re.search(message, err), err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_task_key_lists_the_valid_ones(capsys, toy_task, tmp_path):
+    edit(toy_task, "epochs = 2", "epochs = 2\nlearning_rate = 1e-3")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1
+    assert "toy.toml [train]: unknown key 'learning_rate'. Valid keys: epochs, batch_size" in err
+    assert " lr," in err
+
+
+def test_wrong_type_in_task_file(capsys, toy_task, tmp_path):
+    edit(toy_task, "epochs = 2", 'epochs = "two"')
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "toy.toml [train]: 'epochs' must be int, got str 'two'" in err
+
+
+def test_invalid_toml_names_the_line(capsys, toy_task, tmp_path):
+    edit(toy_task, "epochs = 2", "epochs = = 2")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and re.search(r"toy\.toml: not valid TOML: .*line \d+", err)
+
+
+def test_unknown_override_key(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
+    assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
+
+
+def test_model_path_without_a_model(capsys, toy_task, tmp_path):
+    (tmp_path / "empty-model").mkdir()
+    code, err = train(capsys, toy_task, tmp_path / "run", "--model", str(tmp_path / "empty-model"))
+    assert code == 1 and "empty-model: no model here (no config.json)" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_task_name(capsys, tmp_path):
+    code = main(["train", "--task", "no-such-task", "--output-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 1 and "no-such-task: no such task file, and not a shipped task" in err
+    assert "rt-polarity" in err  # lists the shipped tasks
+
+
+def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
+    run = tmp_path / "run"
+    assert train(capsys, toy_task, run, "--epochs", "1")[0] == 0
+    before = sorted(p.name for p in run.iterdir())
+    code, err = train(capsys, toy_task, run, "--epochs", "1")
+    assert code == 1 and "already holds a run; use --resume to continue it, --overwrite" in err
+    assert sorted(p.name for p in run.iterdir()) == before  # untouched
+    edit(toy_task, 'labels = ["neg", "pos"]', 'labels = ["pos", "neg"]')
+    code, err = train(capsys, toy_task, run, "--resume")
+    assert code == 1 and "holds a run with another data" in err
+    assert train(capsys, toy_task, run, "--overwrite", "--epochs", "1")[0] == 0

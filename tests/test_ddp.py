@@ -1,0 +1,143 @@
+"""DistTrainer on real processes (gloo on loopback): sharding, sync, exact evaluation, failures."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from multiprocessing import connection
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import free_port
+from ddp import run_ranks
+from test_events import toy_datasets
+
+from nlptrain import Callback, DistTrainer, TrainConfig
+from nlptrain.data import Collator
+from nlptrain.evaluate import compute_metrics, predict
+from nlptrain.models import load_model
+
+
+class RecordRows(Callback):
+    def __init__(self) -> None:
+        self.rows: dict[int, list[int]] = {}
+
+    def on_batch_start(self, trainer, batch) -> None:
+        self.rows.setdefault(trainer.epoch, []).extend(batch["index"].tolist())
+
+
+def train_worker(rank: int, world: int, folder: str, model_dir: str, rows: int, seed: int) -> dict:
+    own = Path(folder) / f"rank{rank}"  # same seeded rows on every rank, written apart
+    own.mkdir(exist_ok=True)
+    train, test = toy_datasets(own, Path(model_dir), rows=rows, test_rows=15)
+    torch.manual_seed(0)
+    model = load_model(model_dir, ["neg", "pos"])
+    record = RecordRows()
+    config = TrainConfig(epochs=2, batch_size=4, lr=1e-3, seed=seed, timeout=60)
+    trainer = DistTrainer(model, train, test, config=config, callbacks=[record])
+    trainer.fit()
+    params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    result = {"rows": record.rows, "params": params, "metrics": trainer.metrics,
+              "lengths": train.lengths.tolist(), "world": trainer.dist.world_size}
+    trainer.close()
+    return result
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world):
+    rows = 23  # divisible by neither 2 nor 3: the sampler pads with a few repeated rows
+    results = run_ranks(train_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir), rows, 7)
+    assert all(r["world"] == world for r in results)
+    padded = -(-rows // world) * world
+    for epoch in (0, 1):
+        seen = [i for r in results for i in r["rows"][epoch]]
+        assert len(seen) == padded and set(seen) == set(range(rows))  # all rows, only padding repeats
+    # The order changes between epochs (seed + epoch)...
+    assert results[0]["rows"][0] != results[0]["rows"][1]
+    # ...and DDP kept every rank's parameters identical.
+    for name, value in results[0]["params"].items():
+        for other in results[1:]:
+            assert torch.equal(value, other["params"][name]), name
+    # Evaluation metrics are gathered, hence identical on every rank.
+    assert all(r["metrics"] == results[0]["metrics"] for r in results)
+    if world == 2:  # the same seed gives the same order again
+        again = run_ranks(train_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir), rows, 7)
+        assert [r["rows"] for r in again] == [r["rows"] for r in results]
+        other = run_ranks(train_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir), rows, 8)
+        assert [r["rows"] for r in other] != [r["rows"] for r in results]
+
+
+def eval_worker(rank: int, world: int, folder: str, model_dir: str, rows: int) -> dict:
+    from nlptrain import distributed
+
+    dist = distributed.from_env()
+    own = Path(folder) / f"w{world}-rank{rank}"
+    own.mkdir(exist_ok=True)
+    _, test = toy_datasets(own, Path(model_dir), rows=4, test_rows=rows)
+    torch.manual_seed(0)
+    model = load_model(model_dir, ["neg", "pos"])  # same seed: same head on every rank and run
+    found = predict(model, test, dist, Collator(0), batch_size=64)
+    dist.close()
+    return compute_metrics(found, ["neg", "pos"]) | {"probs": found.probs}
+
+
+def test_distributed_evaluation_equals_one_process_exactly(tmp_path, tiny_model_dir):
+    rows = 1067  # divisible by neither 2 nor 3
+    by_world = {w: run_ranks(eval_worker, w, tmp_path, str(tmp_path), str(tiny_model_dir), rows)
+                for w in (1, 2, 3)}
+    reference = by_world[1][0]
+    assert reference["rows"] == rows
+    for world in (2, 3):
+        for result in by_world[world]:
+            for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
+                assert result[key] == reference[key], (world, key)
+            assert torch.allclose(torch.from_numpy(result["probs"]),
+                                  torch.from_numpy(reference["probs"]), atol=1e-5)
+
+
+class RaiseOnRank1(Callback):
+    def on_batch_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.batch_in_epoch == 3:
+            raise RuntimeError("bad row on rank 1")
+
+
+def failing_worker(rank: int, world: int, port: int, folder: str, model_dir: str) -> None:
+    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"})
+    from nlptrain.cli import main  # noqa: F401  (same imports as a CLI run)
+
+    train, test = toy_datasets(Path(folder) / f"r{rank}", Path(model_dir), rows=40)
+    model = load_model(model_dir, ["neg", "pos"])
+    trainer = DistTrainer(model, train, test, config=TrainConfig(batch_size=4, timeout=60),
+                          callbacks=[RaiseOnRank1()])
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+
+
+def test_a_failing_rank_ends_the_job_without_a_hang(tmp_path, tiny_model_dir):
+    """No launcher here to kill the survivors: the library itself must not leave them waiting."""
+    context = multiprocessing.get_context("spawn")
+    port = free_port()
+    for rank in (0, 1):
+        (tmp_path / f"r{rank}").mkdir()
+    procs = [context.Process(target=failing_worker,
+                             args=(rank, 2, port, str(tmp_path), str(tiny_model_dir)))
+             for rank in (0, 1)]
+    for proc in procs:
+        proc.start()
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + 150
+    while len(ended) < 2 and time.monotonic() < deadline:
+        for proc in connection.wait([p.sentinel for p in procs if p.pid not in ended], timeout=1):
+            ended[next(p.pid for p in procs if p.sentinel == proc)] = time.monotonic()
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    assert len(ended) == 2, "a rank was still running after 150 s"
+    assert all(p.exitcode != 0 for p in procs)
+    # The survivor stops right after the failure, far sooner than the 60 s collective timeout.
+    assert abs(ended[procs[0].pid] - ended[procs[1].pid]) < 20

@@ -1,0 +1,127 @@
+"""The event order of a real run, stopping from a callback, and errors reaching on_exception."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, write_toy_tsv
+from transformers import AutoTokenizer
+
+from nlptrain import EVENTS, Callback, TrainConfig, Trainer
+from nlptrain.config import FileSpec
+from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.data.readers import read_examples
+from nlptrain.models import load_model
+
+
+class Recorder(Callback):
+    """Records every event by name, and what a callback can see of the trainer."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.seen: dict[str, object] = {}
+
+    def peek(self, trainer) -> None:
+        self.seen.update(model=trainer.model, optimizer=trainer.optimizer,
+                         scheduler=trainer.scheduler, epoch=trainer.epoch,
+                         global_step=trainer.global_step, steps_per_epoch=trainer.steps_per_epoch)
+
+
+def _recording(event: str):
+    def record(self, trainer, *args) -> None:
+        self.events.append(event)
+        if event == "on_step_end":
+            self.peek(trainer)
+    return record
+
+
+for _event in EVENTS:
+    setattr(Recorder, _event, _recording(_event))
+
+
+def toy_datasets(tmp_path: Path, model_dir: Path, rows: int = 24, test_rows: int = 10):
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    vocab = LabelVocab.from_config(["neg", "pos"])
+    out = []
+    for name, n, seed in (("train", rows, 1), ("test", test_rows, 2)):
+        examples = read_examples(FileSpec(path=str(write_toy_tsv(tmp_path / f"{name}.tsv", n, seed))),
+                                 tmp_path, vocab.values)
+        out.append(TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), tokenizer, 32))
+    return out
+
+
+def make_trainer(tmp_path, tiny_model_dir, callbacks, **config):
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    torch.manual_seed(0)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    settings = {"epochs": 2, "batch_size": 8, "lr": 1e-3, **config}
+    return Trainer(model, train, test, config=TrainConfig(**settings), callbacks=callbacks)
+
+
+STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
+        "on_batch_end"]
+
+
+def test_events_fire_in_the_documented_order(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    make_trainer(tmp_path, tiny_model_dir, [recorder]).fit()  # 24 rows / 8 = 3 batches an epoch
+    epoch = ["on_epoch_start", *STEP * 3, "on_valid_start", "on_valid_end", "on_epoch_end"]
+    assert recorder.events == ["on_train_start", *epoch * 2, "on_train_end"]
+    # What a callback can reach while training.
+    assert recorder.seen["global_step"] == 6 and recorder.seen["epoch"] == 1
+    assert recorder.seen["steps_per_epoch"] == 3 and recorder.seen["scheduler"] is not None
+
+
+def test_readme_event_table_matches_the_recorded_order(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    make_trainer(tmp_path, tiny_model_dir, [recorder], epochs=1).fit()
+    first_seen = list(dict.fromkeys(recorder.events))
+    readme = (REPO / "README.md").read_text()
+    table = re.findall(r"^\|\s*`(on_\w+)`", readme, flags=re.MULTILINE)
+    assert table == list(EVENTS), "README's event table must list EVENTS in order"
+    assert [e for e in EVENTS if e in first_seen] == first_seen
+
+
+def test_gradient_accumulation_fires_step_end_once_per_update(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [recorder], epochs=1, grad_accum=2)
+    trainer.fit()
+    assert recorder.events.count("on_batch_end") == 3
+    assert recorder.events.count("on_step_end") == 2  # batches 2 and 3 (the epoch's last) update
+    assert trainer.global_step == 2
+
+
+def test_a_callback_stops_training_cleanly(tmp_path, tiny_model_dir):
+    class StopAtTwo(Callback):
+        def on_step_end(self, trainer):
+            if trainer.global_step == 2:
+                trainer.should_stop = True
+
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo(), recorder], epochs=5)
+    trainer.fit()
+    assert trainer.global_step == 2
+    assert recorder.events[-4:] == ["on_valid_start", "on_valid_end", "on_epoch_end", "on_train_end"]
+    assert recorder.events.count("on_epoch_start") == 1
+
+
+def test_an_error_fires_on_exception_then_on_train_end(tmp_path, tiny_model_dir):
+    class Boom(Callback):
+        def on_batch_end(self, trainer):
+            if trainer.batch_in_epoch == 2:
+                raise RuntimeError("callback bug")
+
+    class Seen(Callback):
+        error = None
+
+        def on_exception(self, trainer, error):
+            Seen.error = error
+
+    recorder = Recorder()
+    with pytest.raises(RuntimeError, match="callback bug"):
+        make_trainer(tmp_path, tiny_model_dir, [recorder, Boom(), Seen()]).fit()
+    assert recorder.events[-2:] == ["on_exception", "on_train_end"]
+    assert isinstance(Seen.error, RuntimeError)

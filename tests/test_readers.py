@@ -1,0 +1,107 @@
+"""Readers: formats, CRLF/BOM/blank lines, columns, labels, and errors naming file and line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import SHARED_DATA, needs_shared_data
+
+from nlptrain.config import FileSpec, file_spec, load_task
+from nlptrain.data import LabelVocab, stratified_split
+from nlptrain.data.readers import read_examples
+from nlptrain.errors import DataError
+
+
+def read(tmp_path, name: str, content: bytes | str, **spec):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return read_examples(FileSpec(path=name, **spec), tmp_path, spec.pop("values", []))
+
+
+def test_tsv_with_crlf_bom_and_trailing_blank_lines(tmp_path):
+    content = "\ufefftext\tlabel\r\nfine film\tpos\r\n\r\nawful \"plot\"\tneg\r\n\r\n\r\n"
+    ex = read(tmp_path, "a.tsv", content)
+    assert ex.texts == ["fine film", 'awful "plot"'] and ex.labels == ["pos", "neg"]
+    assert ex.origins[1] == (str(tmp_path / "a.tsv"), 4)
+
+
+def test_csv_with_quotes_and_columns_by_index_without_header(tmp_path):
+    content = '3,"Title","Text with ""quotes"", and commas"\n1,"T2","second"\n'
+    ex = read(tmp_path, "a.csv", content, header=False, text_column=2, label_column=0)
+    assert ex.texts == ['Text with "quotes", and commas', "second"] and ex.labels == ["3", "1"]
+
+
+def test_jsonl_and_named_columns(tmp_path):
+    rows = [{"sentence": "nice", "y": 1}, {"sentence": "bad", "y": 0}]
+    ex = read(tmp_path, "a.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n\n",
+              text_column="sentence", label_column="y")
+    assert ex.texts == ["nice", "bad"] and ex.labels == ["1", "0"]
+
+
+def test_one_file_per_label(tmp_path):
+    (tmp_path / "x.pos").write_text("good one\ngreat one\n")
+    (tmp_path / "x.neg").write_text("bad one\n\n")
+    ex = read_examples(FileSpec(path="x.{label}"), tmp_path, ["neg", "pos"])
+    assert ex.labels == ["neg", "pos", "pos"] and ex.texts[0] == "bad one"
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("text\tlabel\nok\tpos\nno label here\n", r"a\.tsv:3: 1 column\(s\), expected at least 2"),
+    ("text\tlabel\nok\tpos\nempty label\t \n", r"a\.tsv:3: the row has no label"),
+    ("text\tlabel\n\tpos\n", r"a\.tsv:2: the row has no text"),
+    ("sentence\tlabel\nok\tpos\n", r"a\.tsv:1: no text column 'text' in the header"),
+    (b"text\tlabel\nok\tpos\ncaf\xe9\tneg\n", r"a\.tsv:3: byte 0xe9 at column 4 is not UTF-8"),
+    ("", r"a\.tsv: data file holds no rows"),
+    ("text\tlabel\n\n\n", r"a\.tsv: data file holds no rows"),
+])
+def test_bad_rows_name_file_and_line(tmp_path, content, message):
+    with pytest.raises(DataError, match=message):
+        read(tmp_path, "a.tsv", content)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(DataError, match=r"nope\.tsv: data file not found"):
+        read_examples(FileSpec(path="nope.tsv"), tmp_path, [])
+
+
+def test_unknown_label_names_the_row(tmp_path):
+    ex = read(tmp_path, "a.tsv", "text\tlabel\nok\tpos\nhmm\tmaybe\n")
+    with pytest.raises(DataError, match=r"a\.tsv:3: label 'maybe' is not one of the task's labels"):
+        LabelVocab.from_config(["neg", "pos"]).encode(ex)
+
+
+def test_label_vocab_from_table_and_inferred():
+    vocab = LabelVocab.from_config({"1": "World", "2": "Sports"})
+    assert vocab.values == ["1", "2"] and vocab.names == ["World", "Sports"]
+    assert LabelVocab.infer(["10", "2", "1", "2"]).values == ["1", "2", "10"]  # numeric order
+
+
+def test_stratified_split_is_seeded_and_keeps_class_balance():
+    labels = np.array([0] * 5331 + [1] * 5331)
+    kept, held = stratified_split(labels, 0.1, 42)
+    assert len(held) == 1067 and len(kept) == 9595
+    assert abs(labels[held].sum() - 533.5) <= 1
+    again = stratified_split(labels, 0.1, 42)[1]
+    assert np.array_equal(held, again) and not set(kept) & set(held)
+
+
+@needs_shared_data
+@pytest.mark.parametrize(("task", "counts", "labels"), [
+    ("rt-polarity", {"train": 10662}, ["negative", "positive"]),
+    ("sst2", {"train": 67349, "valid": 872, "test": 1821}, ["negative", "positive"]),
+    ("trec", {"train": 5452, "test": 500}, ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]),
+    ("ag-news", {"train": 10001, "test": 7600}, ["World", "Sports", "Business", "Sci/Tech"]),
+])
+def test_shipped_tasks_read_the_real_data(task, counts, labels):
+    from conftest import REPO
+
+    config = load_task(REPO / "tasks" / f"{task}.toml")
+    vocab = LabelVocab.from_config(config.data.labels)
+    assert vocab.names == labels
+    for which, rows in counts.items():
+        ex = read_examples(file_spec(config, which), SHARED_DATA, vocab.values)
+        assert len(ex) == rows
+        ids = vocab.encode(ex)
+        assert set(ids.tolist()) == set(range(len(labels)))

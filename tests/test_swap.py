@@ -1,0 +1,76 @@
+"""A callback replaces the training data; the loop trains on exactly the new rows and recounts."""
+
+from __future__ import annotations
+
+import math
+
+from test_events import make_trainer, toy_datasets
+from torch.utils.data import DataLoader, SequentialSampler
+
+from nlptrain import Callback
+
+
+class Swap(Callback):
+    """Swaps in `datasets[epoch]` at on_train_start (epoch 0) and on_epoch_start, and records
+    (epoch, dataset id, row index) of every trained row."""
+
+    def __init__(self, datasets, sequential: bool = False) -> None:
+        self.datasets = datasets
+        self.sequential = sequential
+        self.trained: list[tuple[int, int, int]] = []
+        self.current = None
+        self.batches_per_epoch: list[int] = []
+
+    def _swap(self, trainer) -> None:
+        data = self.datasets[min(trainer.epoch, len(self.datasets) - 1)]
+        self.current = data
+        if self.sequential:
+            trainer.train_data = DataLoader(data, batch_size=5, sampler=SequentialSampler(data),
+                                            collate_fn=trainer.collate)
+        else:
+            trainer.train_data = data
+
+    def on_train_start(self, trainer) -> None:
+        self._swap(trainer)
+
+    def on_epoch_start(self, trainer) -> None:
+        self._swap(trainer)
+
+    def on_batch_start(self, trainer, batch) -> None:
+        if trainer.batch_in_epoch == 0:
+            self.batches_per_epoch.append(trainer.batches_per_epoch)
+        self.trained += [(trainer.epoch, id(self.current), int(i)) for i in batch["index"]]
+
+
+def test_swap_in_on_train_start_trains_on_the_new_rows_only(tmp_path, tiny_model_dir):
+    (tmp_path / "b").mkdir()
+    other, _ = toy_datasets(tmp_path / "b", tiny_model_dir, rows=19)
+    swap = Swap([other])
+    trainer = make_trainer(tmp_path, tiny_model_dir, [swap], epochs=2, batch_size=4)
+    original_rows = len(trainer.train_data)
+    trainer.fit()
+    assert original_rows == 24 and len(other) == 19
+    for epoch in (0, 1):
+        rows = sorted(i for e, d, i in swap.trained if e == epoch)
+        assert rows == list(range(19))  # every row of the swapped set once, nothing else
+        assert {d for e, d, _ in swap.trained if e == epoch} == {id(other)}
+    # Steps and the lr schedule come from the swapped set: 19 rows / 4 = 5 batches an epoch.
+    assert swap.batches_per_epoch == [5, 5]
+    assert trainer.global_step == 10
+    assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)  # decayed to 0
+
+
+def test_swap_each_epoch_keeps_the_users_sampler_and_recounts(tmp_path, tiny_model_dir):
+    sets = []
+    for name, rows in (("a", 12), ("b", 23)):
+        (tmp_path / name).mkdir()
+        sets.append(toy_datasets(tmp_path / name, tiny_model_dir, rows=rows)[0])
+    swap = Swap(sets, sequential=True)
+    trainer = make_trainer(tmp_path, tiny_model_dir, [swap], epochs=2)
+    trainer.fit()
+    epoch0 = [(d, i) for e, d, i in swap.trained if e == 0]
+    epoch1 = [(d, i) for e, d, i in swap.trained if e == 1]
+    # The SequentialSampler was kept: rows in file order, no DistributedSampler shuffling.
+    assert epoch0 == [(id(sets[0]), i) for i in range(12)]
+    assert epoch1 == [(id(sets[1]), i) for i in range(23)]
+    assert swap.batches_per_epoch == [3, 5]  # batch size 5 from the user's loader
