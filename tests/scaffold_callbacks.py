@@ -1,0 +1,73 @@
+"""Test scaffolding loaded with `--callback tests/scaffold_callbacks.py:NAME`: faults injected at a
+given optimizer step (env AT_STEP), so crash and resume paths run for real."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import torch
+
+from nlptrain import Callback
+
+
+def at_step() -> int:
+    return int(os.environ.get("AT_STEP", "5"))
+
+
+def first_attempt() -> bool:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+
+
+class KillRank1(Callback):
+    """SIGKILL on rank 1 at AT_STEP, on the first attempt only (torchrun restarts the job)."""
+
+    def on_step_end(self, trainer) -> None:
+        if first_attempt() and trainer.dist.rank == 1 and trainer.global_step == at_step():
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class RaiseAtStep(Callback):
+    """A crash on every rank at AT_STEP (unless resuming past it)."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
+            raise RuntimeError(f"injected crash at step {at_step()}")
+
+
+class SigtermRank0(Callback):
+    """SIGTERM to rank 0 alone at AT_STEP, as a scheduler or a user would send it."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step() and trainer.dist.rank == 0 and not os.environ.get("NO_FAULT"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+class PoisonWeights(Callback):
+    """Weights become NaN before the batch after AT_STEP, so that batch's loss is NaN."""
+
+    def on_batch_start(self, trainer, batch) -> None:
+        if trainer.global_step == at_step():
+            with torch.no_grad():
+                for param in trainer.unwrapped_model.parameters():
+                    param.fill_(math.nan)
+
+
+class DieWhileWritingCheckpoint(Callback):
+    """SIGKILL halfway through writing the second checkpoint's state file."""
+
+    def __init__(self) -> None:
+        real_save = torch.save
+        calls = {"n": 0}
+
+        def dying_save(obj, path, *args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                real_save(obj, path, *args, **kwargs)
+                with open(path, "r+b") as handle:
+                    handle.truncate(os.path.getsize(path) // 2)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_save(obj, path, *args, **kwargs)
+
+        torch.save = dying_save

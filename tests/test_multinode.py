@@ -1,0 +1,35 @@
+"""Two machines simulated on one: two torchrun agents (one process each) joined by a c10d
+rendezvous train and evaluate exactly like one agent with two processes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+from conftest import child_env, free_port, run_cli
+from test_resume import results, weights
+
+
+def test_two_agents_equal_one_agent_with_two_processes(toy_task, tmp_path):
+    args = ["train", "--task", str(toy_task), "--epochs", "1"]
+    single = run_cli([*args, "--output-dir", str(tmp_path / "one-agent")], tmp_path, nproc=2)
+    assert single.returncode == 0, single.stderr[-2000:]
+
+    port = free_port()
+    agents = []
+    for node_rank in (0, 1):
+        launcher = ["--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=1",
+                    "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=nlptrain-test"]
+        command = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "nlptrain", *args,
+                   "--output-dir", str(tmp_path / "two-agents")]
+        agents.append(subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True))
+    outputs = [agent.communicate(timeout=300) for agent in agents]
+    for agent, (_, err) in zip(agents, outputs, strict=True):
+        assert agent.returncode == 0, err[-2000:]
+    assert "2 process(es)" in outputs[0][1] + outputs[1][1]
+
+    one, two = weights(tmp_path / "one-agent"), weights(tmp_path / "two-agents")
+    assert all(torch.equal(one[name], two[name]) for name in one)
+    assert results(tmp_path / "one-agent")["test"] == results(tmp_path / "two-agents")["test"]

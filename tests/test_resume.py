@@ -1,0 +1,148 @@
+"""Checkpoints and exact resume: crashes, SIGTERM, SIGKILL under torchrun, NaN, unsafe files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, run_cli
+from safetensors.torch import load_file
+
+from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+from nlptrain.cli import main
+from nlptrain.errors import CheckpointError
+
+SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "model" / "model.safetensors")
+
+
+def results(run: Path) -> dict:
+    return json.loads((run / "results.json").read_text())
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+    assert results(a)["test"] == results(b)["test"]
+
+
+@pytest.fixture()
+def uninterrupted(toy_task, tmp_path) -> Path:
+    run = tmp_path / "whole"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run),
+                 "--checkpoint-every", "3"]) == 0
+    return run
+
+
+def test_crash_then_resume_equals_an_uninterrupted_run(toy_task, tmp_path, uninterrupted, monkeypatch):
+    run = tmp_path / "crashed"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
+    monkeypatch.setenv("AT_STEP", "25")  # epoch 2 of 2, mid-epoch; last checkpoint at step 24
+    with pytest.raises(RuntimeError, match="injected crash at step 25"):
+        main([*args, "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+    assert [p.name for p in list_checkpoints(run / "checkpoints")][-1] == "step-00000024"
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(uninterrupted, run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r["kind"] == "eval"] == [1, 2]
+
+
+def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_path, uninterrupted,
+                                                              capsys, monkeypatch):
+    run = tmp_path / "stopped"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
+    monkeypatch.setenv("AT_STEP", "7")
+    assert main([*args, "--callback", f"{SCAFFOLD}:SigtermRank0"]) == 130
+    assert "stopped by a signal after step 7" in capsys.readouterr().err
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000007"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(uninterrupted, run)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(toy_task, tmp_path,
+                                                                           capsys, monkeypatch):
+    monkeypatch.setenv("AT_STEP", "4")
+    run = tmp_path / "nan"
+    code = main(["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "2",
+                 "--callback", f"{SCAFFOLD}:PoisonWeights"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "the loss is not finite at epoch 1, batch 5 (optimizer step 5)" in err
+    last = list_checkpoints(run / "checkpoints")[-1]
+    assert last.name == "step-00000004"
+    saved = load_file(last / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in saved.values())
+
+
+def test_sigkill_under_torchrun_restarts_and_matches_the_uninterrupted_run(toy_task, tmp_path):
+    common = ["train", "--task", str(toy_task), "--checkpoint-every", "2"]
+    whole = run_cli([*common, "--output-dir", str(tmp_path / "whole")], tmp_path, nproc=2)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = run_cli([*common, "--output-dir", str(tmp_path / "killed"),
+                      "--callback", f"{SCAFFOLD}:KillRank1"], tmp_path,
+                     torchrun_args=["--standalone", "--nproc_per_node=2", "--max-restarts=1"],
+                     AT_STEP="5")
+    assert killed.returncode == 0, killed.stderr[-3000:]
+    assert "resumed from" in killed.stderr and "step-00000004" in killed.stderr
+    assert_same_run(tmp_path / "whole", tmp_path / "killed")
+
+
+def test_sigterm_to_one_rank_stops_both_after_the_same_step(toy_task, tmp_path):
+    run = tmp_path / "run"
+    out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run),
+                   "--callback", f"{SCAFFOLD}:SigtermRank0"], tmp_path, nproc=2, AT_STEP="3")
+    assert out.returncode != 0
+    assert out.stderr.count("stopped by a signal after step 3") == 1  # rank 0 reports, once
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000003"
+
+
+def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(toy_task, tmp_path):
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "2"]
+    died = run_cli([*args, "--callback", f"{SCAFFOLD}:DieWhileWritingCheckpoint"], tmp_path)
+    assert died.returncode == -signal.SIGKILL
+    assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-00000002"]
+    assert any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
+    resumed = run_cli([*args, "--resume", "--log-level", "info"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stderr and "step-00000002" in resumed.stderr
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {os.environ['MARKER']}",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(toy_task, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]
+    assert main(args) == 0
+    last = list_checkpoints(run / "checkpoints")[-1]
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("MARKER", str(marker))
+    torch.save({"progress": Payload()}, last / "state.pt")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 1
+    assert "state.pt: refused: it holds Python objects that could run code" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_a_checkpoint_of_another_task_is_refused(toy_task, tmp_path, tiny_model_dir):
+    from test_events import make_trainer
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]) == 0
+    trainer = make_trainer(tmp_path, tiny_model_dir, [])
+    trainer.label_names = ["neg", "neutral"]
+    with pytest.raises(CheckpointError, match="made for another model or task .labels"):
+        load_checkpoint(trainer, list_checkpoints(run / "checkpoints")[-1])
