@@ -27,7 +27,7 @@ class LRSchedule(Callback):
                                           num_warmup_steps=int(self.warmup_ratio * total),
                                           num_training_steps=total)
         if self._saved is not None:
-            trainer.scheduler.load_state_dict(self._saved)
+            restore(trainer.scheduler, self._saved)
 
     def on_step_end(self, trainer: Any) -> None:
         trainer.scheduler.step()
@@ -39,4 +39,12 @@ class LRSchedule(Callback):
     def on_load_checkpoint(self, trainer: Any, state: dict) -> None:
         self._saved = state.get("lr_scheduler")
         if self._saved is not None and trainer.scheduler is not None:
-            trainer.scheduler.load_state_dict(self._saved)
+            restore(trainer.scheduler, self._saved)
+
+
+def restore(scheduler: Any, state: dict) -> None:
+    """Load a scheduler's state and put its lr back into the optimizer: a new scheduler has just
+    set the lr of step 0 (0 in warmup), and load_state_dict alone does not undo that."""
+    scheduler.load_state_dict(state)
+    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+        group["lr"] = lr

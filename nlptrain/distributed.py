@@ -99,8 +99,13 @@ class Distributed(SingleProcess):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            dist.init_process_group(backend, init_method="env://",
-                                    timeout=timedelta(seconds=timeout_s))
+            timeout = timedelta(seconds=timeout_s)
+            store = _attempt_store(self.world_size, timeout)
+            if store is None:
+                dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            else:
+                dist.init_process_group(backend, store=store, rank=self.rank,
+                                        world_size=self.world_size, timeout=timeout)
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
 
@@ -180,6 +185,18 @@ class Distributed(SingleProcess):
         # the trainer has dropped its DDP reference by now, and collecting first cures it.
         gc.collect()
         dist.destroy_process_group()
+
+
+def _attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+    """Under torchrun the workers share the launcher's store, and a failed attempt's keys stay in
+    it: after `--max-restarts` a new attempt could read the old ranks' addresses and never connect
+    (pytorch #135712). Each attempt gets its own key prefix instead."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"nlptrain/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+                            store)
 
 
 def is_peer_failure(error: BaseException) -> bool:

@@ -5,6 +5,7 @@ class NlptrainError(Exception):
     """Base class: something the user can fix (bad input, bad option, missing file)."""
 
     exit_code = 1
+    raised_on_every_rank = False  # True: every rank raises it together; rank 0 alone reports it
 
 
 class ConfigError(NlptrainError):
@@ -20,7 +21,10 @@ class CheckpointError(NlptrainError):
 
 
 class TrainingError(NlptrainError):
-    """Training cannot go on (e.g. the loss became NaN); the message names the step."""
+    """Training cannot go on (e.g. the loss became NaN); the message names the step. All ranks
+    agree on it before raising it."""
+
+    raised_on_every_rank = True
 
 
 class RemoteRankError(NlptrainError):
@@ -31,3 +35,4 @@ class Interrupted(NlptrainError):
     """SIGTERM/SIGINT: every rank stopped after the same step, and a checkpoint was written."""
 
     exit_code = 130
+    raised_on_every_rank = True

@@ -179,9 +179,10 @@ class Trainer:
         resumed = self._resume_samples
         self._resume_samples = 0
         skip = 0
-        for sampler in (getattr(loader, "sampler", None),
-                        getattr(getattr(loader, "batch_sampler", None), "sampler", None),
-                        getattr(loader, "dataset", None)):
+        candidates = (getattr(loader, "sampler", None),
+                      getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+                      getattr(loader, "dataset", None))  # a stream shuffles by epoch too
+        for sampler in {id(c): c for c in candidates if c is not None}.values():
             if isinstance(sampler, ShardedSampler):
                 sampler.set_epoch(self.epoch, start=resumed)  # resume without reading batches
                 resumed = 0
@@ -222,10 +223,13 @@ class Trainer:
             sampler = ShardedSampler(data, self.dist.world_size, self.dist.rank, shuffle=True,
                                      seed=cfg.seed, lengths=lengths,
                                      group_size=64 * cfg.batch_size)
+        # Its own generator: creating the iterator then draws no number from the global RNG,
+        # so dropout after a resume is exactly that of an uninterrupted run.
         loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler,
                             collate_fn=self.collate, drop_last=cfg.drop_last,
                             num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
-                            persistent_workers=cfg.num_workers > 0)
+                            persistent_workers=cfg.num_workers > 0,
+                            generator=torch.Generator().manual_seed(cfg.seed))
         self._loader_for = (data, loader)
         return loader
 
