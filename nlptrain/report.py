@@ -1,8 +1,21 @@
-"""Human-readable summaries of metrics (terminal and report.md)."""
+"""Human-readable summaries of metrics: `metrics_text` for the terminal, `write_report` for the
+run directory's report.md (built from the run's own files, so it can be rebuilt any time)."""
 
 from __future__ import annotations
 
+import json
+import statistics
+from pathlib import Path
 from typing import Any
+
+REPORT_FILE = "report.md"
+# The settings a reader needs to compare runs; every other key is in config.json.
+SETTINGS = ("epochs", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler", "warmup_ratio",
+            "weight_decay", "max_grad_norm", "precision", "seed", "eval_every", "metric_for_best",
+            "early_stopping")
+PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
+                 "evaluation.png": "Accuracy and macro-F1 at each evaluation",
+                 "confusion_matrix.png": "Confusion matrix"}
 
 
 def metrics_text(metrics: dict[str, Any]) -> str:
@@ -20,3 +33,121 @@ def metrics_text(metrics: dict[str, Any]) -> str:
     for name, row in zip(names, metrics["confusion_matrix"], strict=True):
         lines.append(f"{name:<{width}}" + "".join(f"{v:>10d}" for v in row))
     return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        text = f"{value:.4f}" if isinstance(value, float) else str(value)
+        return text.replace("|", "\\|")
+
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
+
+
+def _setting(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)  # 5e-05, not 0.0001
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _results_section(results: dict[str, Any], evals: list[dict[str, Any]],
+                     eval_name: str) -> tuple[list[str], dict[str, Any] | None, str]:
+    """The best / last / test rows, and the metrics to detail per class (test, else valid)."""
+    # Without a validation set the evaluations score the test set: no model is chosen on it.
+    best = next((r for r in reversed(evals) if r.get("is_best")), None) \
+        if eval_name != "test" else None
+    rows: list[tuple[str, dict[str, Any]]] = []
+    if best is not None:
+        rows.append((f"best on {eval_name} (model in best/)", best))
+    if evals:
+        rows.append((f"last on {eval_name}", evals[-1]))
+    if results.get("test"):
+        which = "the best model" if best is not None else "the last model"
+        rows.append((f"test, {which} (model/)", results["test"]))
+    table = _table(["", "step", "epoch", "rows", "accuracy", "macro-F1", "loss"],
+                   [[label, m.get("step", "-"), m.get("epoch", "-"), m["rows"], m["accuracy"],
+                     m["macro_f1"], m["loss"]] for label, m in rows])
+    detail, where = (results["test"], "test") if results.get("test") else \
+        (best or (evals[-1] if evals else None), eval_name)
+    return table, detail, where
+
+
+def report_markdown(run_dir: Path) -> str:
+    """report.md for `run_dir`, from config.json, metrics.jsonl and results.json."""
+    from nlptrain.plots import PLOTS_DIR, eval_set_name, read_metrics
+
+    config = _read_json(run_dir / "config.json")
+    results = _read_json(run_dir / "results.json")
+    task = config.get("task", {})
+    train_cfg, model_cfg = task.get("train", {}), task.get("model", {})
+    train, evals = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else ([], [])
+    eval_name = eval_set_name(run_dir)
+    world = config.get("world_size", 1)
+    global_batch = train_cfg.get("batch_size", 0) * world * train_cfg.get("grad_accum", 1)
+
+    out = [f"# Run report: {task.get('name', run_dir.name)}", ""]
+    if task.get("description"):
+        out += [task["description"], ""]
+    versions = ", ".join(f"{k} {v}" for k, v in config.get("versions", {}).items())
+    out += [f"- run directory: `{run_dir.name}`, started {config.get('started', '?')}",
+            f"- model: `{model_cfg.get('name', '?')}`, max length {model_cfg.get('max_length')} "
+            "tokens" + (f", first {model_cfg['num_hidden_layers']} layers"
+                        if model_cfg.get("num_hidden_layers") else ""),
+            f"- processes: {world} (global batch {global_batch} per optimizer step)",
+            f"- versions: {versions or '?'}; git commit {config.get('git_commit') or 'none'}"]
+    if train:
+        speed = statistics.median(r["samples_per_s"] for r in train)
+        steps = max(r["step"] for r in train + evals)  # an epoch-end evaluation has the last
+        out.append(f"- training: {steps} optimizer steps in {train[-1]['epoch']} "
+                   f"epoch(s), median {speed:.1f} samples/s (all processes together)")
+    out.append("")
+
+    data = results.get("data", {})
+    if data:
+        out += ["## Data", "", f"Folder `{task.get('data_dir', '')}`.", ""]
+        out += _table(["set", "rows", "from"], [[name, info["rows"], info["source"]]
+                                                for name, info in data.items()]) + [""]
+    out += ["## Settings", ""]
+    out += _table(["setting", "value"], [[k, _setting(train_cfg[k])] for k in SETTINGS
+                                         if k in train_cfg])
+    out += ["", "Every setting is in `config.json`.", ""]
+
+    table, detail, where = _results_section(results, evals, eval_name)
+    out += ["## Results", ""]
+    out += table if len(table) > 2 else ["No evaluation was recorded."]
+    if detail is not None:
+        names = list(detail["per_class"])
+        out += ["", f"### Per class ({where})", ""]
+        out += _table(["class", "precision", "recall", "F1", "support"],
+                      [[n, r["precision"], r["recall"], r["f1"], r["support"]]
+                       for n, r in detail["per_class"].items()])
+        out += ["", f"### Confusion matrix ({where}; rows: true label, columns: predicted)", ""]
+        out += _table(["true \\ predicted", *names],
+                      [[n, *row] for n, row in zip(names, detail["confusion_matrix"], strict=True)])
+    plots = [p for p in PLOT_CAPTIONS if (run_dir / PLOTS_DIR / p).is_file()]
+    if plots:
+        out += ["", "## Plots", ""]
+        for name in plots:
+            out += [f"![{PLOT_CAPTIONS[name]}]({PLOTS_DIR}/{name})", ""]
+    out += ["", "## Files", "",
+            "- `config.json`: the resolved task, world size, versions, git commit",
+            "- `metrics.jsonl`: one JSON row per logged step (`kind: train`) and evaluation "
+            "(`kind: eval`)",
+            "- `results.json`: final metrics; `checkpoints/`: resumable state (`--resume`)",
+            "- `model/`: the model to use, a `save_pretrained` folder for "
+            "`AutoModelForSequenceClassification.from_pretrained`: "
+            + ("the best on validation, as in `best/`" if (run_dir / "best").is_dir()
+               else "the last one (no validation set chose a best)"),
+            f"- `{PLOTS_DIR}/`: PNG plots (`python -m nlptrain plot {run_dir}` redraws them)"]
+    if (run_dir / "tensorboard").is_dir():
+        out.append(f"- `tensorboard/`: event files (`tensorboard --logdir {run_dir / 'tensorboard'}`)")
+    return "\n".join(out).replace("\n\n\n", "\n\n") + "\n"
+
+
+def write_report(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    path = run_dir / REPORT_FILE
+    path.write_text(report_markdown(run_dir), encoding="utf-8")
+    return path

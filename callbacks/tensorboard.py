@@ -1,0 +1,65 @@
+"""TensorBoard logging (`train --tensorboard`): loss, lr and throughput every `log_every` steps,
+and each evaluation's metrics, written to an event folder on rank 0.
+
+TensorBoard is optional: this module imports it only when training starts, and without the
+package the run goes on with a warning saying how to install it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from nlptrain.events import Callback
+
+log = logging.getLogger("nlptrain")
+
+
+class TensorBoardLogger(Callback):
+    main_process_only = True
+
+    def __init__(self, log_dir: str | Path) -> None:
+        self.log_dir = Path(log_dir)
+        self.writer: Any = None
+        self._window = (0.0, 0)  # (time, samples) at the previous logged step
+
+    def on_train_start(self, trainer: Any) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            log.warning("--tensorboard: the tensorboard package is not installed, so nothing is "
+                        "logged for it (pip install tensorboard); metrics.jsonl has every value")
+            return
+        # On resume, events past the checkpoint's step are dropped, not drawn twice.
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=trainer.global_step or None)
+        self._window = (time.perf_counter(), trainer.samples_in_epoch)
+
+    def on_epoch_start(self, trainer: Any) -> None:
+        self._window = (time.perf_counter(), trainer.samples_in_epoch)
+
+    def on_batch_end(self, trainer: Any) -> None:
+        step = trainer.global_step
+        if self.writer is None or not trainer.is_update_step or step % trainer.config.log_every:
+            return
+        now, samples = time.perf_counter(), trainer.samples_in_epoch
+        self.writer.add_scalar("train/loss", trainer.last_loss, step)
+        self.writer.add_scalar("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
+        elapsed = now - self._window[0]
+        if elapsed > 0:
+            self.writer.add_scalar("train/samples_per_s", (samples - self._window[1]) / elapsed,
+                                   step)
+        self._window = (now, samples)
+
+    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+        if self.writer is None:
+            return
+        for key in ("accuracy", "macro_f1", "loss"):
+            self.writer.add_scalar(f"eval/{key}", metrics[key], trainer.global_step)
+        self.writer.flush()
+
+    def on_train_end(self, trainer: Any) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

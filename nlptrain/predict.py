@@ -1,0 +1,160 @@
+"""`python -m nlptrain predict`: label and probability for each text of a file.
+
+Input: TSV/CSV with a header row (text in column `--text-column`), JSONL objects, or plain text,
+one per line. Output: TSV or JSONL, to a file or stdout, one row per input text in input order.
+Under torchrun each rank scores a share (`evaluate.predict`), the shares are gathered back in
+row order, and rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from nlptrain.errors import ConfigError
+
+log = logging.getLogger("nlptrain")
+
+OUTPUT_FORMATS = {".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+
+
+def output_format(output: str | None, chosen: str | None) -> str:
+    if chosen:
+        return chosen
+    if not output or output == "-":
+        return "tsv"
+    suffix = Path(output).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        raise ConfigError(f"{output}: cannot tell the output format from '{suffix}'; name the "
+                          "file .tsv or .jsonl, or pass --format tsv|jsonl")
+    return OUTPUT_FORMATS[suffix]
+
+
+def default_max_length(model_dir: Path, tokenizer: Any, model_config: Any) -> int:
+    """The run's own max_length when the model sits in a run directory, else what fits the model."""
+    run_config = model_dir.parent / "config.json"
+    if run_config.is_file():
+        try:
+            return int(json.loads(run_config.read_text())["task"]["model"]["max_length"])
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
+            pass  # not a run's config.json: fall through
+    limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length,
+              512]
+    return min(int(n) for n in limits if isinstance(n, int) and n > 0)
+
+
+def rows_of(texts: list[str], probs: Any, names: list[str], all_probs: bool) -> Iterable[dict]:
+    """One dict per text, in input order: row (from 1), label, its probability, [all], text."""
+    for i, (text, p) in enumerate(zip(texts, probs, strict=True)):
+        best = int(p.argmax())
+        row: dict[str, Any] = {"row": i + 1, "label": names[best], "probability": float(p[best])}
+        if all_probs:
+            row["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
+        row["text"] = text
+        yield row
+
+
+def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str],
+               all_probs: bool) -> None:
+    if fmt == "jsonl":
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return
+    # TSV without quoting, like the readers: tabs and line breaks inside a text become spaces.
+    columns = ["row", "label", "probability", *(f"p_{n}" for n in names if all_probs), "text"]
+    handle.write("\t".join(columns) + "\n")
+    clean = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
+    for row in rows:
+        cells = [str(row["row"]), row["label"], f"{row['probability']:.6f}"]
+        if all_probs:
+            cells += [f"{row['probabilities'][n]:.6f}" for n in names]
+        handle.write("\t".join([*cells, row["text"].translate(clean)]) + "\n")
+
+
+def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list[str],
+                 all_probs: bool) -> None:
+    if not output or output == "-":
+        write_rows(rows, sys.stdout, fmt, names, all_probs)
+        sys.stdout.flush()
+        return
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.tmp"  # a reader never sees half a file
+    with open(staging, "w", encoding="utf-8", newline="\n") as handle:
+        write_rows(rows, handle, fmt, names, all_probs)
+    os.replace(staging, path)
+    log.info("%s: predictions written", path)
+
+
+def run_predict(args: argparse.Namespace, dist: Any) -> None:
+    from nlptrain.data import Collator, TokenizedDataset
+    from nlptrain.data.readers import read_texts
+    from nlptrain.evaluate import predict
+    from nlptrain.models import load_saved_model, load_tokenizer
+
+    fmt = output_format(args.output, args.format)
+    # Rank 0 reads (a bad file is reported once); every rank gets the texts.
+    texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column))
+    tokenizer = load_tokenizer(args.model)
+    model = load_saved_model(args.model)
+    names = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model.config)
+    dataset = TokenizedDataset.from_texts(texts, [-1] * len(texts), tokenizer, max_length)
+    log.info("%s: %d texts, %d process(es), max length %d tokens, labels %s", args.input,
+             len(texts), dist.world_size, max_length, names)
+    model.to(dist.device)
+    found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0),
+                    args.batch_size, args.precision)
+    dist.on_main(lambda: write_output(rows_of(texts, found.probs, names, args.all_probs),
+                                      args.output, fmt, names, args.all_probs))
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from nlptrain import recipe
+    from nlptrain.logs import setup_logging
+
+    with recipe.backend(args.timeout) as dist:
+        setup_logging(dist.rank, args.log_level)
+        run_predict(args, dist)
+    return 0
+
+
+def add_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "predict", help="label the texts of a file with a saved model",
+        description="Label each text of a file with a saved model (a run's model/ folder): row "
+        "number, label, its probability and the text, in input order; the same with torchrun.",
+        epilog="examples:\n  python -m nlptrain predict --model runs/RUN/model --input texts.txt\n"
+        "  torchrun --nproc_per_node 2 -m nlptrain predict --model runs/RUN/model "
+        "--input in.tsv --output out.jsonl --all-probs",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a saved model folder (a run's model/)")
+    parser.add_argument("--input", required=True, metavar="FILE",
+                        help="texts: .tsv/.csv with a header row, .jsonl, or one text per line")
+    parser.add_argument("--output", metavar="FILE",
+                        help="where to write (.tsv or .jsonl; default: stdout, TSV)")
+    parser.add_argument("--format", choices=["tsv", "jsonl"],
+                        help="output format (default: from --output's suffix, else tsv)")
+    parser.add_argument("--input-format", default="auto", choices=["auto", "tsv", "csv", "jsonl",
+                                                                   "lines"],
+                        help="input format (default: from the suffix; unknown suffix: lines)")
+    parser.add_argument("--text-column", default="text",
+                        help="column or JSON field holding the text (default: text)")
+    parser.add_argument("--all-probs", action="store_true",
+                        help="also write the probability of every label")
+    parser.add_argument("--max-length", type=int, default=0,
+                        help="truncate texts to this many tokens (default: the run's max_length)")
+    parser.add_argument("--batch-size", type=int, default=64, help="texts per batch per process")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
+                        help="fp32 | bf16 | fp16 (autocast)")
+    parser.add_argument("--timeout", type=float, default=600,
+                        help="seconds a rank waits for the others before failing")
+    parser.add_argument("--log-level", default="info",
+                        help="debug | info | warning | error (ranks > 0 show warnings only)")
+    parser.set_defaults(handler=cmd_predict)

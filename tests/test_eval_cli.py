@@ -1,0 +1,49 @@
+"""`nlptrain eval`: the same accuracy, macro-F1, per-class table and confusion matrix with 1 and 2
+processes, on a set that does not split evenly between the ranks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, write_toy_tsv
+
+from nlptrain.report import metrics_text
+
+
+@pytest.fixture(scope="module")
+def labelled_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A saved classifier with the toy task's labels; large random weights give mixed guesses."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("neg-pos")
+    config = BertConfig.from_pretrained(tiny_model_dir, initializer_range=0.5,
+                                        id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    torch.manual_seed(3)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return folder
+
+
+def test_eval_is_identical_with_1_and_2_processes(toy_task: Path, labelled_model: Path) -> None:
+    work = toy_task.parent
+    write_toy_tsv(work / "odd.tsv", 41, seed=5)  # 21 + 20 rows on two ranks
+    args = ["eval", "--model", str(labelled_model), "--task", str(toy_task), "--set", "data.test=odd.tsv"]
+    one = run_cli([*args, "--json"], cwd=work)
+    assert one.returncode == 0, one.stderr
+    two = run_cli(args, cwd=work, nproc=2)
+    assert two.returncode == 0, two.stderr
+
+    metrics = json.loads(one.stdout)
+    assert metrics["rows"] == 41 and sum(map(sum, metrics["confusion_matrix"])) == 41
+    assert 0 < metrics["correct"] < 41  # mixed guesses: the numbers below mean something
+    assert set(metrics["per_class"]) == {"neg", "pos"}
+    # Printed once, by rank 0, and the same to the last digit shown: the confusion matrix and
+    # supports are exact counts, and accuracy, macro-F1, precision and recall follow from them.
+    assert two.stdout.strip() == metrics_text(metrics)
+    text = two.stdout
+    for part in (f"rows 41  accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}",
+                 "precision", "recall", "confusion matrix (rows: true label, columns: predicted)"):
+        assert part in text, part

@@ -1,0 +1,101 @@
+"""Plots of a run directory: drawn from its files alone, as PNGs of a known size."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from PIL import Image
+
+from nlptrain.errors import ConfigError
+from nlptrain.plots import plot_run, read_metrics
+
+
+def fake_run(folder: Path, labels: list[str], results: bool = True) -> Path:
+    """A run directory as `train` leaves it: 2 epochs of 10 steps, an evaluation per epoch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"kind": "train", "step": s, "epoch": 1 + (s - 1) // 10, "loss": 1.0 / s,
+             "lr": 1e-4 * (1 - s / 20), "samples_per_s": 100.0, "time": 0.0} for s in range(2, 21, 2)]
+    n = len(labels)
+    matrix = (np.eye(n, dtype=int) * 5 + 1).tolist()
+    per_class = {name: {"precision": 0.8, "recall": 0.7, "f1": 0.75, "support": 5 + n}
+                 for name in labels}
+    for step, acc, best in ((10, 0.6, True), (20, 0.55, False)):
+        rows.insert(step // 2, {"kind": "eval", "step": step, "epoch": step // 10, "is_best": best,
+                                "rows": n * (5 + n), "accuracy": acc, "macro_f1": acc - 0.1,
+                                "loss": 0.7, "per_class": per_class, "confusion_matrix": matrix})
+    lines = [json.dumps(r) for r in rows]
+    (folder / "metrics.jsonl").write_text("\n".join(lines) + '\n{"kind": "tra')  # torn last line
+    (folder / "config.json").write_text(json.dumps({"task": {
+        "name": "fake", "data": {"valid": "dev.tsv", "valid_size": 0.0},
+        "train": {"metric_for_best": "accuracy"}}, "world_size": 2}))
+    if results:
+        test = {"rows": 40, "accuracy": 0.7, "macro_f1": 0.6, "loss": 0.5,
+                "per_class": per_class, "confusion_matrix": matrix}
+        (folder / "results.json").write_text(json.dumps({"valid": None, "test": test}))
+    return folder
+
+
+def png(path: Path) -> tuple[tuple[int, int], float]:
+    """(size, spread of pixel values): a blank image has no spread."""
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.size, float(np.asarray(image.convert("L")).std())
+
+
+def test_plot_run_writes_three_pngs_of_the_expected_size(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    written = plot_run(run)
+    assert [p.name for p in written] == ["training.png", "evaluation.png", "confusion_matrix.png"]
+    sizes = {p.name: png(p) for p in written}
+    assert sizes["training.png"][0] == (900, 600)
+    assert sizes["evaluation.png"][0] == (900, 600)
+    assert sizes["confusion_matrix.png"][0] == (700, 600)
+    assert all(spread > 10 for _, spread in sizes.values())  # something is drawn
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    train, evals = read_metrics(fake_run(tmp_path / "run", ["a", "b"]))
+    assert len(train) == 10 and [r["step"] for r in evals] == [10, 20]
+
+
+def test_many_classes_get_a_larger_confusion_matrix(tmp_path: Path) -> None:
+    names = [f"class number {i}" for i in range(12)]
+    run = fake_run(tmp_path / "run", names, results=False)  # matrix from the last evaluation
+    (path,) = [p for p in plot_run(run) if p.name == "confusion_matrix.png"]
+    assert png(path)[0] == (900, 800)
+
+
+def test_a_folder_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no metrics.jsonl here; give a run directory"):
+        plot_run(tmp_path)
+
+
+def test_plot_command(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    done = run_cli(["plot", str(run)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(run / "plots" / n) for n in
+                                   ("training.png", "evaluation.png", "confusion_matrix.png")]
+    missing = run_cli(["plot", str(tmp_path / "nowhere")], cwd=tmp_path)
+    assert missing.returncode == 1
+    assert "nowhere: no metrics.jsonl here" in missing.stderr
+
+
+def test_without_a_validation_set_no_best_model_is_claimed(tmp_path: Path) -> None:
+    """Evaluations then score the test set: report and plot must not pick a 'best' on it."""
+    from nlptrain.report import write_report
+
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    config = json.loads((run / "config.json").read_text())
+    config["task"]["data"]["valid"] = ""
+    (run / "config.json").write_text(json.dumps(config))
+    plot_run(run)
+    report = write_report(run).read_text()
+    assert "| last on test | 20 | 2 |" in report
+    assert "best on" not in report and "the last model" in report

@@ -1,0 +1,130 @@
+"""`nlptrain predict`: one row per input text, in input order, with 1 or 2 processes alike."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from nlptrain.cli import build_parser
+from nlptrain.data.readers import read_texts
+from nlptrain.distributed import SingleProcess
+from nlptrain.errors import ConfigError, DataError
+from nlptrain.predict import default_max_length, output_format, rows_of, run_predict, write_rows
+
+
+def varied_texts(count: int) -> list[str]:
+    """Texts of very different lengths, so the length-sorted shards of each rank reorder them."""
+    rng = random.Random(7)
+    words = ["good", "bad", "film", "plot", "very", "quite", "awful", "lovely", "so", "the"]
+    return [f"text {i} " + " ".join(rng.choice(words) for _ in range(rng.randint(0, 25)))
+            for i in range(count)]
+
+
+def parse_tsv(text: str) -> list[dict[str, str]]:
+    header, *lines = text.splitlines()
+    return [dict(zip(header.split("\t"), line.split("\t"), strict=True)) for line in lines]
+
+
+@pytest.fixture(scope="module")
+def sharp_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """A tiny BERT with large random weights: every text gets clearly its own probability (so a
+    mix-up of rows would show) and both labels occur."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("sharp")
+    config = BertConfig.from_pretrained(tiny_model_dir, initializer_range=0.5)
+    torch.manual_seed(0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(folder)
+    return folder
+
+
+def test_order_and_probabilities_equal_with_1_and_2_processes(tmp_path: Path,
+                                                              sharp_model: Path) -> None:
+    texts = varied_texts(37)  # odd: the two ranks score shares of different sizes
+    (tmp_path / "in.tsv").write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in
+                                                            enumerate(texts)))
+    (tmp_path / "in.txt").write_text("\n".join(texts[:10]) + "\n\n" + "\n".join(texts[10:]) + "\n")
+    common = ["predict", "--model", str(sharp_model), "--all-probs", "--batch-size", "4"]
+    one = run_cli([*common, "--input", "in.tsv", "--output", "out.jsonl"], cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    # Plain text in (the blank line is skipped), TSV on stdout, written by rank 0 alone.
+    two = run_cli([*common, "--input", "in.txt"], cwd=tmp_path, nproc=2)
+    assert two.returncode == 0, two.stderr
+    assert "in.txt: 37 texts, 2 process(es)" in two.stderr
+
+    single = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    double = parse_tsv(two.stdout)
+    assert list(double[0]) == ["row", "label", "probability", "p_LABEL_0", "p_LABEL_1", "text"]
+    assert [r["text"] for r in single] == texts
+    assert [r["text"] for r in double] == texts
+    assert [r["row"] for r in single] == list(range(1, 38))
+    assert [int(r["row"]) for r in double] == list(range(1, 38))
+    assert [r["label"] for r in single] == [r["label"] for r in double]
+    names = ["LABEL_0", "LABEL_1"]
+    probs_1 = np.array([[r["probabilities"][n] for n in names] for r in single])
+    probs_2 = np.array([[float(r[f"p_{n}"]) for n in names] for r in double])
+    np.testing.assert_allclose(probs_1, probs_2, atol=2e-6)
+    np.testing.assert_allclose(probs_1.sum(axis=1), 1.0, atol=1e-5)
+    assert [r["probability"] for r in single] == [max(p) for p in probs_1.tolist()]
+    # The texts' probabilities really differ, so a permutation of rows would show.
+    assert len({round(p, 4) for p in probs_1[:, 0]}) > 30
+    assert {r["label"] for r in single} == set(names)
+
+
+def test_input_errors_name_the_file_and_the_fix(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "in.csv").write_text("sentence,id\nhello,1\n")
+    args = build_parser().parse_args(["predict", "--model", str(tiny_model_dir), "--input",
+                                      str(tmp_path / "in.csv")])
+    with pytest.raises(DataError, match=r"in.csv:1: no 'text' column in the header \['sentence', "
+                       r"'id'\]; name the text column with --text-column"):
+        run_predict(args, SingleProcess())
+    with pytest.raises(ConfigError, match=r"out.xlsx: cannot tell the output format from '.xlsx'"):
+        output_format("out.xlsx", None)
+    assert output_format("out.xlsx", "jsonl") == "jsonl"
+    assert output_format(None, None) == "tsv"
+
+
+def test_read_texts_formats(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text('label,text\nx,"hello, world"\ny,"say ""hi"""\n')
+    assert read_texts(tmp_path / "a.csv") == ["hello, world", 'say "hi"']
+    (tmp_path / "b.jsonl").write_text('{"review": "fine"}\n\n{"review": "tab\\there"}\n')
+    assert read_texts(tmp_path / "b.jsonl", text_column="review") == ["fine", "tab\there"]
+    (tmp_path / "c.txt").write_text("\ufeffone\r\ntwo\r\n\r\n")
+    assert read_texts(tmp_path / "c.txt") == ["one", "two"]
+    with pytest.raises(DataError, match=r"b.jsonl:1: expected a JSON object with a 'text' field"):
+        read_texts(tmp_path / "b.jsonl")
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(DataError, match=r"empty.txt: input file holds no texts"):
+        read_texts(tmp_path / "empty.txt")
+    with pytest.raises(DataError, match=r"missing.tsv: input file not found"):
+        read_texts(tmp_path / "missing.tsv")
+
+
+def test_tsv_output_keeps_one_line_per_row() -> None:
+    probs = np.array([[0.25, 0.75], [0.9, 0.1]])
+    out = io.StringIO()
+    write_rows(rows_of(["tab\there", "new\nline"], probs, ["neg", "pos"], True), out, "tsv",
+               ["neg", "pos"], True)
+    assert out.getvalue().splitlines() == [
+        "row\tlabel\tprobability\tp_neg\tp_pos\ttext",
+        "1\tpos\t0.750000\t0.250000\t0.750000\ttab here",
+        "2\tneg\t0.900000\t0.900000\t0.100000\tnew line"]
+
+
+def test_max_length_comes_from_the_run_else_from_the_model(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    tokenizer = SimpleNamespace(model_max_length=512)
+    model_config = SimpleNamespace(max_position_embeddings=128)
+    (tmp_path / "model").mkdir()
+    assert default_max_length(tmp_path / "model", tokenizer, model_config) == 128
+    (tmp_path / "config.json").write_text(json.dumps({"task": {"model": {"max_length": 48}}}))
+    assert default_max_length(tmp_path / "model", tokenizer, model_config) == 48

@@ -1,0 +1,155 @@
+"""A short real run leaves a complete, readable run directory (issue 7)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from PIL import Image
+
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, str]:
+    """One 2-epoch run in the default run directory (runs/<task>-<time>), with a validation split."""
+    from conftest import write_toy_tsv
+
+    work = tmp_path_factory.mktemp("rundir")
+    write_toy_tsv(work / "train.tsv", 160, seed=1)
+    write_toy_tsv(work / "test.tsv", 40, seed=2)
+    (work / "toy.toml").write_text(f"""
+name = "toy"
+data_dir = "."
+[data]
+train = "train.tsv"
+test = "test.tsv"
+labels = ["neg", "pos"]
+[model]
+name = "{tiny_model_dir}"
+max_length = 32
+[train]
+epochs = 2
+batch_size = 8
+lr = 1e-3
+""")
+    args = ["train", "--task", "toy.toml", "--valid-size", "0.2", "--log-every", "2"]
+    done = run_cli(args + (["--tensorboard"] if HAS_TENSORBOARD else []), cwd=work)
+    assert done.returncode == 0, done.stderr
+    runs = list((work / "runs").glob("toy-*"))
+    assert len(runs) == 1, runs
+    return runs[0], done.stderr
+
+
+def test_config_records_the_resolved_task_world_and_versions(finished_run: tuple[Path, str]) -> None:
+    run, _ = finished_run
+    config = json.loads((run / "config.json").read_text())
+    assert config["task"]["data"]["valid_size"] == 0.2  # the override, not the file's 0.0
+    assert config["task"]["train"]["log_every"] == 2
+    assert config["world_size"] == 1
+    assert set(config["versions"]) == {"nlptrain", "torch", "transformers"}
+    assert "git_commit" in config
+
+
+def test_metrics_hold_training_and_eval_rows(finished_run: tuple[Path, str]) -> None:
+    run, _ = finished_run
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == list(range(2, 33, 2))  # 16 steps an epoch, every 2nd
+    for row in train:
+        assert {"step", "epoch", "loss", "lr", "samples_per_s"} <= set(row)
+        assert row["samples_per_s"] > 0
+    assert [(r["epoch"], r["step"]) for r in evals] == [(1, 16), (2, 32)]
+    assert {"accuracy", "macro_f1", "per_class", "confusion_matrix"} <= set(evals[0])
+
+
+def test_checkpoints_best_and_model_are_loadable_hf_folders(finished_run: tuple[Path, str]) -> None:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    run, _ = finished_run
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000016",
+                                                                        "step-00000032"]
+    for folder in ("best", "model"):
+        model = AutoModelForSequenceClassification.from_pretrained(run / folder)
+        assert model.config.id2label == {0: "neg", 1: "pos"}
+        assert AutoTokenizer.from_pretrained(run / folder)("a good film")["input_ids"]
+
+
+def test_results_report_and_plots(finished_run: tuple[Path, str]) -> None:
+    run, _ = finished_run
+    results = json.loads((run / "results.json").read_text())
+    assert results["data"] == {"train": {"rows": 128, "source": "train.tsv (less the held-out rows)"},
+                               "valid": {"rows": 32, "source": "20% of the rest of train (seed 42)"},
+                               "test": {"rows": 40, "source": "test.tsv"}}
+    report = (run / "report.md").read_text()
+    for part in ("# Run report: toy", "## Data", "## Settings", "| lr | 0.001 |", "## Results",
+                 "best on validation", "last on validation", "test, the best model",
+                 "### Per class (test)", "### Confusion matrix (test", "processes: 1"):
+        assert part in report, part
+    test = results["test"]
+    assert f"| neg | {test['per_class']['neg']['precision']:.4f} |" in report
+    links = [line.split("](")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
+    assert links == ["plots/training.png", "plots/evaluation.png", "plots/confusion_matrix.png"]
+    for link in links:
+        with Image.open(run / link) as image:
+            image.verify()
+        with Image.open(run / link) as image:
+            assert image.format == "PNG"
+            assert image.size == ((700, 600) if "confusion" in link else (900, 600))
+
+
+def test_tensorboard_events_when_installed(finished_run: tuple[Path, str]) -> None:
+    run, _ = finished_run
+    if not HAS_TENSORBOARD:
+        assert not (run / "tensorboard").exists()
+        pytest.skip("tensorboard is not installed (the 'absent' path is tested below)")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"train/loss", "train/lr", "eval/accuracy", "eval/macro_f1"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("eval/accuracy")] == [16, 32]
+
+
+def test_the_log_is_quiet(finished_run: tuple[Path, str]) -> None:
+    """Rank 0 logs the run in plain lines; no warnings a user cannot act on."""
+    run, stderr = finished_run
+    assert f"run directory: {run.relative_to(run.parents[1])}" in stderr
+    for noise in ("Warning", "warn(", "Traceback", "Writing model shards", "[rank"):
+        assert noise not in stderr, noise
+
+
+def test_tensorboard_absent_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch,
+                                                      toy_task: Path, tmp_path: Path) -> None:
+    """Without the tensorboard package, `--tensorboard` only warns and the run completes."""
+    from nlptrain import recipe
+    from nlptrain.cli import build_parser, resolve_task
+    from nlptrain.distributed import SingleProcess
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("nlptrain")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        args = build_parser().parse_args(["train", "--task", str(toy_task), "--epochs", "1",
+                                          "--tensorboard"])
+        task = resolve_task(args)
+        opts = recipe.RunOptions(output_dir=str(tmp_path / "run"), tensorboard=args.tensorboard)
+        results = recipe.train(task, opts, SingleProcess())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert results["test"]["rows"] == 40
+    assert any("tensorboard package is not installed" in m for m in messages), messages
+    assert not (tmp_path / "run" / "tensorboard").exists()
+    assert (tmp_path / "run" / "report.md").is_file()
