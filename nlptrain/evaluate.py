@@ -14,12 +14,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.metrics import (
-    accuracy_score,
-    confusion_matrix,
-    f1_score,
-    precision_recall_fscore_support,
-)
 from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
@@ -78,6 +72,14 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: SingleProce
 
 def compute_metrics(predictions: Predictions, label_names: list[str]) -> dict[str, Any]:
     """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (sklearn)."""
+    # Imported here: scikit-learn costs ~1 s at start-up, before the first training step.
+    from sklearn.metrics import (
+        accuracy_score,
+        confusion_matrix,
+        f1_score,
+        precision_recall_fscore_support,
+    )
+
     ids = list(range(len(label_names)))
     truth, guess = predictions.labels, predictions.predicted
     precision, recall, f1, support = precision_recall_fscore_support(

@@ -105,3 +105,11 @@ def test_shipped_tasks_read_the_real_data(task, counts, labels):
         assert len(ex) == rows
         ids = vocab.encode(ex)
         assert set(ids.tolist()) == set(range(len(labels)))
+
+
+def test_csv_quoted_cell_keeps_its_line_break_and_reports_the_rows_first_line(tmp_path):
+    content = 'text,label\n"two\nlines",pos\n"one",\n'
+    with pytest.raises(DataError, match=r"a\.csv:4: the row has no label"):
+        read(tmp_path, "a.csv", content)
+    ex = read(tmp_path, "b.csv", 'text,label\n"two\nlines",pos\n')
+    assert ex.texts == ["two\nlines"] and ex.origins[0][1] == 2

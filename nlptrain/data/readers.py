@@ -97,7 +97,7 @@ def read_table(path: Path, spec: FileSpec, delimiter: str) -> Examples:
     def lines() -> Iterator[str]:
         for number, text in numbered:
             line_of_row.append(number)
-            yield text
+            yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
 
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
@@ -178,3 +178,46 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: list[str],
     if not len(out):
         raise DataError(f"{base / spec.path}: {what} file holds no rows")
     return out
+
+
+
+def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text") -> list[str]:
+    """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
+    objects, or plain text with one text per line ('lines', also any unknown suffix)."""
+    path = open_checked(Path(path), "input")
+    if fmt == "auto":
+        fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
+    if fmt == "lines":
+        texts = [text for _, text in decoded_lines(path) if text.strip()]
+    elif fmt == "jsonl":
+        texts = []
+        for line, text in decoded_lines(path):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict) or str(text_column) not in row:
+                raise DataError(f"{path}:{line}: expected a JSON object with a '{text_column}' "
+                                "field; name the text field with --text-column")
+            if not str(row[str(text_column)]).strip():
+                raise DataError(f"{path}:{line}: the row has no text")
+            texts.append(str(row[str(text_column)]))
+    elif fmt in ("tsv", "csv"):
+        delimiter = "\t" if fmt == "tsv" else ","
+        if isinstance(text_column, str):  # say which option fixes it (the task's key does not)
+            first = next((t for _, t in decoded_lines(path) if t.strip()), "")
+            header = [cell.strip() for cell in next(csv.reader([first], delimiter=delimiter))]
+            if text_column not in header:
+                raise DataError(f"{path}:1: no '{text_column}' column in the header {header}; "
+                                "name the text column with --text-column")
+        # No labels: the text column stands in for the label column the reader expects.
+        spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column,
+                        label_column=text_column)
+        texts = read_table(path, spec, delimiter).texts
+    else:
+        raise DataError(f"{path}: unknown input format '{fmt}'; use tsv, csv, jsonl or lines")
+    if not texts:
+        raise DataError(f"{path}: input file holds no texts")
+    return texts
