@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in --output-dir from its latest checkpoint")
     train.add_argument("--overwrite", action="store_true",
                        help="replace what --output-dir holds")
+    train.add_argument("--callback", action="append", default=[], metavar="MODULE:CLASS",
+                       help="add a callback of yours, made with no arguments: a module path "
+                       "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable")
     train.add_argument("--tensorboard", action="store_true",
                        help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
     _task_options(train)
@@ -135,6 +139,26 @@ def build_parser() -> argparse.ArgumentParser:
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
     return parser
+
+
+def load_object(spec: str) -> Any:
+    """`package.module:Name` or `path/to/file.py:Name`."""
+    where, sep, name = spec.rpartition(":")
+    if not sep or not where or not name:
+        raise ConfigError(f"--callback {spec}: expected MODULE:CLASS or FILE.py:CLASS")
+    try:
+        if where.endswith(".py"):
+            path = Path(where)
+            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if module_spec is None or not path.is_file():
+                raise ConfigError(f"--callback {spec}: file {where} not found")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+        return getattr(module, name)
+    except (ImportError, AttributeError) as err:
+        raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 
 
 def resolve_task(args: argparse.Namespace) -> TaskConfig:
@@ -164,7 +188,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     task = resolve_task(args)
     opts = recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
-                             tensorboard=args.tensorboard)
+                             tensorboard=args.tensorboard,
+                             callbacks=[load_object(spec)() for spec in args.callback])
     with recipe.backend(task.train.timeout) as dist:
         start_logging(args, dist.rank)
         recipe.train(task, opts, dist)
@@ -212,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("%s", err)
         return 1
     except NlptrainError as err:
-        print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
+        if not (err.raised_on_every_rank and _rank_prefix()):
+            print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
         return err.exit_code
     except RuntimeError as err:
         from nlptrain.distributed import is_peer_failure

@@ -52,6 +52,15 @@ class DataConfig:
     split_seed: int = opt(42, "seed of the stratified train/valid/test split")
     cache_dir: str = opt("", "token cache folder ('': next to the data if writable, else "
                          "~/.cache/nlptrain)")
+    train_shards: str = opt("", "folder from `nlptrain split` (manifest + one file per rank); each "
+                            "rank then reads only its own file instead of [data] train")
+    shard_shuffle: bool = opt(False, "train_shards: reshuffle each rank's rows every epoch (seed + "
+                              "epoch); else read them in file order")
+    uneven_shards: str = opt("drop", "train_shards of different sizes: drop (every rank takes the "
+                             "shortest's batch count) | wrap (short ranks repeat rows up to the longest)")
+    streaming: bool = opt(False, "read [data] train lazily, sharded by rank and DataLoader worker "
+                          "(for files too big to load); needs [data] labels")
+    shuffle_buffer: int = opt(10000, "streaming: rows held in the shuffle buffer (0: file order)")
 
 
 @dataclass
@@ -171,6 +180,7 @@ def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "ove
 
 CHOICES = {
     ("data", "format"): {"auto", "tsv", "csv", "jsonl", "lines"},
+    ("data", "uneven_shards"): {"drop", "wrap"},
     ("train", "precision"): {"fp32", "bf16", "fp16"},
     ("train", "padding"): {"dynamic", "max_length"},
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
 from nlptrain.data.readers import Examples, format_of, read_examples
@@ -77,6 +76,8 @@ class Datasets:
 
 def stratified_split(labels: np.ndarray, size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(kept, held out) row numbers; stratified by label when every class can be split."""
+    from sklearn.model_selection import train_test_split  # here: a slow import, rarely needed
+
     rows = np.arange(len(labels))
     present = np.bincount(labels)[np.unique(labels)] if len(labels) else np.zeros(0, dtype=int)
     stratify = labels if len(present) and present.min() >= 2 else None
@@ -148,8 +149,9 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
 
     # Rank 0 fills the cache (and reports any data error once); then every rank maps it.
     built: dict[str, Datasets] = {}
-    if cache_dir is not None and dist.world_size > 1:
-        # The sets stay on rank 0; the others only learn that the cache is complete.
+    if dist.world_size > 1:
+        # Rank 0 first: it fills the cache, and a data error is reported once, by it. The sets
+        # stay on rank 0; the others only learn that it succeeded, then map the cache.
         dist.on_main(lambda: built.setdefault("sets", load_all()) and None)
     sets = built.get("sets") or load_all()
     seed = task.data.split_seed

@@ -122,8 +122,14 @@ def file_digest(paths: Sequence[Path]) -> str:
 
 def tokenizer_digest(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    text = backend.to_str() if backend is not None else repr(tokenizer.get_vocab())
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    if backend is None:
+        return hashlib.blake2b(repr(tokenizer.get_vocab()).encode(), digest_size=8).hexdigest()
+    state = json.loads(backend.to_str())
+    # A call leaves its truncation/padding settings in the backend: without dropping them, the key
+    # of the same tokenizer would change once it has been used (a rank would miss rank 0's entry).
+    state.pop("truncation", None)
+    state.pop("padding", None)
+    return hashlib.blake2b(json.dumps(state, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
 def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dict) -> str:

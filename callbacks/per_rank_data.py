@@ -1,0 +1,197 @@
+"""Per-rank training files: each rank reads, tokenizes and holds only its own share.
+
+    python -m nlptrain split --task sst2 --data-dir DATA --world-size 4 --shuffle --out /data/sst2-4
+    torchrun --nproc_per_node 4 -m nlptrain train --task sst2 --data-dir DATA --train-shards /data/sst2-4
+
+or, from Python, `DistTrainer(model, None, eval_set, callbacks=[PerRankData(folder, labels)])`.
+In `on_train_start` the callback reads `manifest.json` of a folder made by `nlptrain split`, refuses
+a job whose world size is not the manifest's, and sets `trainer.train_data` to a DataLoader over
+this rank's file (chosen from the current RANK / WORLD_SIZE), with an `EpochSampler`: file order, or
+a shuffle seeded by seed + epoch. No DistributedSampler: the trainer keeps this loader as is.
+
+Uneven files (different batch counts per rank) would hang DDP. Policy `drop` (default): the trainer
+agrees with one all_reduce(MIN) that every rank takes the shortest rank's batch count, and the
+longer ranks leave their surplus rows out of that epoch. Policy `wrap`: every rank's sampler runs
+to the longest file's row count, repeating its own rows from the start (or a fresh shuffle), so
+nothing is left out and short ranks see some rows twice. Either way rank 0 logs, each epoch the
+numbers change, what every rank trained on, dropped and repeated (also in `self.reports`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from nlptrain.config import FileSpec
+from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.data.split import Manifest
+from nlptrain.data.streaming import iter_rows
+from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
+from nlptrain.errors import ConfigError, DataError
+from nlptrain.events import Callback
+
+log = logging.getLogger("nlptrain")
+
+POLICIES = ("drop", "wrap")
+
+
+class EpochSampler(Sampler[int]):
+    """Rows 0..size-1 in order, or shuffled with seed + epoch; `length` > size wraps around."""
+
+    def __init__(self, size: int, shuffle: bool = False, seed: int = 0,
+                 length: int | None = None) -> None:
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.length = size if length is None else length
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.size:
+            return iter(())
+        if not self.shuffle:
+            return iter(i % self.size for i in range(self.length))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        rounds = [torch.randperm(self.size, generator=generator)
+                  for _ in range(-(-self.length // self.size))]  # wrapping: a fresh order each round
+        return iter(torch.cat(rounds)[: self.length].tolist())
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class PerRankData(Callback):
+    def __init__(self, folder: str | Path, labels: LabelVocab | list | dict | None = None,
+                 max_length: int = 128, shuffle: bool = False, seed: int = 0,
+                 uneven: str = "drop", cache_dir: str | Path | None = None,
+                 tokenizer: Any = None) -> None:
+        if uneven not in POLICIES:
+            raise ConfigError(f"uneven shards policy '{uneven}': choose one of {', '.join(POLICIES)}")
+        self.folder = Path(folder)
+        self.labels = labels if labels is None or isinstance(labels, LabelVocab) \
+            else LabelVocab.from_config(labels)
+        self.max_length, self.shuffle, self.seed, self.uneven = max_length, shuffle, seed, uneven
+        self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self.tokenizer = tokenizer
+        self.manifest: Manifest | None = None
+        self.sampler: EpochSampler | None = None
+        self.reports: list[dict[str, Any]] = []  # per epoch: agreed batches and each rank's rows
+        self._reported = False
+
+    @classmethod
+    def from_task(cls, task: Any, labels: LabelVocab, use_cache: bool = True) -> PerRankData:
+        """The callback for `[data] train_shards` (relative to the data folder)."""
+        folder = Path(task.data_dir or ".") / task.data.train_shards
+        cache = Path(task.data.cache_dir) if task.data.cache_dir else default_cache_dir(folder)
+        return cls(folder, labels, task.model.max_length, task.data.shard_shuffle, task.train.seed,
+                   task.data.uneven_shards, cache if use_cache else None)
+
+    def on_train_start(self, trainer: Any) -> None:
+        self.manifest = Manifest.load(self.folder)
+        self.manifest.check_world_size(trainer.dist.world_size, self.folder)
+        rank = trainer.dist.rank
+        part = self.manifest.part_path(self.folder, rank)
+        dataset = self._load(part, trainer)
+        if len(dataset) != self.manifest.rows[rank]:
+            raise DataError(f"{part}: {len(dataset)} rows, but the manifest says "
+                            f"{self.manifest.rows[rank]}; the file changed: run split again")
+        length = max(self.manifest.rows) if self.uneven == "wrap" else len(dataset)
+        self.sampler = EpochSampler(len(dataset), self.shuffle, self.seed, length)
+        cfg = trainer.config
+        trainer.train_data = DataLoader(
+            dataset, batch_size=cfg.batch_size, sampler=self.sampler, collate_fn=trainer.collate,
+            drop_last=cfg.drop_last, num_workers=cfg.num_workers,
+            pin_memory=trainer.device.type == "cuda", persistent_workers=cfg.num_workers > 0,
+            generator=torch.Generator().manual_seed(self.seed))  # not the global RNG (resume)
+
+    def on_epoch_start(self, trainer: Any) -> None:
+        if self.sampler is not None:
+            self.sampler.set_epoch(trainer.epoch)  # the trainer calls it too; this keeps it explicit
+        self._reported = False
+
+    def on_batch_start(self, trainer: Any, batch: dict) -> None:
+        # The agreed batch count is known only now (the trainer agrees after on_epoch_start).
+        if self._reported or self.manifest is None:
+            return
+        self._reported = True
+        cfg = trainer.config
+        ranks = plan(self.manifest.rows, trainer.batches_per_epoch, cfg.batch_size, cfg.drop_last,
+                     self.uneven == "wrap")
+        report = {"epoch": trainer.epoch, "batches": trainer.batches_per_epoch, "ranks": ranks}
+        changed = not self.reports or self.reports[-1]["ranks"] != ranks
+        self.reports.append(report)
+        if trainer.is_main and changed:
+            log.info("%s", self.describe(report))
+
+    def describe(self, report: dict[str, Any]) -> str:
+        order = "random rows, new each epoch" if self.shuffle else "in file order"
+        lines = [f"per-rank data, epoch {report['epoch'] + 1}: each rank takes "
+                 f"{report['batches']} batches (uneven shards policy: {self.uneven})"]
+        for rank, info in enumerate(report["ranks"]):
+            part = self.manifest.parts[rank]["file"] if self.manifest else f"rank {rank}"
+            line = f"  rank {rank}: {part}: {info['rows']} rows, trained on {info['trained']}"
+            if info["dropped"]:
+                line += f", dropped {info['dropped']} ({'the last ones' if not self.shuffle else order})"
+            if info["repeated"]:
+                line += (f", repeated {info['repeated']} "
+                         f"({'its first ones' if not self.shuffle else 'from a second shuffle'})")
+            lines.append(line)
+        return "\n".join(lines)
+
+    def _load(self, part: Path, trainer: Any) -> TokenizedDataset:
+        tokenizer = self.tokenizer or trainer.tokenizer
+        if tokenizer is None:
+            raise ConfigError("PerRankData needs a tokenizer: pass tokenizer= to it or the trainer")
+        labels = self.labels or LabelVocab.from_config(trainer.label_names)
+        spec = FileSpec(path=str(part), format="jsonl", text_column="text", label_column="label")
+
+        def build() -> tuple[TokenizedDataset, dict]:
+            texts, ids = read_part(spec, labels)
+            return TokenizedDataset.from_texts(texts, ids, tokenizer, self.max_length), \
+                {"rows": len(texts)}
+
+        if self.cache_dir is None:
+            return build()[0]
+        # Each rank caches its own share: the next run maps it instead of tokenizing.
+        key = cache_key([part], tokenizer, self.max_length,
+                        {"per_rank": part.name, "labels": [labels.values, labels.names]})
+        return cached(self.cache_dir / key, build)[0]
+
+
+def read_part(spec: FileSpec, labels: LabelVocab) -> tuple[list[str], np.ndarray]:
+    """Texts and label ids of one part file. The rows are checked as the readers check them,
+    but no per-row (file, line) is kept: only the texts, which are most of the file anyway."""
+    known = {value: i for i, value in enumerate(labels.values)}
+    known.update({name: i for i, name in enumerate(labels.names)})
+    texts: list[str] = []
+    ids: list[int] = []
+    for row in iter_rows(spec, "", (), "per-rank train"):
+        if row.label not in known:
+            raise DataError(f"{row.path}:{row.line}: label '{row.label}' is not one of the task's "
+                            f"labels {labels.values}; fix the row or add it to [data] labels")
+        texts.append(row.text)
+        ids.append(known[row.label])
+    return texts, np.asarray(ids, dtype=np.int64)
+
+
+def plan(rows: list[int], batches: int, batch_size: int, drop_last: bool = False,
+         wrap: bool = False) -> list[dict[str, int]]:
+    """What each rank trains on when every rank takes `batches` batches of its sampler."""
+    out = []
+    longest = max(rows) if rows else 0
+    for n in rows:
+        length = longest if wrap else n  # sampler positions of this rank
+        available = length // batch_size if drop_last else math.ceil(length / batch_size)
+        taken = min(batches, available) * batch_size if drop_last else min(length, batches * batch_size)
+        out.append({"rows": n, "batches": available, "trained": min(taken, n),
+                    "dropped": n - min(taken, n), "repeated": max(taken - n, 0)})
+    return out
+

@@ -1,0 +1,314 @@
+"""Streaming: read a training file lazily, one row at a time, for sets too big to index.
+
+`iter_rows` is the streaming twin of `readers.read_examples`: the same formats, the same checks and
+messages (file and line), but it yields rows instead of keeping them. `StreamingDataset` shards
+those rows by `rank * num_workers + worker_id` (row i belongs to shard i % (world * workers)), so
+no row is seen twice in an epoch, tokenizes in small chunks and shuffles through a buffer seeded by
+(seed, epoch, shard). Memory is the buffer and one chunk, whatever the file size.
+
+An epoch has no length the trainer can read, so every rank must take the same number of steps:
+`prepare_stream` counts the rows once (rank 0, one pass, checking every label) and sets
+`[train] steps_per_epoch` to the largest count every rank can fill (one pass over the shortest
+rank's share; the few surplus rows of longer shares are left for that epoch, and reported).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+import math
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from nlptrain.config import FileSpec, TrainConfig
+from nlptrain.data.readers import _column, decoded_lines, format_of, open_checked
+from nlptrain.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+
+class Row(NamedTuple):
+    text: str
+    label: str
+    path: str
+    line: int
+
+
+def _checked(text: str, label: str, path: Path, line: int) -> Row:
+    # The same rules (and messages) as readers.Examples.add.
+    if not text.strip():
+        raise DataError(f"{path}:{line}: the row has no text")
+    if not label.strip():
+        raise DataError(f"{path}:{line}: the row has no label")
+    return Row(text, label.strip(), str(path), line)
+
+
+def _table_rows(path: Path, spec: FileSpec, delimiter: str) -> Iterator[Row]:
+    """TSV (no quoting) or CSV (standard quoting; a row may span lines), as readers.read_table."""
+    line_of_row: list[int] = []
+
+    def lines() -> Iterator[str]:
+        for number, text in decoded_lines(path):
+            line_of_row.append(number)
+            yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
+
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
+    header: list[str] | None = None
+    text_col = label_col = -1
+    line = 0
+    try:
+        for row in rows:
+            # csv reads no further than this row: the lines since the last clear are its lines.
+            line = line_of_row[0]
+            line_of_row.clear()
+            if not any(cell.strip() for cell in row):
+                continue
+            if spec.header and header is None:
+                header = [cell.strip() for cell in row]
+                text_col = _column(spec.text_column, header, path, "text")
+                label_col = _column(spec.label_column, header, path, "label")
+                continue
+            if text_col < 0:
+                text_col = _column(spec.text_column, None, path, "text")
+                label_col = _column(spec.label_column, None, path, "label")
+            needed = max(text_col, label_col) + 1
+            if len(row) < needed:
+                raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least {needed} "
+                                f"(text in column {text_col + 1}, label in column {label_col + 1})")
+            yield _checked(row[text_col], row[label_col], path, line)
+    except csv.Error as err:
+        raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
+
+
+def _jsonl_rows(path: Path, spec: FileSpec) -> Iterator[Row]:
+    for line, text in decoded_lines(path):
+        if not text.strip():
+            continue
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{line}: expected a JSON object per line")
+        for role, key in (("text", spec.text_column), ("label", spec.label_column)):
+            if str(key) not in row:
+                raise DataError(f"{path}:{line}: no '{key}' field ({role}); "
+                                f"set {role}_column in the task's [data]")
+        yield _checked(str(row[str(spec.text_column)]), str(row[str(spec.label_column)]), path, line)
+
+
+def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
+                 what: str = "data") -> list[Path]:
+    """The files one [data] entry reads, checked to exist (one per label for format 'lines')."""
+    base = Path(data_dir) if data_dir else Path(".")
+    if "{label}" not in spec.path:
+        return [open_checked(base / spec.path, what)]
+    if not label_values:
+        raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
+    return [open_checked(base / spec.path.format(label=v), what) for v in label_values]
+
+
+def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
+              what: str = "data") -> Iterator[Row]:
+    """Every row of one [data] entry in file order, read lazily; errors name file and line."""
+    fmt = format_of(spec) if "{label}" not in spec.path else "lines"
+    files = source_files(spec, data_dir, list(label_values), what)
+    empty = True
+    if fmt == "lines":
+        for value, path in zip(label_values, files, strict=True):
+            for line, text in decoded_lines(path):
+                if text.strip():
+                    empty = False
+                    yield Row(text, value, str(path), line)
+    else:
+        path = files[0]
+        rows = _jsonl_rows(path, spec) if fmt == "jsonl" else \
+            _table_rows(path, spec, "\t" if fmt == "tsv" else ",")
+        for row in rows:
+            empty = False
+            yield row
+    if empty:
+        raise DataError(f"{files[0]}: {what} file holds no rows")
+
+
+class StreamingDataset(IterableDataset):
+    """Rows of one file, tokenized on the fly; each (rank, worker) reads only its own shard.
+
+    Yields the same dicts as `TokenizedDataset` (input_ids, labels, index = the row's number in
+    the file), so `Collator` batches them. `len()` is the number of rows in the whole file (all
+    ranks), counted once on first use; an epoch on one rank yields about len / world_size rows.
+    """
+
+    def __init__(self, spec: FileSpec, data_dir: str | Path, label_ids: dict[str, int],
+                 tokenizer: Any, max_length: int, rank: int = 0, world_size: int = 1,
+                 seed: int = 0, shuffle_buffer: int = 10_000, chunk: int = 512,
+                 label_values: Sequence[str] = ()) -> None:
+        self.spec, self.data_dir = spec, str(data_dir)
+        self.label_ids = dict(label_ids)  # value or name as written in the file -> id
+        self.label_values = list(label_values)  # for format 'lines': one file per value
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.rank, self.world_size = rank, world_size
+        self.seed, self.shuffle_buffer, self.chunk = seed, shuffle_buffer, chunk
+        self.total_rows: int | None = None
+        # Shared memory: DataLoader workers (persistent ones too) see set_epoch from the main
+        # process; a plain attribute would stay at the value copied when the worker started.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
+
+    @classmethod
+    def from_task(cls, task: Any, vocab: Any, tokenizer: Any, dist: Any) -> StreamingDataset:
+        """The task's train file as a stream for this rank (`vocab`: a LabelVocab)."""
+        from nlptrain.config import file_spec
+
+        ids = {value: i for i, value in enumerate(vocab.values)}
+        ids.update({name: i for i, name in enumerate(vocab.names)})  # names are accepted too
+        return cls(file_spec(task, "train"), task.data_dir or ".", ids, tokenizer,
+                   task.model.max_length, dist.rank, dist.world_size, task.train.seed,
+                   task.data.shuffle_buffer, label_values=vocab.values)
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.fill_(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch.item())
+
+    def rows(self) -> Iterator[Row]:
+        return iter_rows(self.spec, self.data_dir, self.label_values, "train")
+
+    def count_rows(self) -> int:
+        """Read the whole file once (constant memory), checking every row and label."""
+        count = 0
+        for row in self.rows():
+            self._label_id(row)
+            count += 1
+        return count
+
+    def __len__(self) -> int:
+        if self.total_rows is None:
+            self.total_rows = self.count_rows()
+        return self.total_rows
+
+    def _label_id(self, row: Row) -> int:
+        if row.label not in self.label_ids:
+            known = sorted(set(self.label_ids))
+            raise DataError(f"{row.path}:{row.line}: label '{row.label}' is not one of the task's "
+                            f"labels {known}; fix the row or add it to [data] labels")
+        return self.label_ids[row.label]
+
+    def shard(self) -> tuple[int, int]:
+        """(this reader's shard, number of shards) = (rank * workers + worker id, world * workers)."""
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        return self.rank * workers + worker, self.world_size * workers
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        shard, shards = self.shard()
+        if self.shuffle_buffer <= 0:
+            yield from self._tokenized(shard, shards)
+            return
+        rng = random.Random(f"{self.seed}/{self.epoch}/{shard}")  # str seeds are stable
+        buffer: list[dict[str, Any]] = []
+        for item in self._tokenized(shard, shards):
+            if len(buffer) < self.shuffle_buffer:
+                buffer.append(item)
+                continue
+            pick = rng.randrange(len(buffer))  # a full buffer: send a random row out, keep this one
+            buffer[pick], item = item, buffer[pick]
+            yield item
+        rng.shuffle(buffer)
+        yield from buffer
+
+    def _tokenized(self, shard: int, shards: int) -> Iterator[dict[str, Any]]:
+        texts: list[str] = []
+        meta: list[tuple[int, int]] = []
+        for index, row in enumerate(self.rows()):
+            if index % shards != shard:
+                continue
+            texts.append(row.text)
+            meta.append((index, self._label_id(row)))
+            if len(texts) == self.chunk:
+                yield from self._encode(texts, meta)
+                texts, meta = [], []
+        if texts:
+            yield from self._encode(texts, meta)
+
+    def _encode(self, texts: list[str], meta: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length,
+                                 return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+        for ids, (index, label) in zip(encoded, meta, strict=True):
+            yield {"input_ids": np.asarray(ids, dtype=np.int32), "labels": label, "index": index}
+
+
+def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:
+    """The label vocabulary when no rank reads the whole train file: the task's [data] labels,
+    else (per-rank files) the labels `split` saw. Checks the per-rank files fit the job."""
+    from nlptrain.data import LabelVocab
+
+    if task.data.train_shards and task.data.streaming:
+        raise ConfigError(f"task '{task.name}': [data] train_shards and streaming exclude each "
+                          "other; choose one")
+    if task.data.train_shards:
+        from nlptrain.data.split import Manifest
+
+        folder = Path(task.data_dir or ".") / task.data.train_shards
+        manifest = Manifest.load(folder)
+        manifest.check_world_size(world_size, folder)  # before any model is loaded
+        return vocab or LabelVocab(list(manifest.labels), list(manifest.labels))
+    if vocab is None:
+        raise ConfigError(f"task '{task.name}': streaming needs [data] labels, since the train "
+                          "file is not read ahead; e.g. labels = [\"neg\", \"pos\"]")
+    return vocab
+
+
+def warn_no_held_out(task: Any, sets: Any) -> None:
+    for which, size in (("test", task.data.test_size), ("valid", task.data.valid_size)):
+        if getattr(sets, which) is None and size > 0:
+            log.warning("task %s: no %s set; per-rank or streamed train data is not split, so "
+                        "give a [data] %s file", task.name, which, which)
+
+
+def shard_sizes(rows: int, shards: int) -> list[int]:
+    """Rows of each shard when row i goes to shard i % shards."""
+    return [rows // shards + (s < rows % shards) for s in range(shards)]
+
+
+def batches_per_rank(rows: int, world_size: int, workers: int, batch_size: int,
+                     drop_last: bool = False) -> list[int]:
+    """Batches each rank's DataLoader yields in one pass: each worker batches its own shard."""
+    sizes = shard_sizes(rows, world_size * max(workers, 1))
+    per_worker = [s // batch_size if drop_last else math.ceil(s / batch_size) for s in sizes]
+    step = max(workers, 1)
+    return [sum(per_worker[r * step:(r + 1) * step]) for r in range(world_size)]
+
+
+def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Any) -> TrainConfig:
+    """Count the rows once (rank 0; all ranks learn the count) and return `config` with
+    `steps_per_epoch` set to one pass over the shortest rank's share, unless it was set."""
+    if dataset.total_rows is None:
+        dataset.total_rows = dist.on_main(dataset.count_rows)
+    rows = dataset.total_rows
+    per_rank = batches_per_rank(rows, dist.world_size, config.num_workers, config.batch_size,
+                                config.drop_last)
+    if config.steps_per_epoch:
+        return config
+    steps = min(per_rank) // config.grad_accum
+    if steps < 1:
+        raise ConfigError(f"{dataset.spec.path}: {rows} rows are too few for {dist.world_size} "
+                          f"rank(s) x {config.grad_accum} batches of {config.batch_size}; "
+                          "lower batch_size or grad_accum")
+    taken = steps * config.grad_accum
+    if dist.is_main:
+        spare = [n - taken for n in per_rank]
+        log.info("streaming %d rows: %d rank(s) x %d worker(s), %d steps per epoch; batches left "
+                 "unread each epoch per rank: %s", rows, dist.world_size, max(config.num_workers, 1),
+                 steps, spare)
+    return dataclasses.replace(config, steps_per_epoch=steps)

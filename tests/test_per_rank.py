@@ -1,0 +1,153 @@
+"""Per-rank files on real processes (gloo): each row once per epoch, uneven files end cleanly and
+say what they dropped or repeated, and a manifest for another world size is refused."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+from conftest import run_cli, write_toy_tsv
+from ddp import run_ranks
+from nlptrain.callbacks import PerRankData
+from nlptrain.callbacks.per_rank_data import EpochSampler, plan
+
+from nlptrain import Callback, DistTrainer, TaskConfig, TrainConfig
+from nlptrain.data.split import Manifest, part_name, split_task
+from nlptrain.errors import ConfigError
+from nlptrain.models import load_model, load_tokenizer
+
+
+class RecordRows(Callback):
+    """The toy row number ("row N was ...") of every example trained on, per epoch."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.rows: dict[int, list[int]] = {}
+
+    def on_batch_start(self, trainer, batch) -> None:
+        texts = self.tokenizer.batch_decode(batch["input_ids"], skip_special_tokens=True)
+        self.rows.setdefault(trainer.epoch, []).extend(int(t.split()[1]) for t in texts)
+
+
+def write_parts(folder: Path, source: Path, sizes: list[int]) -> Path:
+    """Per-rank files of the given sizes, in source order, with their manifest."""
+    folder.mkdir(parents=True)
+    rows = [line.split("\t") for line in source.read_text().splitlines()[1:]]
+    parts, start = [], 0
+    for rank, size in enumerate(sizes):
+        name = part_name(rank, len(sizes))
+        with open(folder / name, "w") as handle:
+            for text, label in rows[start:start + size]:
+                handle.write(json.dumps({"text": text, "label": label}) + "\n")
+        parts.append({"file": name, "rows": size})
+        start += size
+    Manifest(len(sizes), parts, ["neg", "pos"]).save(folder)
+    return folder
+
+
+def fit(folder: Path, model_dir: str, epochs: int = 1, **options) -> tuple[PerRankData, RecordRows]:
+    tokenizer = load_tokenizer(model_dir)
+    torch.manual_seed(0)
+    model = load_model(model_dir, ["neg", "pos"])
+    data = PerRankData(folder, ["neg", "pos"], max_length=32, **options)
+    record = RecordRows(tokenizer)
+    config = TrainConfig(epochs=epochs, batch_size=8, lr=1e-3, timeout=60)
+    trainer = DistTrainer(model, None, None, config=config, callbacks=[data, record],
+                          tokenizer=tokenizer)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return data, record
+
+
+def job(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    # One process group for several trainers: the trainers do not own it, so close() keeps it.
+    torch_dist.init_process_group("gloo")
+    out: dict = {}
+    root = Path(folder)
+    try:
+        fit(root / "three", model_dir)
+    except ConfigError as err:
+        out["refused"] = str(err)
+    data, record = fit(root / "even", model_dir, epochs=2, shuffle=True, seed=3)
+    out["even"] = record.rows
+    for policy in ("drop", "wrap"):
+        data, record = fit(root / "uneven", model_dir, uneven=policy)
+        out[policy] = {"rows": record.rows[0], "reports": data.reports}
+    torch_dist.destroy_process_group()
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, tiny_model_dir) -> list[dict]:
+    root = tmp_path_factory.mktemp("per-rank")
+    source = write_toy_tsv(root / "train.tsv", 237, seed=1)
+    task = TaskConfig(name="toy", data_dir=str(root))
+    task.data.train = "train.tsv"
+    split_task(task, root / "three", 3)
+    write_parts(root / "even", source, [40, 39])  # 5 batches of 8 each
+    write_parts(root / "uneven", source, [100, 137])  # 13 and 18 batches
+    return run_ranks(job, 2, root, str(root), str(tiny_model_dir))
+
+
+def test_manifest_for_three_ranks_is_refused_on_two(results):
+    for result in results:
+        assert "made for 3 ranks, but this job runs 2" in result["refused"]
+        assert "--world-size 2" in result["refused"]
+
+
+def test_each_row_trained_once_per_epoch_across_ranks(results):
+    for epoch in (0, 1):
+        seen = [row for r in results for row in r["even"][epoch]]
+        assert sorted(seen) == list(range(79))
+    assert sorted(results[0]["even"][0]) == list(range(40))  # rank 0 reads only its own file
+    assert results[0]["even"][0] != results[0]["even"][1]  # reshuffled with seed + epoch
+
+
+def test_uneven_files_drop_the_surplus_and_say_so(results):
+    # 100 vs 137 rows, batch 8: every rank takes 13 batches; rank 1 leaves its last 33 rows out.
+    assert results[0]["drop"]["rows"] == list(range(100))
+    assert results[1]["drop"]["rows"] == list(range(100, 204))
+    report = results[0]["drop"]["reports"][0]
+    assert report["batches"] == 13
+    assert report["ranks"] == [
+        {"rows": 100, "batches": 13, "trained": 100, "dropped": 0, "repeated": 0},
+        {"rows": 137, "batches": 18, "trained": 104, "dropped": 33, "repeated": 0}]
+
+
+def test_uneven_files_wrap_the_shorter_one(results):
+    # Every rank runs to 137 positions (18 batches): rank 0 sees its first 37 rows twice.
+    assert Counter(results[0]["wrap"]["rows"]) == Counter([*range(100), *range(37)])
+    assert results[1]["wrap"]["rows"] == list(range(100, 237))
+    ranks = results[1]["wrap"]["reports"][0]["ranks"]
+    assert [(r["trained"], r["dropped"], r["repeated"]) for r in ranks] == [(100, 0, 37), (137, 0, 0)]
+
+
+def test_cli_uneven_files_end_and_report(tmp_path, toy_task):
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 237, seed=1)
+    write_parts(tmp_path / "parts", source, [100, 137])
+    done = run_cli(["train", "--task", str(toy_task), "--train-shards", "parts", "--epochs", "1",
+                    "--output-dir", "run"], cwd=tmp_path, nproc=2, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = done.stderr
+    assert "each rank takes 13 batches (uneven shards policy: drop)" in log
+    assert "rank 1: part-00001-of-00002.jsonl: 137 rows, trained on 104, dropped 33" in log
+    assert "rank 1: dropping 5 of its 18 batches" in log  # the trainer's own per-rank warning
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["test"]["rows"] == 40
+
+
+def test_sampler_and_plan():
+    sampler = EpochSampler(5, shuffle=True, seed=1, length=12)
+    sampler.set_epoch(0)
+    first = list(sampler)
+    assert len(first) == 12 and sorted(first[:5]) == list(range(5))  # a full pass, then more
+    sampler.set_epoch(1)
+    assert list(sampler) != first
+    assert list(EpochSampler(3, length=7)) == [0, 1, 2, 0, 1, 2, 0]
+    dropped = plan([10, 20], batches=2, batch_size=4, drop_last=True)
+    assert [(r["trained"], r["dropped"]) for r in dropped] == [(8, 2), (8, 12)]

@@ -1,0 +1,139 @@
+"""`nlptrain split`: per-rank files + manifest, every row once, seeded shuffle, flat memory."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, write_toy_tsv
+
+from nlptrain.config import TaskConfig, file_spec
+from nlptrain.data.split import MANIFEST, Manifest, split_rows, split_task
+from nlptrain.data.streaming import iter_rows
+from nlptrain.data.tokenized import file_digest
+from nlptrain.errors import ConfigError, DataError
+
+
+def source_rows(path: Path) -> list[tuple[str, str]]:
+    lines = path.read_text(encoding="utf-8").splitlines()[1:]
+    return [tuple(line.split("\t")) for line in lines]
+
+
+def part_rows(folder: Path, name: str) -> list[tuple[str, str]]:
+    rows = [json.loads(line) for line in (folder / name).read_text(encoding="utf-8").splitlines()]
+    return [(r["text"], r["label"]) for r in rows]
+
+
+def toy_task(data: Path, train: str, **data_keys) -> TaskConfig:
+    task = TaskConfig(name="toy", data_dir=str(data))
+    task.data.train = train
+    for key, value in data_keys.items():
+        setattr(task.data, key, value)
+    return task
+
+
+def test_cli_split_writes_every_row_once_shuffled(tmp_path):
+    source = write_toy_tsv(tmp_path / "train.tsv", 101, seed=3)
+    done = run_cli(["split", "train.tsv", "--world-size", "3", "--shuffle", "--seed", "7",
+                    "--out", "parts"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "101 rows -> 3 files" in done.stdout
+    folder = tmp_path / "parts"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    names = [p["file"] for p in manifest["parts"]]
+    assert names == ["part-00000-of-00003.jsonl", "part-00001-of-00003.jsonl",
+                     "part-00002-of-00003.jsonl"]
+    assert manifest["world_size"] == 3 and manifest["rows"] == 101
+    assert [p["rows"] for p in manifest["parts"]] == [34, 34, 33]  # round-robin
+    assert manifest["seed"] == 7 and manifest["shuffle"] is True
+    assert manifest["source"]["checksum"] == file_digest([source])
+    assert manifest["labels"] == ["neg", "pos"]
+    written = [row for name in names for row in part_rows(folder, name)]
+    assert Counter(written) == Counter(source_rows(source))  # every row exactly once
+    dealt_in_order = [row for i in range(34) for name in names
+                      for row in part_rows(folder, name)[i:i + 1]]
+    assert dealt_in_order != source_rows(source)  # shuffled before dealing
+    for info in manifest["parts"]:
+        assert info["checksum"] == file_digest([folder / info["file"]])
+        assert info["bytes"] == (folder / info["file"]).stat().st_size
+
+
+def test_same_seed_same_files_and_by_size_balances(tmp_path):
+    write_toy_tsv(tmp_path / "train.tsv", 300, seed=4)
+    task = toy_task(tmp_path, "train.tsv")
+    first = split_task(task, tmp_path / "a", 4, shuffle=True, seed=1)
+    again = split_task(task, tmp_path / "b", 4, shuffle=True, seed=1)
+    other = split_task(task, tmp_path / "c", 4, shuffle=True, seed=2)
+    assert [p["checksum"] for p in first.parts] == [p["checksum"] for p in again.parts]
+    assert [p["checksum"] for p in first.parts] != [p["checksum"] for p in other.parts]
+    by_size = split_task(task, tmp_path / "d", 4, by="size")
+    chars = [sum(len(t) for t, _ in part_rows(tmp_path / "d", p["file"])) for p in by_size.parts]
+    longest = max(len(t) for t, _ in source_rows(tmp_path / "train.tsv"))
+    assert max(chars) - min(chars) <= longest + 40  # within about one row of each other
+    assert sum(by_size.rows) == 300 and Manifest.load(tmp_path / "d").rows == by_size.rows
+
+
+def test_split_one_file_per_label_format(tmp_path):
+    (tmp_path / "mr.pos").write_text("a fine film\nlovely\n\n", encoding="utf-8")
+    (tmp_path / "mr.neg").write_text("dull\ntoo long\nbad acting\n", encoding="utf-8")
+    task = toy_task(tmp_path, "mr.{label}", labels=["neg", "pos"])
+    manifest = split_task(task, tmp_path / "parts", 2)
+    written = [row for p in manifest.parts for row in part_rows(tmp_path / "parts", p["file"])]
+    assert sorted(written) == sorted([("a fine film", "pos"), ("lovely", "pos"), ("dull", "neg"),
+                                      ("too long", "neg"), ("bad acting", "neg")])
+    assert manifest.rows == [3, 2] and len(manifest.source["files"]) == 2
+
+
+def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):
+    write_toy_tsv(tmp_path / "train.tsv", 20)
+    task = toy_task(tmp_path, "train.tsv")
+    split_task(task, tmp_path / "parts", 2)
+    with pytest.raises(ConfigError, match="--overwrite"):
+        split_task(task, tmp_path / "parts", 2)
+    assert split_task(task, tmp_path / "parts", 4, overwrite=True).world_size == 4
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a split folder"):
+        split_task(task, tmp_path / "mine", 2, overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ConfigError, match="at least 1"):
+        split_task(task, tmp_path / "zero", 0)
+    (tmp_path / "bad.tsv").write_text("text\tlabel\nfine\tpos\n\tneg\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.tsv:3: the row has no text"):
+        split_task(toy_task(tmp_path, "bad.tsv"), tmp_path / "bad", 2)
+    assert not (tmp_path / "bad").exists()  # nothing half-written is left under the name
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_split_memory_does_not_grow_with_the_input(tmp_path, shuffle):
+    peaks = []
+    for rows in (10_000, 40_000):
+        source = write_toy_tsv(tmp_path / f"in{rows}.tsv", rows, seed=5)
+        spec = toy_task(tmp_path, source.name)
+        out = tmp_path / f"out{rows}-{shuffle}"
+        out.mkdir()
+        tracemalloc.start()
+        split_rows(iter_rows(file_spec(spec, "train"), tmp_path), out, 2, shuffle=shuffle,
+                   input_bytes=source.stat().st_size, bucket_bytes=128 << 10)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    # 4x the rows: the peak stays about a bucket (128 KB) plus buffers, nowhere near 4x.
+    assert peaks[1] < 1.5 * peaks[0] + (1 << 20), peaks
+    assert peaks[1] < 8 << 20, peaks
+
+
+def test_split_a_task_file_from_the_cli(tmp_path, toy_task, capsys):
+    from nlptrain.cli import main
+
+    out = tmp_path / "parts"
+    assert main(["split", "--task", str(toy_task), "--world-size", "2", "--by", "size",
+                 "--out", str(out)]) == 0
+    assert "160 rows -> 2 files" in capsys.readouterr().out
+    manifest = Manifest.load(out)
+    assert manifest.by == "size" and sum(manifest.rows) == 160 and manifest.labels == ["neg", "pos"]
+    assert main(["split", "--world-size", "2"]) == 1  # neither FILE nor --task: a clear error
+    assert "give a FILE or --task" in capsys.readouterr().err

@@ -1,0 +1,128 @@
+"""Streaming reader: the same rows as the readers, sharded by rank and worker, each row once per
+epoch (also on 2 real ranks x 2 workers through DistTrainer), reshuffled by set_epoch."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_toy_tsv
+from ddp import run_ranks
+from torch.utils.data import DataLoader
+
+from nlptrain import Callback, DistTrainer, TrainConfig
+from nlptrain.config import FileSpec
+from nlptrain.data import Collator
+from nlptrain.data.readers import read_examples
+from nlptrain.data.streaming import StreamingDataset, batches_per_rank, iter_rows, prepare_stream
+from nlptrain.errors import DataError
+from nlptrain.models import load_model, load_tokenizer
+
+LABELS = {"neg": 0, "pos": 1}
+
+
+def stream(path: Path, tokenizer, rank: int = 0, world: int = 1, **options) -> StreamingDataset:
+    spec = FileSpec(path=path.name, format="tsv")
+    return StreamingDataset(spec, path.parent, LABELS, tokenizer, 32, rank, world, seed=5, **options)
+
+
+def epoch_rows(dataset: StreamingDataset, epoch: int, workers: int) -> list[int]:
+    dataset.set_epoch(epoch)
+    loader = DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=Collator(0))
+    return [i for batch in loader for i in batch["index"].tolist()]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(str(tiny_model_dir))
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv", "jsonl"])
+def test_rows_match_the_readers(tmp_path, fmt):
+    files = {"tsv": 'text\tlabel\nsays "hi"\tpos\n\n  spaced \tneg\n',
+             "csv": 'text,label\n"two\nlines, quoted",pos\nplain,neg\n',
+             "jsonl": '{"text": "a", "label": "pos"}\n\n{"text": "b\\tc", "label": "neg"}\n'}
+    path = tmp_path / f"data.{fmt}"
+    path.write_text(files[fmt], encoding="utf-8")
+    spec = FileSpec(path=path.name)
+    expected = read_examples(spec, tmp_path, [])
+    rows = list(iter_rows(spec, tmp_path))
+    assert [r.text for r in rows] == expected.texts
+    assert [r.label for r in rows] == expected.labels
+    assert [(r.path, r.line) for r in rows] == expected.origins
+
+
+def test_shards_cover_every_row_once_and_reshuffle(tmp_path, tokenizer):
+    path = write_toy_tsv(tmp_path / "train.tsv", 150, seed=2)
+    world, workers = 2, 2
+    ranks = [stream(path, tokenizer, rank, world, shuffle_buffer=16) for rank in range(world)]
+    first = [epoch_rows(d, 0, workers) for d in ranks]
+    assert sorted(i for rows in first for i in rows) == list(range(150))  # disjoint, complete
+    assert [epoch_rows(d, 0, workers) for d in ranks] == first  # seeded: the same again
+    second = [epoch_rows(d, 1, workers) for d in ranks]
+    assert sorted(i for rows in second for i in rows) == list(range(150))
+    assert second != first  # set_epoch reshuffles
+    in_order = stream(path, tokenizer, shuffle_buffer=0)
+    assert epoch_rows(in_order, 0, 0) == list(range(150))
+    row = next(iter(in_order))
+    assert row["labels"] == LABELS[path.read_text().splitlines()[1].split("\t")[1]]
+    assert tokenizer.decode(row["input_ids"], skip_special_tokens=True).startswith("row 0 ")
+
+
+def test_bad_label_is_reported_with_file_and_line(tmp_path, tokenizer):
+    path = tmp_path / "train.tsv"
+    path.write_text("text\tlabel\nfine\tpos\nodd\tmaybe\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"train.tsv:3: label 'maybe' is not one of"):
+        stream(path, tokenizer).count_rows()
+
+
+def test_batches_per_rank():
+    # 150 rows in 4 shards (38, 38, 37, 37); each worker batches its own shard.
+    assert batches_per_rank(150, 2, 2, 8) == [10, 10]
+    assert batches_per_rank(150, 2, 2, 8, drop_last=True) == [8, 8]
+    assert batches_per_rank(10, 3, 0, 4) == [1, 1, 1]
+
+
+class RecordIndex(Callback):
+    def __init__(self) -> None:
+        self.rows: dict[int, list[int]] = {}
+
+    def on_batch_start(self, trainer, batch) -> None:
+        self.rows.setdefault(trainer.epoch, []).extend(batch["index"].tolist())
+
+
+def stream_job(rank: int, world: int, path: str, model_dir: str) -> dict:
+    from nlptrain import distributed
+
+    # A rank made by spawn would spawn its DataLoader workers too (slow: each imports torch);
+    # under torchrun a rank is a fresh interpreter whose workers fork. Do as torchrun does.
+    multiprocessing.set_start_method("fork", force=True)
+    tokenizer = load_tokenizer(model_dir)
+    dist = distributed.from_env(60)
+    data = stream(Path(path), tokenizer, dist.rank, dist.world_size, shuffle_buffer=16)
+    config = prepare_stream(data, TrainConfig(epochs=2, batch_size=8, lr=1e-3, num_workers=2,
+                                              timeout=60), dist)
+    torch.manual_seed(0)
+    record = RecordIndex()
+    trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), data, None, config=config,
+                          callbacks=[record], tokenizer=tokenizer, dist=dist)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return {"rows": record.rows, "steps": config.steps_per_epoch, "total": len(data),
+            "config": dataclasses.asdict(config)}
+
+
+def test_two_ranks_two_workers_see_each_row_once_per_epoch(tmp_path, tiny_model_dir):
+    path = write_toy_tsv(tmp_path / "train.tsv", 150, seed=3)
+    results = run_ranks(stream_job, 2, tmp_path, str(path), str(tiny_model_dir))
+    assert [r["steps"] for r in results] == [10, 10]  # counted once, agreed by construction
+    assert [r["total"] for r in results] == [150, 150]
+    for epoch in (0, 1):
+        seen = [i for r in results for i in r["rows"][epoch]]
+        assert sorted(seen) == list(range(150)), epoch
+    assert results[0]["rows"][0] != results[0]["rows"][1]  # workers saw the new epoch

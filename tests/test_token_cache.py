@@ -1,0 +1,118 @@
+"""The memory-mapped token cache: built once (by rank 0 under DDP), mapped by every rank, keyed by
+data + tokenizer + max length; per-rank files cache each rank's own share."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+from conftest import write_toy_tsv
+from ddp import run_ranks
+from nlptrain.callbacks import PerRankData
+
+from nlptrain import TrainConfig, Trainer
+from nlptrain.config import load_task
+from nlptrain.data import build_datasets
+from nlptrain.data.split import split_task
+from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached
+from nlptrain.models import load_model, load_tokenizer
+
+
+class Counting:
+    """A tokenizer that counts its calls (so a test can tell a cache hit from a build)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.tokenizer(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+
+def test_cache_is_built_once_then_mapped(tmp_path, tiny_model_dir):
+    tokenizer = Counting(load_tokenizer(str(tiny_model_dir)))
+    texts = ["a short one", "and a somewhat longer text here", "x"]
+
+    def build():
+        return TokenizedDataset.from_texts(texts, [0, 1, 0], tokenizer, 8), {"rows": 3}
+
+    first, meta = cached(tmp_path / "entry", build)
+    again, meta_again = cached(tmp_path / "entry", build)
+    assert tokenizer.calls == 1 and meta == meta_again == {"rows": 3}
+    assert isinstance(again.ids, np.memmap) and isinstance(again.offsets, np.memmap)
+    for i in range(3):
+        assert np.array_equal(first[i]["input_ids"], again[i]["input_ids"])
+    assert len(again[1]["input_ids"]) == 8  # truncated to max_length, kept in the cache
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_key_follows_data_tokenizer_and_max_length(tmp_path, tiny_model_dir):
+    data = write_toy_tsv(tmp_path / "train.tsv", 30)
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    key = cache_key([data], tokenizer, 32, {})
+    assert cache_key([data], tokenizer, 32, {}) == key
+    tokenizer(["a call leaves truncation and padding state"], truncation=True, max_length=8,
+              padding="max_length")
+    assert cache_key([data], tokenizer, 32, {}) == key  # the same tokenizer after use: same key
+    assert cache_key([data], tokenizer, 64, {}) != key
+    assert cache_key([data], tokenizer, 32, {"labels": ["a"]}) != key
+    other = load_tokenizer(str(tiny_model_dir))
+    other.add_tokens(["nlptrainword"])
+    assert cache_key([data], other, 32, {}) != key
+    data.write_text(data.read_text() + "one more row\tpos\n")
+    assert cache_key([data], tokenizer, 32, {}) != key
+
+
+def cache_job(rank: int, world: int, task_file: str, model_dir: str) -> dict:
+    from nlptrain import distributed
+
+    dist = distributed.from_env(60)
+    task = load_task(task_file)
+    out = {}
+    for run in ("first", "second"):
+        tokenizer = Counting(load_tokenizer(model_dir))
+        sets = build_datasets(task, tokenizer, dist)
+        out[run] = {"calls": tokenizer.calls, "file": sets.test.ids.filename,
+                    "mapped": isinstance(sets.test.ids, np.memmap), "rows": len(sets.train)}
+    dist.close()
+    return out
+
+
+def test_rank0_fills_the_cache_and_every_rank_maps_it(tmp_path, toy_task):
+    results = run_ranks(cache_job, 2, tmp_path, str(toy_task), str(load_task(toy_task).model.name))
+    first = [r["first"] for r in results]
+    assert first[0]["calls"] > 0 and first[1]["calls"] == 0  # only rank 0 tokenized
+    assert first[0]["file"] == first[1]["file"] and all(r["mapped"] for r in first)
+    assert [r["second"]["calls"] for r in results] == [0, 0]  # a later run skips tokenizing
+    assert {r["second"]["rows"] for r in results} == {160}
+    entries = [p for p in (tmp_path / "cache").iterdir()]
+    assert len(entries) == 2 and not [p for p in entries if ".tmp-" in p.name]  # train + test
+
+
+def test_per_rank_share_is_cached(tmp_path, tiny_model_dir):
+    write_toy_tsv(tmp_path / "train.tsv", 40)
+    from nlptrain.config import TaskConfig
+
+    task = TaskConfig(name="toy", data_dir=str(tmp_path))
+    task.data.train = "train.tsv"
+    split_task(task, tmp_path / "parts", 1)
+    calls = []
+    for _ in range(2):
+        tokenizer = Counting(load_tokenizer(str(tiny_model_dir)))
+        data = PerRankData(tmp_path / "parts", ["neg", "pos"], max_length=32,
+                           cache_dir=tmp_path / "cache", tokenizer=tokenizer)
+        trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), None,
+                          config=TrainConfig(epochs=1, batch_size=8), callbacks=[data])
+        data.on_train_start(trainer)
+        calls.append(tokenizer.calls)
+        dataset = trainer.train_data.dataset
+        assert len(dataset) == 40 and len(trainer.train_data) == 5
+    assert calls[0] > 0 and calls[1] == 0
+    assert isinstance(dataset.ids, np.memmap)
+    shutil.rmtree(tmp_path / "cache")
+    assert not Path(tmp_path / "cache").exists()
