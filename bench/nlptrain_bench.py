@@ -1,0 +1,157 @@
+"""(c)/(d)/(e) nlptrain, run exactly as `nlptrain train` runs (same parser, same recipe), plus
+one callback, the public extension point, that times the loop and the evaluation.
+
+    --config fixed     (c) pad to max_length, no length grouping, constant lr, no warmup, no
+                           clipping: the tutorial loop's job, on nlptrain
+    --config defaults  (d) nlptrain's defaults: dynamic padding, length-grouped batches, linear
+                           decay with 10% warmup, clipping at 1.0, weight decay 0.01
+    --precision bf16   (e) with (d): bf16 autocast
+
+    torchrun --standalone --nproc_per_node 2 bench/nlptrain_bench.py --out /tmp/d --config defaults
+Extra nlptrain options may follow `--`, e.g. `-- --num-workers 1`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import common
+
+FIXED = ["--padding", "max_length", "--no-group-by-length", "--scheduler", "constant",
+         "--warmup-ratio", "0", "--max-grad-norm", "0"]
+
+
+def nlptrain_argv(data_dir: Path, output_dir: Path, cache_dir: Path, config: str,
+                  precision: str, extra: list[str]) -> list[str]:
+    job = common.JOB
+    argv = ["train", "--task", "rt-polarity", "--data-dir", str(data_dir),
+            "--output-dir", str(output_dir), "--overwrite", "--log-level", "warning",
+            "--set", f"data.cache_dir={cache_dir}",
+            "--epochs", str(job["epochs"]), "--batch-size", str(job["batch_size"]),
+            "--eval-batch-size", str(job["eval_batch_size"]), "--lr", str(job["lr"]),
+            "--max-length", str(job["max_length"]), "--seed", str(job["seed"]),
+            "--test-size", str(job["test_size"]), "--split-seed", str(job["split_seed"]),
+            "--valid-size", "0", "--precision", precision]
+    return argv + (FIXED if config == "fixed" else []) + extra
+
+
+def make_probe(split: common.Split, train_limit: int) -> Any:
+    from nlptrain import Callback
+
+    class BenchProbe(Callback):
+        """Checks nlptrain holds the shared split, swaps in the --quick rows, times the loop
+        (first on_batch_start to last on_batch_end) and the first evaluation."""
+
+        def __init__(self) -> None:
+            self.clock = common.LoopClock()
+            self.phases = common.Phases()
+            self.eval_start: float | None = None
+            self.eval_s: float | None = None
+            self.metrics: dict = {}
+            self.train_rows = 0
+
+        def on_train_start(self, trainer: Any) -> None:
+            # Fire first in every event, so the marks bracket the built-in callbacks' work.
+            listed = getattr(trainer.callbacks, "callbacks", None)
+            if isinstance(listed, list) and self in listed:
+                listed.remove(self)
+                listed.insert(0, self)
+            train, test = trainer.train_data, trainer.eval_data
+            if not np.array_equal(np.asarray(train.rows), np.sort(split.train_rows)):
+                raise RuntimeError("nlptrain's training rows are not bench/common.py's")
+            if not np.array_equal(np.asarray(test.rows), split.test_rows):
+                raise RuntimeError("nlptrain's test rows are not bench/common.py's")
+            for row in split.test_rows[:5]:  # same texts, same tokens
+                ids = trainer.tokenizer(split.texts[row], truncation=True,
+                                        max_length=common.JOB["max_length"])["input_ids"]
+                mine = test.ids[test.offsets[row]:test.offsets[row + 1]]
+                if list(ids) != [int(t) for t in mine]:
+                    raise RuntimeError(f"row {row}: nlptrain's tokens differ from the tokenizer's")
+            if train_limit:
+                wanted = split.train(train_limit)
+                trainer.train_data = train.select(np.searchsorted(train.rows, wanted))
+            self.train_rows = len(trainer.train_data)
+
+        def on_batch_start(self, trainer: Any, batch: dict) -> None:
+            self.clock.step_start()
+            self.phases.mark("data")  # also the previous step's tail: loss check, stop flag
+
+        def on_loss(self, trainer: Any, loss: Any) -> None:
+            self.phases.mark("forward")
+
+        def on_backward_end(self, trainer: Any) -> None:
+            self.phases.mark("backward")
+
+        def on_step_end(self, trainer: Any) -> None:
+            self.phases.mark("clip+loss all-reduce+optimizer")
+
+        def on_batch_end(self, trainer: Any) -> None:
+            self.phases.mark("scheduler+callbacks")
+            self.clock.step_end()
+
+        def on_valid_start(self, trainer: Any) -> None:
+            if self.eval_start is not None:
+                return
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+                self.clock.last_end = time.perf_counter()
+            trainer.dist.barrier()
+            self.eval_start = time.perf_counter()
+
+        def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+            if self.eval_s is None:
+                self.eval_s = time.perf_counter() - self.eval_start
+                self.metrics = {k: metrics[k] for k in ("correct", "rows", "accuracy")}
+
+    return BenchProbe()
+
+
+def main() -> None:
+    parser = common.contender_parser(__doc__.splitlines()[0])
+    parser.add_argument("--config", choices=["fixed", "defaults"], default="defaults")
+    parser.add_argument("--cache-dir", type=Path, default=common.BENCH_DIR / ".cache" / "tokens",
+                        help="nlptrain token cache (filled by the first run, then reused)")
+    parser.add_argument("extra", nargs="*", help="more nlptrain train options, after --")
+    args = parser.parse_args()
+    rank, _ = common.rank_info()
+    data_dir = args.data_dir or common.default_data_dir()
+    output_dir = Path(f"{args.out}.run")
+
+    from nlptrain import cli, recipe
+
+    split = common.load_split(data_dir)
+    argv = nlptrain_argv(data_dir, output_dir, args.cache_dir, args.config, args.precision,
+                         args.extra)
+    task = cli.resolve_task(cli.build_parser().parse_args(argv))
+    probe = make_probe(split, args.train_rows)
+    opts = recipe.RunOptions(output_dir=str(output_dir), overwrite=True, callbacks=[probe])
+    with recipe.backend(task.train.timeout) as dist:
+        cli.start_logging(cli.build_parser().parse_args(argv), dist.rank)
+        recipe.train(task, opts, dist)
+        device = str(dist.device)
+    if probe.metrics.get("rows") != len(split.test_rows):
+        raise RuntimeError(f"evaluated {probe.metrics.get('rows')} rows, "
+                           f"expected {len(split.test_rows)}")
+    t = task.train
+    result = {"contender": "c" if args.config == "fixed" else "d", "config": args.config,
+              "train_rows": probe.train_rows, "eval_s": probe.eval_s, **probe.clock.as_dict(),
+              **probe.metrics, "phases_ms": probe.phases.medians_ms(),
+              "precision": args.precision, "device": device,
+              "threads": torch.get_num_threads(), "argv": argv,
+              "settings": {"padding": t.padding, "group_by_length": t.group_by_length,
+                           "scheduler": t.scheduler, "warmup": t.warmup_ratio,
+                           "max_grad_norm": t.max_grad_norm, "weight_decay": t.weight_decay,
+                           "optimizer": "torch.optim.AdamW (nlptrain)"}}
+    common.write_result(args.out, result)
+    if rank == 0:
+        shutil.rmtree(output_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
