@@ -31,8 +31,8 @@ from torch.utils.data import DataLoader, Sampler
 
 from nlptrain.config import FileSpec
 from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.data.readers import iter_rows
 from nlptrain.data.split import Manifest
-from nlptrain.data.streaming import iter_rows
 from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.events import Callback

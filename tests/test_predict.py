@@ -83,7 +83,7 @@ def test_input_errors_name_the_file_and_the_fix(tmp_path: Path, tiny_model_dir: 
     (tmp_path / "in.csv").write_text("sentence,id\nhello,1\n")
     args = build_parser().parse_args(["predict", "--model", str(tiny_model_dir), "--input",
                                       str(tmp_path / "in.csv")])
-    with pytest.raises(DataError, match=r"in.csv:1: no 'text' column in the header \['sentence', "
+    with pytest.raises(DataError, match=r"in.csv:1: no text column 'text' in the header \['sentence', "
                        r"'id'\]; name the text column with --text-column"):
         run_predict(args, SingleProcess())
     with pytest.raises(ConfigError, match=r"out.xlsx: cannot tell the output format from '.xlsx'"):
@@ -99,7 +99,7 @@ def test_read_texts_formats(tmp_path: Path) -> None:
     assert read_texts(tmp_path / "b.jsonl", text_column="review") == ["fine", "tab\there"]
     (tmp_path / "c.txt").write_text("\ufeffone\r\ntwo\r\n\r\n")
     assert read_texts(tmp_path / "c.txt") == ["one", "two"]
-    with pytest.raises(DataError, match=r"b.jsonl:1: expected a JSON object with a 'text' field"):
+    with pytest.raises(DataError, match=r"b.jsonl:1: no 'text' field \(text\); name the text column with --text-column"):
         read_texts(tmp_path / "b.jsonl")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match=r"empty.txt: input file holds no texts"):

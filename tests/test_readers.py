@@ -24,7 +24,7 @@ def test_tsv_with_crlf_bom_and_trailing_blank_lines(tmp_path):
     content = "\ufefftext\tlabel\r\nfine film\tpos\r\n\r\nawful \"plot\"\tneg\r\n\r\n\r\n"
     ex = read(tmp_path, "a.tsv", content)
     assert ex.texts == ["fine film", 'awful "plot"'] and ex.labels == ["pos", "neg"]
-    assert ex.origins[1] == (str(tmp_path / "a.tsv"), 4)
+    assert ex.origin(1) == (str(tmp_path / "a.tsv"), 4)
 
 
 def test_csv_with_quotes_and_columns_by_index_without_header(tmp_path):
@@ -112,4 +112,4 @@ def test_csv_quoted_cell_keeps_its_line_break_and_reports_the_rows_first_line(tm
     with pytest.raises(DataError, match=r"a\.csv:4: the row has no label"):
         read(tmp_path, "a.csv", content)
     ex = read(tmp_path, "b.csv", 'text,label\n"two\nlines",pos\n')
-    assert ex.texts == ["two\nlines"] and ex.origins[0][1] == 2
+    assert ex.texts == ["two\nlines"] and ex.origin(0)[1] == 2

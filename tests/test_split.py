@@ -11,8 +11,8 @@ import pytest
 from conftest import run_cli, write_toy_tsv
 
 from nlptrain.config import TaskConfig, file_spec
+from nlptrain.data.readers import iter_rows
 from nlptrain.data.split import MANIFEST, Manifest, split_rows, split_task
-from nlptrain.data.streaming import iter_rows
 from nlptrain.data.tokenized import file_digest
 from nlptrain.errors import ConfigError, DataError
 

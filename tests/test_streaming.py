@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 from nlptrain import Callback, DistTrainer, TrainConfig
 from nlptrain.config import FileSpec
 from nlptrain.data import Collator
-from nlptrain.data.readers import read_examples
-from nlptrain.data.streaming import StreamingDataset, batches_per_rank, iter_rows, prepare_stream
+from nlptrain.data.readers import iter_rows
+from nlptrain.data.streaming import StreamingDataset, batches_per_rank, prepare_stream
 from nlptrain.errors import DataError
 from nlptrain.models import load_model, load_tokenizer
 
@@ -41,18 +41,21 @@ def tokenizer(tiny_model_dir):
 
 
 @pytest.mark.parametrize("fmt", ["tsv", "csv", "jsonl"])
-def test_rows_match_the_readers(tmp_path, fmt):
+def test_rows_are_read_lazily_with_their_lines(tmp_path, fmt):
     files = {"tsv": 'text\tlabel\nsays "hi"\tpos\n\n  spaced \tneg\n',
              "csv": 'text,label\n"two\nlines, quoted",pos\nplain,neg\n',
              "jsonl": '{"text": "a", "label": "pos"}\n\n{"text": "b\\tc", "label": "neg"}\n'}
+    expected = {"tsv": (['says "hi"', "  spaced "], [2, 4]),
+                "csv": (["two\nlines, quoted", "plain"], [2, 4]),
+                "jsonl": (["a", "b\tc"], [1, 3])}
     path = tmp_path / f"data.{fmt}"
     path.write_text(files[fmt], encoding="utf-8")
-    spec = FileSpec(path=path.name)
-    expected = read_examples(spec, tmp_path, [])
-    rows = list(iter_rows(spec, tmp_path))
-    assert [r.text for r in rows] == expected.texts
-    assert [r.label for r in rows] == expected.labels
-    assert [(r.path, r.line) for r in rows] == expected.origins
+    rows = iter_rows(FileSpec(path=path.name), tmp_path)
+    first = next(rows)  # a generator: nothing is read past the first row yet
+    rows = [first, *rows]
+    assert [r.text for r in rows] == expected[fmt][0]
+    assert [r.label for r in rows] == ["pos", "neg"]
+    assert [(r.path, r.line) for r in rows] == [(str(path), n) for n in expected[fmt][1]]
 
 
 def test_shards_cover_every_row_once_and_reshuffle(tmp_path, tokenizer):

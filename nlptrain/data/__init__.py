@@ -58,7 +58,7 @@ class LabelVocab:
         out = np.empty(len(examples), dtype=np.int64)
         for i, label in enumerate(examples.labels):
             if label not in ids:
-                path, line = examples.origins[i]
+                path, line = examples.origin(i)
                 raise DataError(f"{path}:{line}: label '{label}' is not one of the task's labels "
                                 f"{self.values}; fix the row or add it to [data] labels")
             out[i] = ids[label]

@@ -9,40 +9,16 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from nlptrain.config import FileSpec
 from nlptrain.errors import DataError
 
 FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
-
-
-@dataclass
-class Examples:
-    """Texts with their labels as written in the file, and where each row came from."""
-
-    texts: list[str] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
-    origins: list[tuple[str, int]] = field(default_factory=list)  # (file, line) for errors
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def add(self, text: str, label: str, path: str, line: int) -> None:
-        if not text.strip():
-            raise DataError(f"{path}:{line}: the row has no text")
-        if not label.strip():
-            raise DataError(f"{path}:{line}: the row has no label")
-        self.texts.append(text)
-        self.labels.append(label.strip())
-        self.origins.append((path, line))
-
-    def extend(self, other: Examples) -> None:
-        self.texts += other.texts
-        self.labels += other.labels
-        self.origins += other.origins
 
 
 def format_of(spec: FileSpec) -> str:
@@ -76,59 +52,74 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
             yield number, text.rstrip("\r\n")
 
 
-def _column(name: str | int, header: list[str] | None, path: Path, role: str) -> int:
+def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str) -> int:
     if isinstance(name, int):
         return name
     if header is None:
         raise DataError(f"{path}: {role} column '{name}' needs a header row; "
                         f"give a 0-based column index or set header = true")
     if name not in header:
-        raise DataError(f"{path}:1: no {role} column '{name}' in the header {header}; "
-                        f"set {role}_column in the task's [data]")
+        raise DataError(f"{path}:1: no {role} column '{name}' in the header {header}; {fix}")
     return header.index(name)
 
 
-def read_table(path: Path, spec: FileSpec, delimiter: str) -> Examples:
-    """TSV (no quoting: text may hold quotes) or CSV (standard quoting) rows."""
-    out = Examples()
-    numbered = decoded_lines(path)
+class Row(NamedTuple):
+    text: str
+    label: str  # as written in the file; '' when reading texts alone
+    path: str
+    line: int
+
+
+def _checked(text: str, label: str | None, path: Path, line: int) -> Row:
+    if not text.strip():
+        raise DataError(f"{path}:{line}: the row has no text")
+    if label is None:
+        return Row(text, "", str(path), line)
+    if not label.strip():
+        raise DataError(f"{path}:{line}: the row has no label")
+    return Row(text, label.strip(), str(path), line)
+
+
+def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str) -> Iterator[Row]:
+    """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
     line_of_row: list[int] = []
 
     def lines() -> Iterator[str]:
-        for number, text in numbered:
+        for number, text in decoded_lines(path):
             line_of_row.append(number)
             yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
 
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
-    header = None
-    text_col = label_col = -1
-    consumed = 0
+    header: list[str] | None = None
+    columns: list[int] = []  # text, then label when labelled
+    line = 0
     try:
         for row in rows:
-            line, consumed = line_of_row[consumed], len(line_of_row)  # a quoted row may span lines
+            # csv reads no further than this row: the lines since the last clear are its lines.
+            line = line_of_row[0]
+            line_of_row.clear()
             if not any(cell.strip() for cell in row):
                 continue  # blank line
             if spec.header and header is None:
                 header = [cell.strip() for cell in row]
-                text_col = _column(spec.text_column, header, path, "text")
-                label_col = _column(spec.label_column, header, path, "label")
-                continue
-            if text_col < 0:
-                text_col = _column(spec.text_column, None, path, "text")
-                label_col = _column(spec.label_column, None, path, "label")
-            needed = max(text_col, label_col) + 1
-            if len(row) < needed:
-                raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least {needed} "
-                                f"(text in column {text_col + 1}, label in column {label_col + 1})")
-            out.add(row[text_col], row[label_col], str(path), line)
+            if not columns:
+                roles = [("text", spec.text_column), ("label", spec.label_column)][:1 + labelled]
+                columns = [_column(name, header, path, role, fix.format(role=role))
+                           for role, name in roles]
+                if header is not None:
+                    continue
+            if len(row) <= max(columns):
+                roles = zip(("text", "label"), columns, strict=False)
+                where = ", ".join(f"{role} in column {c + 1}" for role, c in roles)
+                raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
+                                f"{max(columns) + 1} ({where})")
+            yield _checked(row[columns[0]], row[columns[1]] if labelled else None, path, line)
     except csv.Error as err:
-        raise DataError(f"{path}:{line_of_row[-1]}: {err}") from None
-    return out
+        raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
 
-def read_jsonl(path: Path, spec: FileSpec) -> Examples:
-    out = Examples()
+def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterator[Row]:
     for line, text in decoded_lines(path):
         if not text.strip():
             continue
@@ -138,86 +129,102 @@ def read_jsonl(path: Path, spec: FileSpec) -> Examples:
             raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{line}: expected a JSON object per line")
-        for role, key in (("text", spec.text_column), ("label", spec.label_column)):
+        roles = [("text", spec.text_column), ("label", spec.label_column)][:1 + labelled]
+        for role, key in roles:
             if str(key) not in row:
-                raise DataError(f"{path}:{line}: no '{key}' field ({role}); "
-                                f"set {role}_column in the task's [data]")
-        out.add(str(row[str(spec.text_column)]), str(row[str(spec.label_column)]), str(path), line)
-    return out
+                raise DataError(f"{path}:{line}: no '{key}' field ({role}); {fix.format(role=role)}")
+        label = str(row[str(spec.label_column)]) if labelled else None
+        yield _checked(str(row[str(spec.text_column)]), label, path, line)
 
 
-def read_lines(path: Path, label: str) -> Examples:
-    out = Examples()
-    for line, text in decoded_lines(path):
-        if text.strip():
-            out.add(text, label, str(path), line)
-    return out
-
-
-def read_examples(spec: FileSpec, data_dir: str | Path, label_values: list[str],
-                  what: str = "data") -> Examples:
-    """Read one [data] entry. For format 'lines', `path` holds `{label}`: one file per label."""
-    fmt = format_of(spec) if "{label}" not in spec.path else "lines"
+def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
+                 what: str = "data") -> list[Path]:
+    """The files one [data] entry reads, checked to exist (one per label for format 'lines')."""
     base = Path(data_dir) if data_dir else Path(".")
-    if fmt == "lines":
-        if "{label}" not in spec.path:
-            raise DataError(f"{spec.path}: format 'lines' needs a path with {{label}}, "
-                            "e.g. 'rt-polarity/rt-polarity.{label}'")
-        if not label_values:
-            raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
-        out = Examples()
-        for value in label_values:
-            path = open_checked(base / spec.path.format(label=value), what)
-            out.extend(read_lines(path, value))
-    else:
-        path = open_checked(base / spec.path, what)
-        if fmt == "jsonl":
-            out = read_jsonl(path, spec)
-        else:
-            out = read_table(path, spec, "\t" if fmt == "tsv" else ",")
-    if not len(out):
-        raise DataError(f"{base / spec.path}: {what} file holds no rows")
-    return out
+    if "{label}" not in spec.path:
+        return [open_checked(base / spec.path, what)]
+    if not label_values:
+        raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
+    return [open_checked(base / spec.path.format(label=v), what) for v in label_values]
 
+
+TASK_FIX = "set {role}_column in the task's [data]"
+
+
+def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
+              what: str = "data", labelled: bool = True, fix: str = TASK_FIX) -> Iterator[Row]:
+    """Every row of one [data] entry in file order, read lazily; errors name file and line.
+    For format 'lines' (a path with {label}), one file per label value, one text a line."""
+    fmt = "lines" if "{label}" in spec.path else format_of(spec)
+    files = source_files(spec, data_dir, list(label_values), what)
+    empty = True
+    if fmt == "lines":
+        for value, path in zip(label_values or [""], files, strict=True):
+            for line, text in decoded_lines(path):
+                if text.strip():
+                    empty = False
+                    yield Row(text, value, str(path), line)
+    else:
+        path = files[0]
+        rows = _jsonl_rows(path, spec, labelled, fix) if fmt == "jsonl" else \
+            _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix)
+        for row in rows:
+            empty = False
+            yield row
+    if empty:
+        raise DataError(f"{files[0]}: {what} file holds no rows")
+
+
+@dataclass
+class Examples:
+    """Texts with their labels as written in the file, and where each row came from (kept
+    compact: a file number and a line number per row, for error messages)."""
+
+    texts: list[str] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    file_of: array = field(default_factory=lambda: array("H"))
+    lines: array = field(default_factory=lambda: array("L"))
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def add(self, row: Row) -> None:
+        if not self.files or self.files[-1] != row.path:
+            self.files.append(row.path)
+        self.texts.append(row.text)
+        self.labels.append(row.label)
+        self.file_of.append(len(self.files) - 1)
+        self.lines.append(row.line)
+
+    def origin(self, i: int) -> tuple[str, int]:
+        """(file, line) of row i."""
+        return self.files[self.file_of[i]], self.lines[i]
+
+
+def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
+                  what: str = "data") -> Examples:
+    """Read one [data] entry into memory."""
+    out = Examples()
+    for row in iter_rows(spec, data_dir, label_values, what):
+        out.add(row)
+    return out
 
 
 def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text") -> list[str]:
     """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
     objects, or plain text with one text per line ('lines', also any unknown suffix)."""
-    path = open_checked(Path(path), "input")
+    path = Path(path)
     if fmt == "auto":
         fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
-    if fmt == "lines":
-        texts = [text for _, text in decoded_lines(path) if text.strip()]
-    elif fmt == "jsonl":
-        texts = []
-        for line, text in decoded_lines(path):
-            if not text.strip():
-                continue
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict) or str(text_column) not in row:
-                raise DataError(f"{path}:{line}: expected a JSON object with a '{text_column}' "
-                                "field; name the text field with --text-column")
-            if not str(row[str(text_column)]).strip():
-                raise DataError(f"{path}:{line}: the row has no text")
-            texts.append(str(row[str(text_column)]))
-    elif fmt in ("tsv", "csv"):
-        delimiter = "\t" if fmt == "tsv" else ","
-        if isinstance(text_column, str):  # say which option fixes it (the task's key does not)
-            first = next((t for _, t in decoded_lines(path) if t.strip()), "")
-            header = [cell.strip() for cell in next(csv.reader([first], delimiter=delimiter))]
-            if text_column not in header:
-                raise DataError(f"{path}:1: no '{text_column}' column in the header {header}; "
-                                "name the text column with --text-column")
-        # No labels: the text column stands in for the label column the reader expects.
-        spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column,
-                        label_column=text_column)
-        texts = read_table(path, spec, delimiter).texts
-    else:
+    if fmt not in ("tsv", "csv", "jsonl", "lines"):
         raise DataError(f"{path}: unknown input format '{fmt}'; use tsv, csv, jsonl or lines")
-    if not texts:
-        raise DataError(f"{path}: input file holds no texts")
-    return texts
+    if fmt == "lines":
+        open_checked(path, "input")
+        texts = [text for _, text in decoded_lines(path) if text.strip()]
+        if not texts:
+            raise DataError(f"{path}: input file holds no texts")
+        return texts
+    spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column)
+    fix = "name the text column with --text-column"
+    return [row.text for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix)]

@@ -197,7 +197,7 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     """Split the task's `which` file into `out`; written under a temporary name, then renamed."""
     from nlptrain.config import file_spec
     from nlptrain.data import LabelVocab
-    from nlptrain.data.streaming import iter_rows, source_files
+    from nlptrain.data.readers import iter_rows, source_files
     from nlptrain.data.tokenized import file_digest
 
     spec = file_spec(task, which)

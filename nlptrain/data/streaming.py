@@ -1,7 +1,7 @@
 """Streaming: read a training file lazily, one row at a time, for sets too big to index.
 
-`iter_rows` is the streaming twin of `readers.read_examples`: the same formats, the same checks and
-messages (file and line), but it yields rows instead of keeping them. `StreamingDataset` shards
+The rows come from `readers.iter_rows`, the one parser the in-memory readers use too (same formats,
+checks and messages), but they are never kept. `StreamingDataset` shards
 those rows by `rank * num_workers + worker_id` (row i belongs to shard i % (world * workers)), so
 no row is seen twice in an epoch, tokenizes in small chunks and shuffles through a buffer seeded by
 (seed, epoch, shard). Memory is the buffer and one chunk, whatever the file size.
@@ -14,130 +14,23 @@ rank's share; the few surplus rows of longer shares are left for that epoch, and
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import json
 import logging
 import math
 import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from nlptrain.config import FileSpec, TrainConfig
-from nlptrain.data.readers import _column, decoded_lines, format_of, open_checked
+from nlptrain.data.readers import Row, iter_rows
 from nlptrain.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
-
-
-class Row(NamedTuple):
-    text: str
-    label: str
-    path: str
-    line: int
-
-
-def _checked(text: str, label: str, path: Path, line: int) -> Row:
-    # The same rules (and messages) as readers.Examples.add.
-    if not text.strip():
-        raise DataError(f"{path}:{line}: the row has no text")
-    if not label.strip():
-        raise DataError(f"{path}:{line}: the row has no label")
-    return Row(text, label.strip(), str(path), line)
-
-
-def _table_rows(path: Path, spec: FileSpec, delimiter: str) -> Iterator[Row]:
-    """TSV (no quoting) or CSV (standard quoting; a row may span lines), as readers.read_table."""
-    line_of_row: list[int] = []
-
-    def lines() -> Iterator[str]:
-        for number, text in decoded_lines(path):
-            line_of_row.append(number)
-            yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
-
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
-    header: list[str] | None = None
-    text_col = label_col = -1
-    line = 0
-    try:
-        for row in rows:
-            # csv reads no further than this row: the lines since the last clear are its lines.
-            line = line_of_row[0]
-            line_of_row.clear()
-            if not any(cell.strip() for cell in row):
-                continue
-            if spec.header and header is None:
-                header = [cell.strip() for cell in row]
-                text_col = _column(spec.text_column, header, path, "text")
-                label_col = _column(spec.label_column, header, path, "label")
-                continue
-            if text_col < 0:
-                text_col = _column(spec.text_column, None, path, "text")
-                label_col = _column(spec.label_column, None, path, "label")
-            needed = max(text_col, label_col) + 1
-            if len(row) < needed:
-                raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least {needed} "
-                                f"(text in column {text_col + 1}, label in column {label_col + 1})")
-            yield _checked(row[text_col], row[label_col], path, line)
-    except csv.Error as err:
-        raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
-
-
-def _jsonl_rows(path: Path, spec: FileSpec) -> Iterator[Row]:
-    for line, text in decoded_lines(path):
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
-        if not isinstance(row, dict):
-            raise DataError(f"{path}:{line}: expected a JSON object per line")
-        for role, key in (("text", spec.text_column), ("label", spec.label_column)):
-            if str(key) not in row:
-                raise DataError(f"{path}:{line}: no '{key}' field ({role}); "
-                                f"set {role}_column in the task's [data]")
-        yield _checked(str(row[str(spec.text_column)]), str(row[str(spec.label_column)]), path, line)
-
-
-def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
-                 what: str = "data") -> list[Path]:
-    """The files one [data] entry reads, checked to exist (one per label for format 'lines')."""
-    base = Path(data_dir) if data_dir else Path(".")
-    if "{label}" not in spec.path:
-        return [open_checked(base / spec.path, what)]
-    if not label_values:
-        raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
-    return [open_checked(base / spec.path.format(label=v), what) for v in label_values]
-
-
-def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
-              what: str = "data") -> Iterator[Row]:
-    """Every row of one [data] entry in file order, read lazily; errors name file and line."""
-    fmt = format_of(spec) if "{label}" not in spec.path else "lines"
-    files = source_files(spec, data_dir, list(label_values), what)
-    empty = True
-    if fmt == "lines":
-        for value, path in zip(label_values, files, strict=True):
-            for line, text in decoded_lines(path):
-                if text.strip():
-                    empty = False
-                    yield Row(text, value, str(path), line)
-    else:
-        path = files[0]
-        rows = _jsonl_rows(path, spec) if fmt == "jsonl" else \
-            _table_rows(path, spec, "\t" if fmt == "tsv" else ",")
-        for row in rows:
-            empty = False
-            yield row
-    if empty:
-        raise DataError(f"{files[0]}: {what} file holds no rows")
 
 
 class StreamingDataset(IterableDataset):
