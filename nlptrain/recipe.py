@@ -69,7 +69,7 @@ def collator(tokenizer: Any, task: TaskConfig) -> Collator:
 
 
 def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -> dict[str, Any]:
-    """Fine-tune per `task`; returns the test metrics (or the last validation metrics)."""
+    """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
     tokenizer = load_tokenizer(task.model.name)
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
     config = task.train
@@ -79,27 +79,60 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         config = prepare_stream(sets.train, task.train, dist)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers)
+    run_dir, has_run = open_run_dir(task, opts, dist)
+    log_sizes(task, sets, dist)
 
-    resume = opts.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
-    run_dir = Path(opts.output_dir) if opts.output_dir else None
+    callbacks, best = run_callbacks(task, opts, sets, run_dir)
+    eval_set = sets.valid if sets.valid is not None else sets.test
+    trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
+                          tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist)
+    try:
+        checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
+        if checkpoints:
+            load_checkpoint(trainer, checkpoints[-1])
+        elif opts.resume:
+            log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
+        trainer.fit()
+        results = final_metrics(trainer, sets, best, run_dir)
+        dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
+        dist.on_main(lambda: write_outputs(run_dir, results, task, sets))
+    finally:
+        trainer.close()
+    final = results["test"] or results["valid"]
+    if final:
+        log.info("%s: accuracy %.4f, macro-F1 %.4f on %d rows; model saved to %s",
+                 "test" if results["test"] else "valid", final["accuracy"], final["macro_f1"],
+                 final["rows"], run_dir / "model")
+    return results
 
-    def make_run_dir() -> tuple[str, bool]:
-        folder = run_dir or default_run_dir(task.name)
+
+def open_run_dir(task: TaskConfig, opts: RunOptions,
+                 dist: distributed.SingleProcess) -> tuple[Path, bool]:
+    """Rank 0 makes (or reopens, to resume) the run directory; every rank learns its path."""
+    # torchrun --max-restarts starts the same command again: it resumes by itself.
+    resume = opts.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+    def make() -> tuple[str, bool]:
+        folder = Path(opts.output_dir) if opts.output_dir else default_run_dir(task.name)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                 overwrite=opts.overwrite)
         return str(folder), found
 
-    folder, has_run = dist.on_main(make_run_dir)
-    run_dir = Path(folder)
-    log.info("run directory: %s", run_dir)
-    log_sizes(task, sets, dist)
+    folder, has_run = dist.on_main(make)
+    log.info("run directory: %s", folder)
+    return Path(folder), has_run
 
-    eval_set = sets.valid if sets.valid is not None else sets.test
-    callbacks = [ProgressBar(), MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
-                 Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
-                              task.train.keep_checkpoints)]
+
+def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
+                  run_dir: Path) -> tuple[list[Callback], SaveBestModel | None]:
+    """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
+    callbacks: list[Callback] = [
+        ProgressBar(), MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
+        Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
+                     task.train.keep_checkpoints)]
     best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
-    callbacks += [best] if best else []
+    if best is not None:
+        callbacks.append(best)
     if task.data.train_shards:  # each rank swaps in its own file at on_train_start
         from nlptrain.callbacks import PerRankData
 
@@ -108,33 +141,25 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         from nlptrain.callbacks.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
-    trainer = DistTrainer(model, sets.train, eval_set, config=config,
-                          callbacks=[*callbacks, *opts.callbacks], tokenizer=tokenizer,
-                          collate=collator(tokenizer, task), dist=dist)
-    try:
-        checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
-        if checkpoints:
-            load_checkpoint(trainer, checkpoints[-1])
-        elif resume and opts.resume:
-            log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
-        trainer.fit()
-        results = {"valid": trainer.metrics if sets.valid is not None else None}
+    return [*callbacks, *opts.callbacks], best
+
+
+def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
+                  run_dir: Path) -> dict[str, Any]:
+    """Validation metrics of the model kept (the best one, loaded back), and its test metrics."""
+    results: dict[str, Any] = {"valid": None, "test": None}
+    latest = {k: v for k, v in trainer.metrics.items() if k not in ("epoch", "step")}
+    if sets.valid is not None:
+        results["valid"] = latest
         if best is not None and best.saved_metrics is not None:
             from safetensors.torch import load_model as load_weights
 
             load_weights(trainer.unwrapped_model, str(run_dir / "best" / "model.safetensors"))
             results["valid"] = best.saved_metrics
-        if sets.test is not None:
-            results["test"] = trainer.evaluate(sets.test)
-        dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
-        dist.on_main(lambda: write_outputs(run_dir, results, task, sets))
-    finally:
-        trainer.close()
-    final = results.get("test") or results.get("valid") or {}
-    if final:
-        log.info("%s: accuracy %.4f, macro-F1 %.4f on %d rows; model saved to %s",
-                 "test" if results.get("test") else "valid", final["accuracy"], final["macro_f1"],
-                 final["rows"], run_dir / "model")
+    if sets.test is not None:
+        # Without a validation set the loop evaluated on the test set: reuse it if it is current.
+        current = sets.valid is None and trainer.metrics.get("step") == trainer.global_step
+        results["test"] = latest if current else trainer.evaluate(sets.test)
     return results
 
 
@@ -176,11 +201,14 @@ def evaluate(task: TaskConfig, model_dir: str, split: str,
         from nlptrain.data import LabelVocab
 
         if LabelVocab.from_config(task.data.labels).names != names:
-            raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's")
+            raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's "
+                              f"{LabelVocab.from_config(task.data.labels).names}; use a model "
+                              "trained on this task")
     sets = build_datasets(task, tokenizer, dist)
     dataset = getattr(sets, split)
     if dataset is None:
-        raise ConfigError(f"task '{task.name}' has no {split} set")
+        raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
+                          f"the task a [data] {split} file (or {split}_size)")
     model.to(dist.device)
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
                     task.train.precision)

@@ -69,7 +69,9 @@ class ShardedSampler(DistributedSampler):
         return rest
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._remaining()[self.rank :: self.num_replicas].tolist())
+        share = self._remaining()[self.rank :: self.num_replicas]
+        for begin in range(0, len(share), 4096):  # ints in small chunks: no list of the whole share
+            yield from share[begin : begin + 4096].tolist()
 
     def __len__(self) -> int:
         remaining = max(len(self.dataset) - self.start, 0)

@@ -99,7 +99,8 @@ def test_read_texts_formats(tmp_path: Path) -> None:
     assert read_texts(tmp_path / "b.jsonl", text_column="review") == ["fine", "tab\there"]
     (tmp_path / "c.txt").write_text("\ufeffone\r\ntwo\r\n\r\n")
     assert read_texts(tmp_path / "c.txt") == ["one", "two"]
-    with pytest.raises(DataError, match=r"b.jsonl:1: no 'text' field \(text\); name the text column with --text-column"):
+    with pytest.raises(DataError, match=r"b.jsonl:1: no 'text' field \(text\); "
+                       r"name the text column with --text-column"):
         read_texts(tmp_path / "b.jsonl")
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match=r"empty.txt: input file holds no texts"):

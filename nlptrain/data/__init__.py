@@ -1,173 +1,25 @@
-"""Data: read a task's files, map labels to ids, split, tokenize (cached), and batch.
+"""Data: readers, label vocabulary, splits, tokenized sets (cached), batching, per-rank files,
+streaming. `build_datasets` (datasets.py) is what the CLI uses.
 
-`build_datasets` is what the CLI uses. Under DDP, rank 0 reads and tokenizes each file once into
-the memory-mapped cache while the others wait; then every rank maps the same cache files, so a
-machine holds one copy of the token ids however many ranks it runs.
+Names are imported on first use, so a command that needs no torch (`split`, `--help`) starts
+at once.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
-from pathlib import Path
+import importlib
 from typing import Any
 
-import numpy as np
-
-from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, format_of, read_examples
-from nlptrain.data.tokenized import (
-    Collator,
-    TokenizedDataset,
-    cache_key,
-    cached,
-    default_cache_dir,
-)
-from nlptrain.distributed import SingleProcess
-from nlptrain.errors import DataError
-
-__all__ = ["Collator", "Datasets", "LabelVocab", "TokenizedDataset", "build_datasets",
-           "read_examples", "stratified_split"]
-
-log = logging.getLogger(__name__)
+_EXPORTS = {
+    "build_datasets": "datasets", "Datasets": "datasets", "LabelVocab": "datasets",
+    "stratified_split": "datasets", "load_file": "datasets",
+    "TokenizedDataset": "tokenized", "Collator": "tokenized",
+    "read_examples": "readers", "iter_rows": "readers",
+}
+__all__ = sorted(_EXPORTS)
 
 
-@dataclass
-class LabelVocab:
-    """Label values as written in the files, and the names users see, both in id order."""
-
-    values: list[str]
-    names: list[str]
-
-    @classmethod
-    def from_config(cls, labels: list | dict) -> LabelVocab:
-        if isinstance(labels, dict):
-            return cls([str(k) for k in labels], [str(v) for v in labels.values()])
-        return cls([str(v) for v in labels], [str(v) for v in labels])
-
-    @classmethod
-    def infer(cls, values: list[str]) -> LabelVocab:
-        unique = set(values)
-        numeric = all(v.lstrip("-").isdigit() for v in unique)
-        ordered = sorted(unique, key=int if numeric else str)
-        return cls(ordered, ordered)
-
-    def encode(self, examples: Examples) -> np.ndarray:
-        ids = {value: i for i, value in enumerate(self.values)}
-        ids.update({name: i for i, name in enumerate(self.names)})  # names are accepted too
-        out = np.empty(len(examples), dtype=np.int64)
-        for i, label in enumerate(examples.labels):
-            if label not in ids:
-                path, line = examples.origin(i)
-                raise DataError(f"{path}:{line}: label '{label}' is not one of the task's labels "
-                                f"{self.values}; fix the row or add it to [data] labels")
-            out[i] = ids[label]
-        return out
-
-
-@dataclass
-class Datasets:
-    train: TokenizedDataset | None
-    valid: TokenizedDataset | None
-    test: TokenizedDataset | None
-    vocab: LabelVocab
-    sources: dict[str, str] = field(default_factory=dict)
-
-
-def stratified_split(labels: np.ndarray, size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept, held out) row numbers; stratified by label when every class can be split."""
-    from sklearn.model_selection import train_test_split  # here: a slow import, rarely needed
-
-    rows = np.arange(len(labels))
-    present = np.bincount(labels)[np.unique(labels)] if len(labels) else np.zeros(0, dtype=int)
-    stratify = labels if len(present) and present.min() >= 2 else None
-    kept, held = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify)
-    return np.sort(kept), np.sort(held)
-
-
-def _files(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None) -> list[Path]:
-    if "{label}" in spec.path:
-        return [data_dir / spec.path.format(label=v) for v in (vocab.values if vocab else [])]
-    return [data_dir / spec.path]
-
-
-def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenizer: Any,
-              max_length: int, cache_dir: Path | None, what: str) -> tuple[TokenizedDataset, LabelVocab]:
-    """Read, label-encode and tokenize one file (through the cache when `cache_dir` is set)."""
-
-    def build() -> tuple[TokenizedDataset, dict]:
-        examples = read_examples(spec, data_dir, vocab.values if vocab else [], what)
-        labels = vocab or LabelVocab.infer(examples.labels)
-        dataset = TokenizedDataset.from_texts(examples.texts, labels.encode(examples),
-                                              tokenizer, max_length)
-        return dataset, {"rows": len(examples), "values": labels.values, "names": labels.names}
-
-    files = _files(spec, data_dir, vocab)
-    if cache_dir is None:
-        dataset, meta = build()
-    else:
-        for path in files:
-            if not path.is_file():
-                raise DataError(f"{path}: {what} file not found; check the path or --data-dir")
-        how = {"spec": vars(spec), "labels": vocab and [vocab.values, vocab.names],
-               "format": format_of(spec) if "{label}" not in spec.path else "lines"}
-        key = cache_key(files, tokenizer, max_length, how)
-        dataset, meta = cached(Path(cache_dir) / key, build)
-    return dataset, vocab or LabelVocab(meta["values"], meta["names"])
-
-
-def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None = None,
-                   use_cache: bool = True) -> Datasets:
-    """The task's train/valid/test sets, with held-out splits made from train where asked."""
-    dist = dist or SingleProcess()
-    data_dir = Path(task.data_dir or ".")
-    specs = {which: file_spec(task, which) for which in ("train", "valid", "test")}
-    if specs["train"] is None and not task.data.train_shards:
-        raise DataError(f"task '{task.name}': no [data] train file")
-    vocab = LabelVocab.from_config(task.data.labels) if task.data.labels else None
-    # Per-rank files or a stream: no rank loads the whole train file (see streaming.py, split.py).
-    per_rank = bool(task.data.train_shards or task.data.streaming)
-    if per_rank:
-        from nlptrain.data.streaming import per_rank_labels
-
-        vocab = per_rank_labels(task, vocab, dist.world_size)
-    train_files = _files(specs["train"], data_dir, vocab) if specs["train"] else []
-    cache_dir = None
-    if use_cache:
-        cache_dir = Path(task.data.cache_dir) if task.data.cache_dir else \
-            default_cache_dir(train_files[0].parent if train_files else data_dir)
-
-    def load_all() -> Datasets:
-        train, labels = (None, vocab) if per_rank else load_file(
-            specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train")
-        loaded = {"train": train}
-        for which in ("valid", "test"):
-            if specs[which] is not None:
-                loaded[which], _ = load_file(specs[which], data_dir, labels, tokenizer,
-                                             task.model.max_length, cache_dir, which)
-        return Datasets(loaded["train"], loaded.get("valid"), loaded.get("test"), labels)
-
-    # Rank 0 fills the cache (and reports any data error once); then every rank maps it.
-    built: dict[str, Datasets] = {}
-    if dist.world_size > 1:
-        # Rank 0 first: it fills the cache, and a data error is reported once, by it. The sets
-        # stay on rank 0; the others only learn that it succeeded, then map the cache.
-        dist.on_main(lambda: built.setdefault("sets", load_all()) and None)
-    sets = built.get("sets") or load_all()
-    seed = task.data.split_seed
-    if per_rank:  # the train rows are read later, each rank its own: nothing to hold out here
-        from nlptrain.data.streaming import StreamingDataset, warn_no_held_out
-
-        warn_no_held_out(task, sets)
-        sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \
-            if task.data.streaming else None
-        return sets
-    if sets.test is None and task.data.test_size > 0:
-        kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed)
-        sets.train, sets.test = sets.train.select(kept), sets.train.select(held)
-        sets.sources["test"] = f"{task.data.test_size:.0%} of train (stratified, seed {seed})"
-    if sets.valid is None and task.data.valid_size > 0:
-        kept, held = stratified_split(sets.train.label_ids, task.data.valid_size, seed)
-        sets.train, sets.valid = sets.train.select(kept), sets.train.select(held)
-        sets.sources["valid"] = f"{task.data.valid_size:.0%} of the rest of train (seed {seed})"
-    return sets
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"nlptrain.data.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'nlptrain.data' has no attribute {name!r}")
