@@ -55,12 +55,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture()
-def toy_task(tmp_path: Path, tiny_model_dir: Path) -> Path:
-    """A task file over 200 toy rows (fixed test file) with the tiny model; returns its path."""
-    write_toy_tsv(tmp_path / "train.tsv", 160, seed=1)
-    write_toy_tsv(tmp_path / "test.tsv", 40, seed=2)
-    task = tmp_path / "toy.toml"
+def write_toy_task(folder: Path, model_dir: Path, cache_dir: Path | None = None) -> Path:
+    """toy.toml over 160 train / 40 test toy rows with the tiny model; returns its path."""
+    write_toy_tsv(folder / "train.tsv", 160, seed=1)
+    write_toy_tsv(folder / "test.tsv", 40, seed=2)
+    cache = f'cache_dir = "{cache_dir}"' if cache_dir else ""
+    task = folder / "toy.toml"
     task.write_text(f"""
 name = "toy"
 data_dir = "."
@@ -68,9 +68,9 @@ data_dir = "."
 train = "train.tsv"
 test = "test.tsv"
 labels = ["neg", "pos"]
-cache_dir = "{tmp_path / 'cache'}"
+{cache}
 [model]
-name = "{tiny_model_dir}"
+name = "{model_dir}"
 max_length = 32
 [train]
 epochs = 2
@@ -78,6 +78,12 @@ batch_size = 8
 lr = 1e-3
 """)
     return task
+
+
+@pytest.fixture()
+def toy_task(tmp_path: Path, tiny_model_dir: Path) -> Path:
+    """A task file over 200 toy rows (fixed test file) with the tiny model; returns its path."""
+    return write_toy_task(tmp_path, tiny_model_dir, tmp_path / "cache")
 
 
 def free_port() -> int:

@@ -18,26 +18,10 @@ HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> tuple[Path, str]:
     """One 2-epoch run in the default run directory (runs/<task>-<time>), with a validation split."""
-    from conftest import write_toy_tsv
+    from conftest import write_toy_task
 
     work = tmp_path_factory.mktemp("rundir")
-    write_toy_tsv(work / "train.tsv", 160, seed=1)
-    write_toy_tsv(work / "test.tsv", 40, seed=2)
-    (work / "toy.toml").write_text(f"""
-name = "toy"
-data_dir = "."
-[data]
-train = "train.tsv"
-test = "test.tsv"
-labels = ["neg", "pos"]
-[model]
-name = "{tiny_model_dir}"
-max_length = 32
-[train]
-epochs = 2
-batch_size = 8
-lr = 1e-3
-""")
+    write_toy_task(work, tiny_model_dir)  # no cache_dir, no output dir: the defaults
     args = ["train", "--task", "toy.toml", "--valid-size", "0.2", "--log-every", "2"]
     done = run_cli(args + (["--tensorboard"] if HAS_TENSORBOARD else []), cwd=work)
     assert done.returncode == 0, done.stderr
