@@ -41,7 +41,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     return train, evals
 
 
-def _epoch_marks(ax: Any, rows: list[dict[str, Any]]) -> None:
+def _epoch_marks(ax: Any, rows: list[dict[str, Any]], label_at: str = "top") -> None:
     """A dotted line at the last step of each epoch, so step numbers read as epochs too. The
     evaluation at an epoch's end carries its exact last step; training rows come close."""
     import matplotlib.transforms as transforms
@@ -52,8 +52,9 @@ def _epoch_marks(ax: Any, rows: list[dict[str, Any]]) -> None:
     along = transforms.blended_transform_factory(ax.transData, ax.transAxes)
     for epoch, step in sorted(ends.items()):
         ax.axvline(step, color="0.6", linestyle=":", linewidth=1)
-        ax.text(step, 0.97, f"end of epoch {epoch} ", transform=along, rotation=90, ha="right",
-                va="top", fontsize=8, color="0.4")
+        top = label_at == "top"
+        ax.text(step, 0.97 if top else 0.03, f" end of epoch {epoch} ", transform=along,
+                rotation=90, ha="right", va="top" if top else "bottom", fontsize=8, color="0.4")
 
 
 def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path,
@@ -108,7 +109,9 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
         ax.plot([last_best["step"]], [last_best[metric_for_best]], marker="*", markersize=16,
                 color="gold", markeredgecolor="black", linestyle="none",
                 label=f"best model (by {metric_for_best.replace('_', '-')})")
-    ax.set_ylim(0, 1.05)
+    # Zoomed on the scores (not 0..1), so a one-point change between evaluations shows.
+    scores = [r[key] for r in evals for key in ("accuracy", "macro_f1")] or [0.0, 1.0]
+    ax.set_ylim(max(0.0, min(scores) - 0.05), min(1.02, max(scores) + 0.05))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("score")
     rows = evals[-1].get("rows") if evals else None
@@ -116,9 +119,9 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
                  + (f" ({rows} rows)" if rows else "") + ", at each evaluation")
     if len(steps) == 1:  # one point: keep it off the frame's edge
         ax.set_xlim(steps[0] - 1, steps[0] + 1)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left")  # scores mostly rise: the early top-left stays empty
     ax.grid(alpha=0.3)
-    _epoch_marks(ax, evals)
+    _epoch_marks(ax, evals, label_at="bottom")  # the scores' numbers sit near the top
     fig.savefig(path)
     return path
 
