@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nlptrain", description="Fine-tune transformer text classifiers, one process or "
         "many (torchrun -m nlptrain ... for DDP).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    # torch.distributed.launch (legacy) puts --local-rank=N before the command.
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     train = commands.add_parser("train", help="fine-tune a model on a task",
                                 description="Fine-tune a model on a task; the run directory "

@@ -146,3 +146,24 @@ def test_a_checkpoint_of_another_task_is_refused(toy_task, tmp_path, tiny_model_
     trainer.label_names = ["neg", "neutral"]
     with pytest.raises(CheckpointError, match="made for another model or task .labels"):
         load_checkpoint(trainer, list_checkpoints(run / "checkpoints")[-1])
+
+
+def test_resume_with_another_world_size_trains_each_remaining_row_once(toy_task, tmp_path):
+    """2 ranks crash at step 5 (checkpoint at 4); 1 process resumes: epoch 1 is still exactly
+    one pass over the data, without reading the skipped batches again."""
+    run, rows_file = tmp_path / "run", tmp_path / "rows.txt"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "4",
+            "--epochs", "1", "--callback", f"{SCAFFOLD}:RecordRows"]
+    crashed = run_cli([*args, "--callback", f"{SCAFFOLD}:RaiseAtStep"], tmp_path, nproc=2,
+                      AT_STEP="5", ROWS_FILE=str(rows_file))
+    assert crashed.returncode != 0 and "injected crash at step 5" in crashed.stderr
+    before = [line.split() for line in rows_file.read_text().splitlines()]
+    kept = [int(row) for _, _, step, row in before if int(step) <= 4]  # what step-4 holds
+    assert len(kept) == 4 * 2 * 8
+    rows_file.unlink()
+    resumed = run_cli([*args, "--resume"], tmp_path, ROWS_FILE=str(rows_file))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "written by 2 ranks, this job has 1" in resumed.stderr
+    after = [int(line.split()[3]) for line in rows_file.read_text().splitlines()]
+    assert len(after) == 160 - 64
+    assert sorted(kept + after) == list(range(160))  # every row once, none skipped or repeated

@@ -1,0 +1,63 @@
+"""The built-in callbacks the trainer adds from its config: early stopping, clipping, schedule."""
+
+from __future__ import annotations
+
+import torch
+from nlptrain.callbacks import EarlyStopping, GradClip, SaveBestModel
+from test_events import Recorder, make_trainer
+
+from nlptrain import Callback
+
+
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, tiny_model_dir):
+    recorder = Recorder()
+    # lr 0: the model never changes, so only the first evaluation is "best".
+    trainer = make_trainer(tmp_path, tiny_model_dir, [recorder], epochs=10, lr=0.0, early_stopping=2)
+    assert any(isinstance(c, EarlyStopping) for c in trainer.callbacks.callbacks)
+    trainer.fit()
+    assert recorder.events.count("on_valid_end") == 3  # best, then 2 without improvement
+    assert trainer.epoch == 3 and trainer.should_stop
+
+
+class NormProbe(Callback):
+    """Records the gradient norm after clipping (GradClip runs earlier: it is a built-in)."""
+
+    def __init__(self) -> None:
+        self.norms: list[float] = []
+
+    def on_backward_end(self, trainer) -> None:
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        self.norms.append(float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for g in grads]))))
+
+
+def test_gradient_clipping_bounds_the_norm(tmp_path, tiny_model_dir):
+    probe = NormProbe()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [probe], epochs=1, max_grad_norm=1e-3)
+    clip = next(c for c in trainer.callbacks.callbacks if isinstance(c, GradClip))
+    trainer.fit()
+    assert clip.last_norm > 1e-3  # there was something to clip...
+    assert max(probe.norms) <= 1e-3 * 1.0001  # ...and every step's gradients were clipped
+
+
+def test_no_clipping_when_max_grad_norm_is_zero(tmp_path, tiny_model_dir):
+    trainer = make_trainer(tmp_path, tiny_model_dir, [], max_grad_norm=0)
+    assert not any(isinstance(c, GradClip) for c in trainer.callbacks.callbacks)
+
+
+def test_best_model_is_saved_when_the_metric_improves(tmp_path, tiny_model_dir):
+    scores = iter([0.5, 0.7, 0.6])
+    seen: list[bool] = []
+
+    class Watch(Callback):
+        def on_valid_end(self, trainer, metrics, is_best) -> None:
+            seen.append(is_best)
+
+    best = SaveBestModel(tmp_path / "best")
+    trainer = make_trainer(tmp_path, tiny_model_dir, [best, Watch()], epochs=3)
+    trainer.evaluate = lambda data: {"accuracy": next(scores), "macro_f1": 0.0}  # scripted scores
+    trainer.fit()
+    assert seen == [True, True, False]
+    assert best.saved_metrics["accuracy"] == 0.7 and best.saved_metrics["step"] == 6
+    assert (tmp_path / "best" / "model.safetensors").is_file()
+    assert trainer.best_metric == 0.7
