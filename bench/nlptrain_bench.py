@@ -3,9 +3,11 @@ one callback, the public extension point, that times the loop and the evaluation
 
     --config fixed     (c) pad to max_length, no length grouping, constant lr, no warmup, no
                            clipping: the tutorial loop's job, on nlptrain
-    --config defaults  (d) nlptrain's defaults: dynamic padding, length-grouped batches, linear
-                           decay with 10% warmup, clipping at 1.0, weight decay 0.01
+    --config batching  (d) nlptrain's default batching (dynamic padding, length-grouped batches)
+                           on the same job as (a): constant lr, no warmup, no clipping
     --precision bf16   (e) with (d): bf16 autocast
+    --config defaults  (f) every nlptrain default: (d) plus linear decay with 10% warmup and
+                           clipping at 1.0
 
     torchrun --standalone --nproc_per_node 2 bench/nlptrain_bench.py --out /tmp/d --config defaults
 Extra nlptrain options may follow `--`, e.g. `-- --num-workers 1`.
@@ -23,8 +25,9 @@ import torch
 
 import common
 
-FIXED = ["--padding", "max_length", "--no-group-by-length", "--scheduler", "constant",
-         "--warmup-ratio", "0", "--max-grad-norm", "0"]
+JOB_OPTIMIZER = ["--scheduler", "constant", "--warmup-ratio", "0", "--max-grad-norm", "0"]
+CONFIGS = {"fixed": ["--padding", "max_length", "--no-group-by-length", *JOB_OPTIMIZER],
+           "batching": JOB_OPTIMIZER, "defaults": []}
 
 
 def nlptrain_argv(data_dir: Path, output_dir: Path, cache_dir: Path, config: str,
@@ -38,7 +41,7 @@ def nlptrain_argv(data_dir: Path, output_dir: Path, cache_dir: Path, config: str
             "--max-length", str(job["max_length"]), "--seed", str(job["seed"]),
             "--test-size", str(job["test_size"]), "--split-seed", str(job["split_seed"]),
             "--valid-size", "0", "--precision", precision]
-    return argv + (FIXED if config == "fixed" else []) + extra
+    return argv + CONFIGS[config] + extra
 
 
 def make_probe(split: common.Split, train_limit: int) -> Any:
@@ -114,7 +117,7 @@ def make_probe(split: common.Split, train_limit: int) -> Any:
 
 def main() -> None:
     parser = common.contender_parser(__doc__.splitlines()[0])
-    parser.add_argument("--config", choices=["fixed", "defaults"], default="defaults")
+    parser.add_argument("--config", choices=list(CONFIGS), default="batching")
     parser.add_argument("--cache-dir", type=Path, default=common.BENCH_DIR / ".cache" / "tokens",
                         help="nlptrain token cache (filled by the first run, then reused)")
     parser.add_argument("extra", nargs="*", help="more nlptrain train options, after --")
@@ -139,7 +142,9 @@ def main() -> None:
         raise RuntimeError(f"evaluated {probe.metrics.get('rows')} rows, "
                            f"expected {len(split.test_rows)}")
     t = task.train
-    result = {"contender": "c" if args.config == "fixed" else "d", "config": args.config,
+    key = {"fixed": "c", "batching": "d", "defaults": "f"}[args.config]
+    result = {"contender": "e" if key == "d" and args.precision == "bf16" else key,
+              "config": args.config,
               "train_rows": probe.train_rows, "eval_s": probe.eval_s, **probe.clock.as_dict(),
               **probe.metrics, "phases_ms": probe.phases.medians_ms(),
               "precision": args.precision, "device": device,

@@ -42,9 +42,12 @@ CONTENDERS = {c.key: c for c in [
     Contender("b0", "transformers.Trainer, dynamic, random batches", "hf_trainer.py",
               ("--no-group-by-length",)),
     Contender("c", "nlptrain, pad to 128 like (a)", "nlptrain_bench.py", ("--config", "fixed")),
-    Contender("d", "nlptrain defaults", "nlptrain_bench.py", ("--config", "defaults")),
-    Contender("e", "nlptrain defaults + bf16 autocast", "nlptrain_bench.py",
-              ("--config", "defaults", "--precision", "bf16")),
+    Contender("d", "nlptrain default batching, (a)'s job", "nlptrain_bench.py",
+              ("--config", "batching")),
+    Contender("e", "(d) + bf16 autocast", "nlptrain_bench.py",
+              ("--config", "batching", "--precision", "bf16")),
+    Contender("f", "nlptrain, every default (warmup+decay, clip)", "nlptrain_bench.py",
+              ("--config", "defaults")),
 ]}
 DEFAULT_CONTENDERS = "a,b,c,d,e"
 
@@ -64,7 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, help="rounds (default: 3 with --quick, else 1)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS,
                    help=f"comma-separated keys, run in this order each round "
-                        f"(default {DEFAULT_CONTENDERS}; also: b0)")
+                        f"(default {DEFAULT_CONTENDERS}; also: b0, f)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                    help="CPU cores to share out; OMP_NUM_THREADS = cores // nproc per rank")
