@@ -1,8 +1,9 @@
 """The training loop: one loop, fired events, two ways to run it.
 
-`Trainer.fit` below is the whole loop; each event is fired from one line of it. `DistTrainer` is
-the same class with the DDP backend from `nlptrain.distributed`: the loop only calls the
-backend's methods (`wrap_model`, `no_sync`, `all_sum`, `agree_min`, `any`) and never tests ranks.
+`fit`, `_train_epochs` and `_train_batch` below are the whole loop, on one screen; each event is
+fired from one line of them. `DistTrainer` is the same class with the DDP backend from
+`nlptrain.distributed`: the loop only calls the backend's methods (`wrap_model`, `no_sync`,
+`all_sum`, `agree_min`, `any`) and never tests ranks.
 """
 
 from __future__ import annotations
@@ -99,46 +100,10 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
-        cfg = self.config
         with self._stop_on_signals():
             try:
                 self.callbacks.fire("on_train_start", self)
-                while self.epoch < cfg.epochs and not self.should_stop:
-                    self.callbacks.fire("on_epoch_start", self)
-                    batches = self._epoch_batches()  # after the event: it may swap the data
-                    self.model.train()
-                    for batch in batches:
-                        self.is_update_step = self._ends_accumulation()
-                        self.callbacks.fire("on_batch_start", self, batch)
-                        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-                        with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
-                            with autocast(self.device, cfg.precision):
-                                loss = self.model(**_model_inputs(batch)).loss
-                            self.callbacks.fire("on_loss", self, loss)
-                            self.callbacks.fire("on_backward_start", self)
-                            self.scaler.scale(loss / cfg.grad_accum).backward()
-                        self.callbacks.fire("on_backward_end", self)
-                        self._agree_on_loss(loss, len(batch["labels"]))  # NaN stops all ranks
-                        if self.is_update_step:
-                            self.scaler.step(self.optimizer)
-                            self.scaler.update()
-                            self.optimizer.zero_grad(set_to_none=True)
-                            self.global_step += 1
-                            self.callbacks.fire("on_step_end", self)
-                        self.callbacks.fire("on_batch_end", self)
-                        if self.is_update_step and cfg.eval_every and \
-                                self.global_step % cfg.eval_every == 0:
-                            self.validate()
-                        if self.dist.any(self.should_stop):
-                            self.should_stop = True
-                            break
-                    if self.dist.any(self.interrupted):
-                        raise Interrupted(f"stopped by a signal after step {self.global_step}; "
-                                          "continue with --resume")
-                    if self.metrics.get("step") != self.global_step:
-                        self.validate()  # at each epoch end, unless eval_every just did
-                    self.callbacks.fire("on_epoch_end", self)
-                    self._next_epoch()
+                self._train_epochs()
             except BaseException as error:
                 self._failed = True
                 self.callbacks.fire("on_exception", self, error)
@@ -146,6 +111,46 @@ class Trainer:
             finally:
                 self.callbacks.fire("on_train_end", self)
         return self.metrics
+
+    def _train_epochs(self) -> None:
+        while self.epoch < self.config.epochs and not self.should_stop:
+            self.callbacks.fire("on_epoch_start", self)
+            self.model.train()
+            for batch in self._epoch_batches():  # read after the event: it may swap the data
+                self._train_batch(batch)
+                if self.dist.any(self.should_stop):  # a stop asked on any rank stops all
+                    self.should_stop = True
+                    break
+            if self.dist.any(self.interrupted):
+                raise Interrupted(f"stopped by a signal after step {self.global_step}; "
+                                  "continue with --resume")
+            if self.metrics.get("step") != self.global_step:
+                self.validate()  # at each epoch end, unless eval_every just did
+            self.callbacks.fire("on_epoch_end", self)
+            self._next_epoch()
+
+    def _train_batch(self, batch: dict[str, torch.Tensor]) -> None:
+        cfg = self.config
+        self.is_update_step = self._ends_accumulation()
+        self.callbacks.fire("on_batch_start", self, batch)
+        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
+            with autocast(self.device, cfg.precision):
+                loss = self.model(**_model_inputs(batch)).loss
+            self.callbacks.fire("on_loss", self, loss)
+            self.callbacks.fire("on_backward_start", self)
+            self.scaler.scale(loss / cfg.grad_accum).backward()
+        self.callbacks.fire("on_backward_end", self)
+        self._agree_on_loss(loss, len(batch["labels"]))  # a NaN anywhere stops every rank
+        if self.is_update_step:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.global_step += 1
+            self.callbacks.fire("on_step_end", self)
+        self.callbacks.fire("on_batch_end", self)
+        if self.is_update_step and cfg.eval_every and self.global_step % cfg.eval_every == 0:
+            self.validate()
 
     def validate(self) -> dict[str, Any]:
         """Evaluate on `eval_data`, decide `is_best`, fire the valid events."""
