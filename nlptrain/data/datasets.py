@@ -103,7 +103,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         how = {"spec": vars(spec), "labels": vocab and [vocab.values, vocab.names],
                "format": format_of(spec) if "{label}" not in spec.path else "lines"}
         key = cache_key(files, tokenizer, max_length, how)
-        dataset, meta = cached(Path(cache_dir) / key, build)
+        dataset, meta = cached(Path(cache_dir) / key, build, what)
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -147,11 +148,14 @@ def default_cache_dir(data_folder: Path) -> Path:
     return Path(home) / "nlptrain"
 
 
-def cached(folder: Path, build: Any) -> tuple[TokenizedDataset, dict]:
+def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDataset, dict]:
     """Load the entry in `folder`, or build it (returns dataset, meta) and write it atomically."""
+    start = time.perf_counter()
     if (folder / "meta.json").is_file():
-        log.debug("token cache hit: %s", folder)
-        return TokenizedDataset.load(folder), json.loads((folder / "meta.json").read_text())
+        dataset = TokenizedDataset.load(folder)
+        log.info("%s: %d rows from the token cache in %.2f s", what, len(dataset),
+                 time.perf_counter() - start)
+        return dataset, json.loads((folder / "meta.json").read_text())
     dataset, meta = build()
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
@@ -164,5 +168,6 @@ def cached(folder: Path, build: Any) -> tuple[TokenizedDataset, dict]:
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("token cache written: %s", folder)
+    log.info("%s: %d rows read and tokenized in %.2f s, cached in %s", what, len(dataset),
+             time.perf_counter() - start, folder)
     return TokenizedDataset.load(folder), meta
