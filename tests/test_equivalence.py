@@ -1,0 +1,111 @@
+"""The trainer adds no arithmetic of its own: it steps exactly like a hand-written loop, and
+two DDP ranks train exactly like one process holding the global batch.
+
+Dropout is off in both tests so that the comparison is of the loop, not of random masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from ddp import run_ranks
+from test_events import toy_datasets
+
+from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
+from nlptrain.data import Collator
+from nlptrain.models import load_model
+
+BATCH = 8
+
+
+class RecordLoss(Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_loss(self, trainer, loss) -> None:
+        self.losses.append(loss.item())
+
+
+def model_without_dropout(model_dir: Path) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = load_model(str(model_dir), ["neg", "pos"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    return model
+
+
+def test_trainer_steps_exactly_like_a_hand_written_loop(tmp_path, tiny_model_dir):
+    train, _ = toy_datasets(tmp_path, tiny_model_dir, rows=40)
+    collate = Collator(0)
+
+    # The loop of the PyTorch tutorial: DistributedSampler order, AdamW at a constant lr.
+    model = model_without_dropout(tiny_model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0, fused=True)
+    sampler = torch.utils.data.DistributedSampler(train, num_replicas=1, rank=0, seed=42)
+    sampler.set_epoch(0)
+    hand_losses = []
+    model.train()
+    for batch in torch.utils.data.DataLoader(train, batch_size=BATCH, sampler=sampler,
+                                             collate_fn=collate):
+        loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     labels=batch["labels"]).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        hand_losses.append(loss.item())
+
+    # The same job on the trainer: no grouping, no schedule, no clipping, no weight decay.
+    config = TrainConfig(epochs=1, batch_size=BATCH, lr=1e-3, weight_decay=0.0, seed=42,
+                         scheduler="constant", warmup_ratio=0.0, max_grad_norm=0.0,
+                         group_by_length=False)
+    record = RecordLoss()
+    trainer = Trainer(model_without_dropout(tiny_model_dir), train, None, config=config,
+                      callbacks=[record], collate=collate)
+    trainer.fit()
+    trainer.close()
+
+    assert len(hand_losses) == 5
+    assert record.losses == hand_losses
+    for (name, mine), theirs in zip(trainer.unwrapped_model.named_parameters(),
+                                    model.parameters(), strict=True):
+        assert torch.equal(mine, theirs), name
+
+
+def global_batch_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=48)
+    # Every default (length grouping, dynamic padding, warmup + linear decay, clipping, weight
+    # decay), only the batch is split: BATCH // world rows per rank.
+    config = TrainConfig(epochs=2, batch_size=BATCH // world, lr=1e-3, seed=3, timeout=60)
+    record = RecordLoss()
+    trainer = DistTrainer(model_without_dropout(Path(model_dir)), train, None, config=config,
+                          callbacks=[record])
+    trainer.fit()
+    params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    trainer.close()
+    return {"params": params, "losses": record.losses}
+
+
+def test_two_ranks_train_like_one_process_with_the_global_batch(tmp_path, tiny_model_dir):
+    ranks = run_ranks(global_batch_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    (tmp_path / "single").mkdir()
+    train, _ = toy_datasets(tmp_path / "single", tiny_model_dir, rows=48)
+    config = TrainConfig(epochs=2, batch_size=BATCH, lr=1e-3, seed=3)
+    record = RecordLoss()
+    single = Trainer(model_without_dropout(tiny_model_dir), train, None, config=config,
+                     callbacks=[record])
+    single.fit()
+    single.close()
+
+    # Each step the ranks' batches together are the single process's batch...
+    assert len(record.losses) == len(ranks[0]["losses"]) == 12
+    for step, whole in enumerate(record.losses):
+        halves = (ranks[0]["losses"][step] + ranks[1]["losses"][step]) / 2
+        assert abs(halves - whole) < 1e-5, step
+    # ...so the averaged gradients, the clipping and every update are the same.
+    gaps = {name: (ranks[0]["params"][name] - value).abs().max().item()
+            for name, value in single.unwrapped_model.state_dict().items()}
+    worst = max(gaps, key=gaps.get)
+    assert gaps[worst] < 1e-6, f"{worst} differs by {gaps[worst]:.2e}"
