@@ -95,7 +95,14 @@ def contender_parser(description: str) -> argparse.ArgumentParser:
                         help="use the first N rows of the training split (0: all; --quick: 1024)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
                         help="bf16: autocast (CPU or GPU)")
+    parser.add_argument("--seed", type=int, default=JOB["seed"],
+                        help="training seed: new head, shuffling, dropout (the split keeps its own)")
     return parser
+
+
+def job_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The job with this launch's training seed."""
+    return {**JOB, "seed": args.seed}
 
 
 # -- rank info, timing, memory ----------------------------------------------------------------------

@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--no-group-by-length", action="store_true",
                         help="plain random sampling instead of length-grouped batches")
     args = parser.parse_args()
-    job = common.JOB
+    job = common.job_of(args)
     rank, world = common.rank_info()
     cuda = torch.cuda.is_available()
 

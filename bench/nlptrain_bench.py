@@ -31,8 +31,8 @@ CONFIGS = {"fixed": ["--padding", "max_length", "--no-group-by-length", *JOB_OPT
 
 
 def nlptrain_argv(data_dir: Path, output_dir: Path, cache_dir: Path, config: str,
-                  precision: str, extra: list[str]) -> list[str]:
-    job = common.JOB
+                  precision: str, extra: list[str], seed: int = common.JOB["seed"]) -> list[str]:
+    job = {**common.JOB, "seed": seed}
     argv = ["train", "--task", "rt-polarity", "--data-dir", str(data_dir),
             "--output-dir", str(output_dir), "--overwrite", "--log-level", "warning",
             "--set", f"data.cache_dir={cache_dir}",
@@ -130,7 +130,7 @@ def main() -> None:
 
     split = common.load_split(data_dir)
     argv = nlptrain_argv(data_dir, output_dir, args.cache_dir, args.config, args.precision,
-                         args.extra)
+                         args.extra, args.seed)
     task = cli.resolve_task(cli.build_parser().parse_args(argv))
     probe = make_probe(split, args.train_rows)
     opts = recipe.RunOptions(output_dir=str(output_dir), overwrite=True, callbacks=[probe])

@@ -12,6 +12,7 @@ OMP_NUM_THREADS = cores // N per rank, and writes one JSON per rank; see bench/R
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -61,10 +62,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--quick", action="store_true",
                       help=f"first {common.QUICK_ROWS} training rows, 3 rounds")
     mode.add_argument("--smoke", action="store_true", help="64 training rows, 1 round")
-    mode.add_argument("--report", type=Path, metavar="DIR",
-                      help="only print the table of the results in DIR")
+    mode.add_argument("--report", type=Path, nargs="+", metavar="DIR",
+                      help="only print the table of the results in DIR (several: one table of "
+                           "all their runs, e.g. the same job with other --seeds)")
     p.add_argument("--train-rows", type=int, help="training rows (0: all; overrides the mode)")
     p.add_argument("--rounds", type=int, help="rounds (default: 3 with --quick, else 1)")
+    p.add_argument("--seeds", default=str(common.JOB["seed"]),
+                   help="comma-separated training seeds; each round runs every contender once per "
+                        "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
+                        "by about a point)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS,
                    help=f"comma-separated keys, run in this order each round "
                         f"(default {DEFAULT_CONTENDERS}; also: b0, f)")
@@ -96,11 +102,12 @@ def kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def launch(c: Contender, out: Path, opts: argparse.Namespace, log: Path) -> dict[str, Any]:
+def launch(c: Contender, out: Path, opts: argparse.Namespace, log: Path,
+           seed: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={opts.nproc}", str(common.BENCH_DIR / c.script),
            "--out", str(out), "--train-rows", str(opts.train_rows),
-           "--data-dir", str(opts.data_dir), *c.args]
+           "--data-dir", str(opts.data_dir), "--seed", str(seed), *c.args]
     if opts.precision:
         cmd += ["--precision", opts.precision]
     env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads),
@@ -156,12 +163,12 @@ def median(values: list[float]) -> float | None:
 
 
 def ratio(records: list[dict], key: str, base: str, field: str) -> float | None:
-    """Median over rounds of (key's field / base's field) in the same round: machine noise that
-    hits a whole round cancels."""
-    by_round: dict[int, dict[str, dict]] = {}
+    """Median over rounds of (key's field / base's field) in the same round and seed: machine
+    noise that hits a whole round cancels."""
+    by_round: dict[tuple, dict[str, dict]] = {}
     for r in records:
         if r["ok"]:
-            by_round.setdefault(r["round"], {})[r["key"]] = r
+            by_round.setdefault((r["round"], r.get("seed")), {})[r["key"]] = r
     found = [runs[key][field] / runs[base][field] for runs in by_round.values()
              if key in runs and base in runs and runs[base][field]]
     return median(found)
@@ -172,6 +179,11 @@ def phase_medians(runs: list[dict]) -> dict[str, float]:
     return {n: median([r[n] for r in runs if n in r]) for n in names}
 
 
+def mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
 def fmt(value: Any, spec: str = ".2f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 
@@ -180,14 +192,15 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     keys = [k for k in meta["contenders"] if any(r["key"] == k for r in records)]
     rows, summary = [], {}
     base = "a" if any(r["key"] == "a" and r["ok"] for r in records) else None
-    acc_a = median([r["accuracy"] for r in records if r["key"] == "a" and r["ok"]])
+    acc_a = mean([r["accuracy"] for r in records if r["key"] == "a" and r["ok"]])
     for k in keys:
         runs = [r for r in records if r["key"] == k]
         ok = [r for r in runs if r["ok"]]
         s = {"label": CONTENDERS[k].label, "runs": len(runs), "ok": len(ok),
              "samples_per_s": median([r["samples_per_s"] for r in ok]),
              "eval_s": median([r["eval_s"] for r in ok]),
-             "accuracy": median([r["accuracy"] for r in ok]),
+             "accuracy": mean([r["accuracy"] for r in ok]),
+             "accuracies": sorted({round(r["accuracy"], 4) for r in ok}),
              "correct_rows": sorted({f"{r['correct']}/{r['rows']}" for r in ok}),
              "rss_mb": [max(r["rss_mb"][i] for r in ok) for i in range(len(ok[0]["rss_mb"]))]
              if ok else [],
@@ -207,7 +220,11 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
         rss = " / ".join(f"{v:.0f}" for v in s["rss_mb"]) or "-"
         rows.append([f"({k})", s["label"], fmt(s["samples_per_s"]), fmt(s["x_a"], ".2f"),
                      fmt(s["eval_s"], ".1f"), fmt(s["eval_x_a"], ".2f"),
-                     fmt(s["accuracy"], ".4f"), ",".join(s["correct_rows"]) or "-",
+                     fmt(s["accuracy"], ".4f") + (
+                         f" ({min(s['accuracies']):.4f}-{max(s['accuracies']):.4f})"
+                         if len(s["accuracies"]) > 1 else ""),
+                     ",".join(s["correct_rows"]) if len(s["correct_rows"]) == 1 else
+                     f"{len(s['correct_rows'])} runs",
                      fmt(s.get("d_acc_pt"), "+.2f"), rss, fmt(s["loop_s"], ".1f"),
                      fmt(s["wall_s"], ".0f") + (f" ({s['ok']}/{s['runs']} ok)"
                                                 if s["ok"] < s["runs"] else "")])
@@ -221,7 +238,8 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     out = [meta_text(meta), "", line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in rows]
     out += ["", "samples/s = training rows of the epoch / loop seconds on rank 0 (first step start "
-            "to last step end); x(a) = median over rounds of the same-round ratio to (a)."]
+            "to last step end); x(a) = median over rounds of the same-round ratio to (a); "
+            "accuracy = mean over runs (range over seeds in brackets)."]
     if meta["rounds"] > 1:
         out += ["per-round samples/s: " + "; ".join(
             f"({k}) {summary[k]['all_samples_per_s']}" for k in keys)]
@@ -240,7 +258,8 @@ def meta_text(meta: dict) -> str:
     rows = meta["train_rows"] or "all (9,595)"
     return (f"nlptrain bench: rt-polarity, {rows} training rows, test 1,067 rows, 1 epoch, "
             f"batch 16/rank, lr 2e-5, max length 128 | {meta['nproc']} rank(s) x "
-            f"{meta['threads']} thread(s) | {meta['rounds']} round(s), order "
+            f"{meta['threads']} thread(s) | {meta['rounds']} round(s) x seed(s) "
+            f"{meta.get('seeds', [common.JOB['seed']])}, order "
             f"{' '.join(meta['contenders'])} | {meta['cpu']} | torch {meta['torch']}, "
             f"transformers {meta['transformers']} | load avg at start {meta['loadavg']}")
 
@@ -301,14 +320,17 @@ def machine_meta(opts: argparse.Namespace, contenders: list[str]) -> dict:
             f"{os.cpu_count()} cores", "torch": torch.__version__,
             "transformers": transformers.__version__,
             "loadavg": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "results_dir": str(opts.results_dir), "precision": opts.precision}
+            "results_dir": str(opts.results_dir), "precision": opts.precision,
+            "seeds": opts.seeds}
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     if opts.report:
-        saved = json.loads((opts.report / "records.json").read_text())
-        print(summarize(saved["records"], saved["meta"])[0])
+        saved = [json.loads((folder / "records.json").read_text()) for folder in opts.report]
+        meta = {**saved[0]["meta"], "seeds": sorted({r.get("seed", common.JOB["seed"])
+                                                     for run in saved for r in run["records"]})}
+        print(summarize([r for run in saved for r in run["records"]], meta)[0])
         return 0
     mode = "quick" if opts.quick else "smoke" if opts.smoke else "full"
     if opts.train_rows is None:
@@ -319,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     opts.results_dir = opts.results_dir or (
         common.BENCH_DIR / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
     contenders = [k.strip() for k in opts.contenders.split(",") if k.strip()]
+    opts.seeds = [int(s) for s in opts.seeds.split(",") if s.strip()]
     unknown = [k for k in contenders if k not in CONTENDERS]
     if unknown:
         print(f"unknown contender(s) {unknown}; known: {', '.join(CONTENDERS)}", file=sys.stderr)
@@ -328,21 +351,20 @@ def main(argv: list[str] | None = None) -> int:
     meta = machine_meta(opts, contenders)
     print(meta_text(meta), flush=True)
     records: list[dict] = []
-    for rnd in range(opts.rounds):
-        for key in contenders:
-            name = f"r{rnd + 1}-{key}"
-            load = os.getloadavg()[0]
-            rec = launch(CONTENDERS[key], opts.results_dir / "raw" / name, opts,
-                         opts.results_dir / "logs" / f"{name}.log")
-            rec.update(round=rnd, loadavg_before=load)
-            records.append(rec)
-            status = (f"{rec['samples_per_s']:.2f} samples/s, eval {rec['eval_s']:.1f} s, "
-                      f"acc {rec['accuracy']:.4f}" if rec["ok"] else
-                      f"FAILED (rc {rec['rc']}), see {rec['log']}")
-            print(f"round {rnd + 1}/{opts.rounds} ({key}) {status}  [wall {rec['wall_s']:.0f} s, "
-                  f"load {load:.2f}]", flush=True)
-            (opts.results_dir / "records.json").write_text(
-                json.dumps({"meta": meta, "records": records}, indent=1, default=str))
+    for rnd, seed, key in itertools.product(range(opts.rounds), opts.seeds, contenders):
+        name = f"r{rnd + 1}-s{seed}-{key}"
+        load = os.getloadavg()[0]
+        rec = launch(CONTENDERS[key], opts.results_dir / "raw" / name, opts,
+                     opts.results_dir / "logs" / f"{name}.log", seed)
+        rec.update(round=rnd, seed=seed, loadavg_before=load)
+        records.append(rec)
+        status = (f"{rec['samples_per_s']:.2f} samples/s, eval {rec['eval_s']:.1f} s, "
+                  f"acc {rec['accuracy']:.4f}" if rec["ok"] else
+                  f"FAILED (rc {rec['rc']}), see {rec['log']}")
+        print(f"round {rnd + 1}/{opts.rounds} seed {seed} ({key}) {status}  "
+              f"[wall {rec['wall_s']:.0f} s, load {load:.2f}]", flush=True)
+        (opts.results_dir / "records.json").write_text(
+            json.dumps({"meta": meta, "records": records}, indent=1, default=str))
     text, summary = summarize(records, meta)
     (opts.results_dir / "table.md").write_text(text + "\n")
     (opts.results_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))

@@ -26,7 +26,7 @@ import common
 
 def main() -> None:
     args = common.contender_parser(__doc__.splitlines()[0]).parse_args()
-    job = common.JOB
+    job = common.job_of(args)
     rank, world = common.rank_info()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     cuda = torch.cuda.is_available()
