@@ -12,6 +12,7 @@ import contextlib
 import gc
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nlptrain.errors import RemoteRankError
 
 log = logging.getLogger(__name__)
+FAILED_TEARDOWN_S = 5.0  # how long a teardown after an error may take
 
 
 def pick_device(local_rank: int = 0) -> torch.device:
@@ -177,15 +179,24 @@ class Distributed(SingleProcess):
         return result
 
     def close(self, failed: bool = False) -> None:
-        """Tear the process group down. After a failure, leave it: this process is about to exit,
-        and its closed sockets free the other ranks at once, whereas a teardown could wait on a
-        peer that is still inside a collective, until the timeout."""
-        if failed or not self.owns_group or not dist.is_initialized():
+        """Tear the process group down, also after an error."""
+        if not self.owns_group or not dist.is_initialized():
             return
         # gloo on CPU can hang at exit while DDP's reducer is freed against a gloo worker thread;
         # the trainer has dropped its DDP reference by now, and collecting first cures it.
         gc.collect()
-        dist.destroy_process_group()
+        if not failed:
+            dist.destroy_process_group()
+            return
+        # After an error a peer may sit in a collective that never completes, and a teardown
+        # could wait on it. Give it a few seconds on the side: closing our sockets is what frees
+        # the peers, and the process exit closes them in any case.
+        teardown = threading.Thread(target=dist.destroy_process_group, daemon=True)
+        teardown.start()
+        teardown.join(FAILED_TEARDOWN_S)
+        if teardown.is_alive():
+            log.warning("process group teardown still waiting after %.0f s; exiting without it",
+                        FAILED_TEARDOWN_S)
 
 
 def _attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:

@@ -120,6 +120,8 @@ def failing_worker(rank: int, world: int, port: int, folder: str, model_dir: str
         trainer.fit()
     finally:
         trainer.close()
+        group_left = torch.distributed.is_initialized()  # then the error goes on to exit non-zero
+        (Path(folder) / f"r{rank}" / "group-left").write_text(str(group_left))
 
 
 def test_a_failing_rank_ends_the_job_without_a_hang(tmp_path, tiny_model_dir):
@@ -145,3 +147,5 @@ def test_a_failing_rank_ends_the_job_without_a_hang(tmp_path, tiny_model_dir):
     assert all(p.exitcode != 0 for p in procs)
     # The survivor stops right after the failure, far sooner than the 60 s collective timeout.
     assert abs(ended[procs[0].pid] - ended[procs[1].pid]) < 20
+    # Both ranks destroyed the process group on the way out, the failing one and its peer.
+    assert [(tmp_path / f"r{rank}" / "group-left").read_text() for rank in (0, 1)] == ["False"] * 2
