@@ -131,11 +131,14 @@ def main() -> None:
     split = common.load_split(data_dir)
     argv = nlptrain_argv(data_dir, output_dir, args.cache_dir, args.config, args.precision,
                          args.extra, args.seed)
-    task = cli.resolve_task(cli.build_parser().parse_args(argv))
+    parsed = cli.build_parser().parse_args(argv)
+    task = cli.resolve_task(parsed)
     probe = make_probe(split, args.train_rows)
-    opts = recipe.RunOptions(output_dir=str(output_dir), overwrite=True, callbacks=[probe])
+    users = [cli.load_object(spec)() for spec in parsed.callback]  # extra `--callback`s
+    opts = recipe.RunOptions(output_dir=str(output_dir), overwrite=True,
+                             use_cache=not parsed.no_cache, callbacks=[probe, *users])
     with recipe.backend(task.train.timeout) as dist:
-        cli.start_logging(cli.build_parser().parse_args(argv), dist.rank)
+        cli.start_logging(parsed, dist.rank)
         recipe.train(task, opts, dist)
         device = str(dist.device)
     if probe.metrics.get("rows") != len(split.test_rows):
