@@ -193,9 +193,10 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     rows, summary = [], {}
     base = "a" if any(r["key"] == "a" and r["ok"] for r in records) else None
     acc_a = mean([r["accuracy"] for r in records if r["key"] == "a" and r["ok"]])
+    ok_runs = {k: [r for r in records if r["key"] == k and r["ok"]] for k in keys}
     for k in keys:
         runs = [r for r in records if r["key"] == k]
-        ok = [r for r in runs if r["ok"]]
+        ok = ok_runs[k]
         s = {"label": CONTENDERS[k].label, "runs": len(runs), "ok": len(ok),
              "samples_per_s": median([r["samples_per_s"] for r in ok]),
              "eval_s": median([r["eval_s"] for r in ok]),
@@ -223,8 +224,8 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
                      fmt(s["accuracy"], ".4f") + (
                          f" ({min(s['accuracies']):.4f}-{max(s['accuracies']):.4f})"
                          if len(s["accuracies"]) > 1 else ""),
-                     ",".join(s["correct_rows"]) if len(s["correct_rows"]) == 1 else
-                     f"{len(s['correct_rows'])} runs",
+                     ",".join(s["correct_rows"]) if len(ok_runs[k]) == 1 else
+                     f"{len(ok_runs[k])} runs",
                      fmt(s.get("d_acc_pt"), "+.2f"), rss, fmt(s["loop_s"], ".1f"),
                      fmt(s["wall_s"], ".0f") + (f" ({s['ok']}/{s['runs']} ok)"
                                                 if s["ok"] < s["runs"] else "")])
