@@ -100,6 +100,17 @@ def contender_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def load_job_data(args: argparse.Namespace) -> tuple[Split, np.ndarray, str, Any]:
+    """The split, this launch's training rows, the model's path and its tokenizer."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    split = load_split(args.data_dir)
+    path = model_path()
+    return split, split.train(args.train_rows), path, AutoTokenizer.from_pretrained(path)
+
+
 def job_of(args: argparse.Namespace) -> dict[str, Any]:
     """The job with this launch's training seed."""
     return {**JOB, "seed": args.seed}

@@ -48,19 +48,13 @@ def main() -> None:
 
     from transformers import (
         AutoModelForSequenceClassification,
-        AutoTokenizer,
         DataCollatorWithPadding,
         Trainer,
         TrainerCallback,
         TrainingArguments,
     )
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.set_verbosity_error()
-    split = common.load_split(args.data_dir)
-    train_rows = split.train(args.train_rows)
-    path = common.model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    split, train_rows, path, tokenizer = common.load_job_data(args)
 
     def encode(rows: np.ndarray) -> Rows:
         enc = tokenizer(split.texts_of(rows), truncation=True, max_length=job["max_length"])

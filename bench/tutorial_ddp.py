@@ -35,14 +35,9 @@ def main() -> None:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo")
 
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForSequenceClassification
 
-    hf_logging.set_verbosity_error()
-    split = common.load_split(args.data_dir)
-    train_rows = split.train(args.train_rows)
-    path = common.model_path()
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    split, train_rows, path, tokenizer = common.load_job_data(args)
 
     def encode(rows: np.ndarray) -> TensorDataset:
         enc = tokenizer(split.texts_of(rows), padding="max_length", truncation=True,
