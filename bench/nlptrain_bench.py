@@ -134,9 +134,8 @@ def main() -> None:
     parsed = cli.build_parser().parse_args(argv)
     task = cli.resolve_task(parsed)
     probe = make_probe(split, args.train_rows)
-    users = [cli.load_object(spec)() for spec in parsed.callback]  # extra `--callback`s
-    opts = recipe.RunOptions(output_dir=str(output_dir), overwrite=True,
-                             use_cache=not parsed.no_cache, callbacks=[probe, *users])
+    opts = cli.run_options(parsed)  # exactly what `nlptrain train` would run with...
+    opts.callbacks.insert(0, probe)  # ...plus the probe
     with recipe.backend(task.train.timeout) as dist:
         cli.start_logging(parsed, dist.rank)
         recipe.train(task, opts, dist)

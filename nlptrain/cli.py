@@ -250,14 +250,21 @@ def cmd_split(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_options(args: argparse.Namespace) -> Any:
+    """The `train` options that are not part of the task, with the `--callback`s made."""
+    from nlptrain import recipe
+
+    return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
+                             overwrite=args.overwrite, use_cache=not args.no_cache,
+                             tensorboard=args.tensorboard,
+                             callbacks=[load_object(spec)() for spec in args.callback])
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from nlptrain import recipe
 
     task = resolve_task(args)
-    opts = recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
-                             overwrite=args.overwrite, use_cache=not args.no_cache,
-                             tensorboard=args.tensorboard,
-                             callbacks=[load_object(spec)() for spec in args.callback])
+    opts = run_options(args)
     with recipe.backend(task.train.timeout) as dist:
         start_logging(args, dist.rank)
         recipe.train(task, opts, dist)
