@@ -21,7 +21,7 @@ class EarlyStopping(Callback):
         self.waited = 0 if is_best else self.waited + 1
         if self.waited >= self.patience:
             log.info("early stop: %s did not improve for %d evaluations",
-                     trainer.config.metric_for_best, self.waited)
+                     trainer.metric_for_best, self.waited)
             trainer.should_stop = True
 
     def on_save_checkpoint(self, trainer: Any, state: dict) -> None:

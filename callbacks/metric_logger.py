@@ -53,10 +53,10 @@ class MetricLogger(Callback):
         self._reset(now, trainer.samples_in_epoch)
 
     def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
-        keep = ("rows", "correct", "accuracy", "macro_f1", "loss", "per_class", "confusion_matrix")
+        # Every metric of the task's kind (and the user's own); not the loop's own step/epoch.
+        found = {k: v for k, v in metrics.items() if k not in ("step", "epoch")}
         self._write({"kind": "eval", "step": trainer.global_step, "epoch": trainer.epoch + 1,
-                     "is_best": is_best, "time": time.time(),
-                     **{k: metrics[k] for k in keep if k in metrics}})
+                     "is_best": is_best, "time": time.time(), **found})
 
     def on_train_end(self, trainer: Any) -> None:
         if self.handle is not None:

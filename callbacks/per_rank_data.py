@@ -25,17 +25,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
 from nlptrain.config import FileSpec
 from nlptrain.data import LabelVocab, TokenizedDataset
-from nlptrain.data.readers import iter_rows
+from nlptrain.data.readers import Examples, iter_rows
 from nlptrain.data.split import Manifest
 from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.events import Callback
+from nlptrain.kinds import SingleLabel, TaskKind, from_task
 
 log = logging.getLogger("nlptrain")
 
@@ -72,7 +72,7 @@ class PerRankData(Callback):
     def __init__(self, folder: str | Path, labels: LabelVocab | list | dict | None = None,
                  max_length: int = 128, shuffle: bool = False, seed: int = 0,
                  uneven: str = "drop", cache_dir: str | Path | None = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, kind: TaskKind | None = None, pairs: bool = False) -> None:
         if uneven not in POLICIES:
             raise ConfigError(f"uneven shards policy '{uneven}': choose one of {', '.join(POLICIES)}")
         self.folder = Path(folder)
@@ -81,6 +81,8 @@ class PerRankData(Callback):
         self.max_length, self.shuffle, self.seed, self.uneven = max_length, shuffle, seed, uneven
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
         self.tokenizer = tokenizer
+        self.kind = kind or SingleLabel()  # what a row's label is (see nlptrain.kinds)
+        self.pairs = pairs                 # rows hold a second text ("text_pair")
         self.manifest: Manifest | None = None
         self.sampler: EpochSampler | None = None
         self.reports: list[dict[str, Any]] = []  # per epoch: agreed batches and each rank's rows
@@ -92,7 +94,8 @@ class PerRankData(Callback):
         folder = Path(task.data_dir or ".") / task.data.train_shards
         cache = Path(task.data.cache_dir) if task.data.cache_dir else default_cache_dir(folder)
         return cls(folder, labels, task.model.max_length, task.data.shard_shuffle, task.train.seed,
-                   task.data.uneven_shards, cache if use_cache else None)
+                   task.data.uneven_shards, cache if use_cache else None, kind=from_task(task),
+                   pairs=task.data.text_pair_column != "")
 
     def on_train_start(self, trainer: Any) -> None:
         self.manifest = Manifest.load(self.folder)
@@ -151,35 +154,31 @@ class PerRankData(Callback):
         if tokenizer is None:
             raise ConfigError("PerRankData needs a tokenizer: pass tokenizer= to it or the trainer")
         labels = self.labels or LabelVocab.from_config(trainer.label_names)
-        spec = FileSpec(path=str(part), format="jsonl", text_column="text", label_column="label")
+        spec = FileSpec(path=str(part), format="jsonl", text_column="text", label_column="label",
+                        text_pair_column="text_pair" if self.pairs else "")
 
         def build() -> tuple[TokenizedDataset, dict]:
-            texts, ids = read_part(spec, labels)
-            return TokenizedDataset.from_texts(texts, ids, tokenizer, self.max_length), \
-                {"rows": len(texts)}
+            examples = read_part(spec)
+            targets = labels.encode(examples, self.kind)
+            return TokenizedDataset.from_texts(examples.texts, targets, tokenizer, self.max_length,
+                                               pairs=examples.pairs), {"rows": len(examples)}
 
         if self.cache_dir is None:
             return build()[0]
         # Each rank caches its own share: the next run maps it instead of tokenizing.
         key = cache_key([part], tokenizer, self.max_length,
-                        {"per_rank": part.name, "labels": [labels.values, labels.names]})
+                        {"per_rank": part.name, "labels": [labels.values, labels.names],
+                         "kind": self.kind.name, "pairs": self.pairs})
         return cached(self.cache_dir / key, build)[0]
 
 
-def read_part(spec: FileSpec, labels: LabelVocab) -> tuple[list[str], np.ndarray]:
-    """Texts and label ids of one part file. The rows are checked as the readers check them,
-    but no per-row (file, line) is kept: only the texts, which are most of the file anyway."""
-    known = {value: i for i, value in enumerate(labels.values)}
-    known.update({name: i for i, name in enumerate(labels.names)})
-    texts: list[str] = []
-    ids: list[int] = []
+def read_part(spec: FileSpec) -> Examples:
+    """The rows of one part file, checked as the readers check them; the targets are encoded by
+    the caller, which names a bad label's file and line."""
+    examples = Examples()
     for row in iter_rows(spec, "", (), "per-rank train"):
-        if row.label not in known:
-            raise DataError(f"{row.path}:{row.line}: label '{row.label}' is not one of the task's "
-                            f"labels {labels.values}; fix the row or add it to [data] labels")
-        texts.append(row.text)
-        ids.append(known[row.label])
-    return texts, np.asarray(ids, dtype=np.int64)
+        examples.add(row)
+    return examples
 
 
 def plan(rows: list[int], batches: int, batch_size: int, drop_last: bool = False,

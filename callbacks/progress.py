@@ -32,8 +32,7 @@ class ProgressBar(Callback):
             self.bar.set_postfix(loss=f"{trainer.last_loss:.4f}", lr=f"{lr:.2e}", refresh=False)
 
     def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
-        line = (f"eval at step {trainer.global_step}: accuracy {metrics['accuracy']:.4f}, "
-                f"macro-F1 {metrics['macro_f1']:.4f}, loss {metrics['loss']:.4f}"
+        line = (f"eval at step {trainer.global_step}: {trainer.kind.summary(metrics)}"
                 f"{'  (best so far)' if is_best else ''}")
         (self.bar.write if self.bar is not None else print)(line)
 

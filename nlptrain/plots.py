@@ -2,9 +2,11 @@
 `python -m nlptrain plot RUN_DIR` (e.g. for a run that crashed, or while one is running).
 
 - `training.png`: training loss (and validation loss) and the learning rate per optimizer step;
-- `evaluation.png`: accuracy and macro-F1 at each evaluation, the best one marked;
-- `confusion_matrix.png`: true against predicted labels, by name, on the test set (else the last
-  evaluation).
+- `evaluation.png`: the task kind's scores (accuracy and macro-F1, micro-F1, Pearson and Spearman,
+  ...) at each evaluation, the best one marked;
+- `confusion_matrix.png` (single-label): true against predicted labels, by name, on the test set
+  (else the last evaluation); `label_f1.png` (multi-label): F1 per label; `scatter.png`
+  (regression): predicted against true score.
 
 Figures are made with `matplotlib.figure.Figure`, never pyplot's GUI state, so they draw with the
 Agg renderer on a headless server and leave a notebook's backend alone.
@@ -19,10 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError
+from nlptrain.kinds import from_run_config
 
 log = logging.getLogger("nlptrain")
 
 PLOTS_DIR = "plots"
+PREDICTIONS_FILE = "predictions.npz"  # the final set's outputs and targets (recipe.write_outputs)
 DPI = 100
 WIDE = (9.0, 6.0)    # inches: training and evaluation plots, 900 x 600 pixels
 SQUARE = (7.0, 6.0)  # confusion matrix, 700 x 600 pixels (grows with many classes)
@@ -69,7 +73,7 @@ def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path
     if evals:
         loss_ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o--",
                      color="tab:orange", label=f"{eval_name} loss")
-    loss_ax.set_ylabel("cross-entropy loss")
+    loss_ax.set_ylabel("loss")
     loss_ax.set_title("Loss per optimizer step")
     loss_ax.legend(loc="best", fontsize=9)
     loss_ax.grid(alpha=0.3)
@@ -86,9 +90,13 @@ def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path
 
 
 def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "validation",
-                    metric_for_best: str | None = "accuracy") -> Path:
-    """`metric_for_best=None`: no model was chosen on these evaluations (the test set)."""
+                    metric_for_best: str | None = "accuracy",
+                    keys: tuple[str, ...] = ("accuracy", "macro_f1")) -> Path:
+    """The `keys` metrics (the task kind's headline scores) at each evaluation.
+    `metric_for_best=None`: no model was chosen on these evaluations (the test set)."""
     from matplotlib.figure import Figure
+
+    from nlptrain.kinds import metric_label
 
     fig = Figure(figsize=WIDE, dpi=DPI, layout="constrained")
     ax = fig.subplots()
@@ -97,25 +105,28 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
     # Numbers on every point while they fit; with many points, on the best and the last only.
     shown = set(range(len(evals))) if len(evals) <= 8 else \
         {len(evals) - 1, *(i for i, r in enumerate(evals) if best and r is best[-1])}
-    for key, name, color, below in (("accuracy", "accuracy", "tab:blue", False),
-                                    ("macro_f1", "macro-F1", "tab:purple", True)):
+    colors = ("tab:blue", "tab:purple", "tab:green", "tab:brown")
+    for n, key in enumerate(k for k in keys if k in evals[0]):
+        name, color, below = metric_label(key), colors[n % len(colors)], n % 2 == 1
         values = [r[key] for r in evals]
         ax.plot(steps, values, "o-", color=color, label=name)
         for i in sorted(shown):
             ax.annotate(f"{values[i]:.3f}", (steps[i], values[i]), xytext=(0, -14 if below else 8),
                         textcoords="offset points", ha="center", fontsize=8, color=color)
-    if best and metric_for_best:
+    if best and metric_for_best and metric_for_best in keys:
         last_best = best[-1]
         ax.plot([last_best["step"]], [last_best[metric_for_best]], marker="*", markersize=16,
                 color="gold", markeredgecolor="black", linestyle="none",
                 label=f"best model (by {metric_for_best.replace('_', '-')})")
     # Zoomed on the scores (not 0..1), so a one-point change between evaluations shows.
-    scores = [r[key] for r in evals for key in ("accuracy", "macro_f1")] or [0.0, 1.0]
-    ax.set_ylim(max(0.0, min(scores) - 0.05), min(1.02, max(scores) + 0.05))
+    scores = [r[key] for r in evals for key in keys if key in r] or [0.0, 1.0]
+    ax.set_ylim(max(-1.0, min(scores) - 0.05), min(1.02, max(scores) + 0.05))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("score")
     rows = evals[-1].get("rows") if evals else None
-    ax.set_title(f"Accuracy and macro-F1 on the {eval_name} set"
+    named = [metric_label(k) for k in keys if k in evals[0]]
+    what = f"{', '.join(named[:-1])} and {named[-1]}" if len(named) > 1 else named[0]
+    ax.set_title(what[:1].upper() + what[1:] + f" on the {eval_name} set"
                  + (f" ({rows} rows)" if rows else "") + ", at each evaluation")
     if len(steps) == 1:  # one point: keep it off the frame's edge
         ax.set_xlim(steps[0] - 1, steps[0] + 1)
@@ -144,6 +155,43 @@ def plot_confusion(matrix: list[list[int]], names: list[str], path: Path, title:
     ax.set_xlabel("predicted label")
     ax.set_ylabel("true label")
     ax.set_title(title)
+    fig.savefig(path)
+    return path
+
+
+def plot_label_f1(per_class: dict[str, dict[str, float]], path: Path, title: str) -> Path:
+    """Multi-label: one bar per label, its F1 (and its support in the set), rarest labels last."""
+    from matplotlib.figure import Figure
+
+    names = sorted(per_class, key=lambda n: -per_class[n]["support"])
+    fig = Figure(figsize=(WIDE[0], max(WIDE[1], 0.25 * len(names) + 1)), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    f1 = [per_class[n]["f1"] for n in names]
+    ax.barh(range(len(names)), f1, color="tab:blue")
+    ax.set_yticks(range(len(names)), [f"{n} ({per_class[n]['support']})" for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("F1 at the threshold")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x")
+    fig.savefig(path)
+    return path
+
+
+def plot_scatter(truth: Any, predicted: Any, path: Path, title: str) -> Path:
+    """Regression: predicted against true score, with the diagonal a perfect model would draw."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=SQUARE, dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    ax.scatter(truth, predicted, s=8, alpha=0.4, color="tab:blue")
+    low, high = float(min(truth.min(), predicted.min())), float(max(truth.max(), predicted.max()))
+    ax.plot([low, high], [low, high], color="0.4", linestyle="--", linewidth=1, label="predicted = true")
+    ax.set_xlabel("true score")
+    ax.set_ylabel("predicted score")
+    ax.set_title(title)
+    ax.legend(loc="upper left")
+    ax.grid(alpha=0.3)
     fig.savefig(path)
     return path
 
@@ -187,20 +235,35 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out.mkdir(exist_ok=True)
     name = eval_set_name(run_dir)
     config_path = run_dir / "config.json"
-    best_key = json.loads(config_path.read_text())["task"]["train"].get(
-        "metric_for_best", "accuracy") if config_path.is_file() else "accuracy"
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    kind = from_run_config(config)
+    best_key = config.get("task", {}).get("train", {}).get("metric_for_best") or kind.default_metric
     if name == "test":
         best_key = None  # without a validation set, no model is picked on the test set
     written = []
     if train:
         written.append(plot_training(train, evals, out / "training.png", name))
     if evals:
-        written.append(plot_evaluation(evals, out / "evaluation.png", name, best_key))
+        written.append(plot_evaluation(evals, out / "evaluation.png", name, best_key,
+                                       kind.plotted))
     final, where = _final_metrics(run_dir, evals)
-    if final is not None and final.get("confusion_matrix"):
+    if final is not None and final.get("confusion_matrix"):  # single-label
         written.append(plot_confusion(final["confusion_matrix"], _label_names(final),
                                       out / "confusion_matrix.png", f"Confusion matrix: {where} "
                                       f"({final['rows']} rows, accuracy {final['accuracy']:.3f})"))
+    if final is not None and final.get("label_confusion"):  # multi-label
+        written.append(plot_label_f1(final["per_class"], out / "label_f1.png",
+                                     f"F1 per label: {where} ({final['rows']} rows, micro-F1 "
+                                     f"{final['micro_f1']:.3f}, macro-F1 {final['macro_f1']:.3f})"))
+    saved = run_dir / PREDICTIONS_FILE
+    if not kind.has_classes and saved.is_file():  # regression
+        import numpy as np
+
+        with np.load(saved) as arrays:
+            truth, predicted = arrays["targets"], arrays["outputs"].reshape(-1)
+        written.append(plot_scatter(truth, predicted, out / "scatter.png",
+                                    f"Predicted against true score: {where} ({len(truth)} rows, "
+                                    f"Pearson {final['pearson']:.3f})" if final else "Scores"))
     if not written:
         log.warning("%s: nothing to plot yet (metrics.jsonl holds no rows)", run_dir)
     return written

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from nlptrain.errors import ConfigError
+from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 
 log = logging.getLogger("nlptrain")
 
@@ -49,14 +50,21 @@ def default_max_length(model_dir: Path, tokenizer: Any, model_config: Any) -> in
     return min(int(n) for n in limits if isinstance(n, int) and n > 0)
 
 
-def rows_of(texts: list[str], probs: Any, names: list[str], all_probs: bool) -> Iterable[dict]:
-    """One dict per text, in input order: row (from 1), label, its probability, [all], text."""
-    for i, (text, p) in enumerate(zip(texts, probs, strict=True)):
-        best = int(p.argmax())
-        row: dict[str, Any] = {"row": i + 1, "label": names[best], "probability": float(p[best])}
-        if all_probs:
+def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
+            kind: TaskKind | None = None) -> Iterable[dict]:
+    """One dict per text, in input order: row (from 1), the prediction (single-label: label and
+    its probability; multi-label: every label over the threshold and its probability;
+    regression: the score), [every label's probability], the text [and its pair].
+    `texts`: an `Examples` (texts and pairs) or a list of texts."""
+    kind = kind or SingleLabel()
+    pairs = getattr(texts, "pairs", None)
+    for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
+        row: dict[str, Any] = {"row": i + 1, **kind.predicted(p, names)}
+        if all_probs and kind.has_classes:
             row["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
         row["text"] = text
+        if pairs is not None:
+            row["text_pair"] = pairs[i]
         yield row
 
 
@@ -66,15 +74,25 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
         for row in rows:
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
         return
-    # TSV without quoting, like the readers: tabs and line breaks inside a text become spaces.
-    columns = ["row", "label", "probability", *(f"p_{n}" for n in names if all_probs), "text"]
-    handle.write("\t".join(columns) + "\n")
+    # TSV without quoting, like the readers: tabs and line breaks inside a text become spaces;
+    # a list (multi-label) is one cell, its items joined by commas.
     clean = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
+
+    def cell(value: Any) -> str:
+        if isinstance(value, list):
+            return ",".join(cell(v) for v in value)
+        return f"{value:.6f}" if isinstance(value, float) else str(value).translate(clean)
+
+    head: list[str] | None = None  # the prediction's columns; then p_<label>s; then the texts
+    texts = ("text", "text_pair")
     for row in rows:
-        cells = [str(row["row"]), row["label"], f"{row['probability']:.6f}"]
-        if all_probs:
-            cells += [f"{row['probabilities'][n]:.6f}" for n in names]
-        handle.write("\t".join([*cells, row["text"].translate(clean)]) + "\n")
+        if head is None:
+            head = [k for k in row if k not in ("probabilities", *texts)]
+            probs = [f"p_{n}" for n in names] if "probabilities" in row else []
+            handle.write("\t".join([*head, *probs, *(k for k in texts if k in row)]) + "\n")
+        cells = [cell(row[k]) for k in head]
+        cells += [f"{row['probabilities'][n]:.6f}" for n in names] if "probabilities" in row else []
+        handle.write("\t".join([*cells, *(cell(row[k]) for k in texts if k in row)]) + "\n")
 
 
 def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list[str],
@@ -100,18 +118,22 @@ def run_predict(args: argparse.Namespace, dist: Any) -> None:
 
     fmt = output_format(args.output, args.format)
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
-    texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column))
+    texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
+                                            args.text_pair_column))
     tokenizer = load_tokenizer(args.model)
     model = load_saved_model(args.model)
+    kind = from_model_config(model.config)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model.config)
-    dataset = TokenizedDataset.from_texts(texts, [-1] * len(texts), tokenizer, max_length)
-    log.info("%s: %d texts, %d process(es), max length %d tokens, labels %s", args.input,
-             len(texts), dist.world_size, max_length, names)
+    dataset = TokenizedDataset.from_texts(texts.texts, [-1] * len(texts), tokenizer, max_length,
+                                          pairs=texts.pairs)
+    log.info("%s: %d %s, %d process(es), max length %d tokens, %s %s", args.input, len(texts),
+             "text pairs" if texts.pairs else "texts", dist.world_size, max_length, kind.name,
+             names)
     model.to(dist.device)
     found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0),
-                    args.batch_size, args.precision)
-    dist.on_main(lambda: write_output(rows_of(texts, found.probs, names, args.all_probs),
+                    args.batch_size, args.precision, kind)
+    dist.on_main(lambda: write_output(rows_of(texts, found.outputs, names, args.all_probs, kind),
                                       args.output, fmt, names, args.all_probs))
 
 
@@ -146,6 +168,9 @@ def add_command(commands: Any) -> None:
                         help="input format (default: from the suffix; unknown suffix: lines)")
     parser.add_argument("--text-column", default="text",
                         help="column or JSON field holding the text (default: text)")
+    parser.add_argument("--text-pair-column", default="",
+                        help="column or JSON field holding a pair's second text, for a model "
+                        "trained on pairs (default: none)")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
     parser.add_argument("--max-length", type=int, default=0,

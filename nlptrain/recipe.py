@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain import distributed
+from nlptrain import distributed, kinds
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.checkpoint import export_model, list_checkpoints, load_checkpoint
 from nlptrain.config import TaskConfig
@@ -77,15 +77,17 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         from nlptrain.data.streaming import prepare_stream
 
         config = prepare_stream(sets.train, task.train, dist)
+    kind = kinds.from_task(task)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
-    model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers)
+    model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 
     callbacks, best = run_callbacks(task, opts, sets, run_dir)
     eval_set = sets.valid if sets.valid is not None else sets.test
     trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
-                          tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist)
+                          tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
+                          kind=kind)
     try:
         checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
         if checkpoints:
@@ -94,15 +96,15 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
             log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
         trainer.fit()
         results = final_metrics(trainer, sets, best, run_dir)
+        found = trainer.predictions if results["test"] else None  # the test set's, if scored
         dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
-        dist.on_main(lambda: write_outputs(run_dir, results, task, sets))
+        dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
     finally:
         trainer.close()
     final = results["test"] or results["valid"]
     if final:
-        log.info("%s: accuracy %.4f, macro-F1 %.4f on %d rows; model saved to %s",
-                 "test" if results["test"] else "valid", final["accuracy"], final["macro_f1"],
-                 final["rows"], run_dir / "model")
+        log.info("%s: %s on %d rows; model saved to %s", "test" if results["test"] else "valid",
+                 kind.summary(final), final["rows"], run_dir / "model")
     return results
 
 
@@ -163,11 +165,13 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
     return results
 
 
-def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets: Any) -> None:
+def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets: Any,
+                  found: Any = None) -> None:
     """What a finished run leaves for people, beside config.json, metrics.jsonl and model/:
-    results.json (with the data sizes), plots/*.png and report.md (both rebuilt from files)."""
+    results.json (with the data sizes), predictions.npz (the final set's outputs and targets),
+    plots/*.png and report.md (both rebuilt from files)."""
     from nlptrain.config import file_spec
-    from nlptrain.plots import plot_run
+    from nlptrain.plots import PREDICTIONS_FILE, plot_run
     from nlptrain.report import write_report
 
     data = {}
@@ -179,6 +183,8 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
                 source += " (less the held-out rows)"
             data[name] = {"rows": len(getattr(sets, name)), "source": source}
     (run_dir / "results.json").write_text(json.dumps({**results, "data": data}, indent=1))
+    if found is not None:
+        np.savez_compressed(run_dir / PREDICTIONS_FILE, outputs=found.outputs, targets=found.labels)
     plot_run(run_dir)
     write_report(run_dir)
 
@@ -197,7 +203,11 @@ def evaluate(task: TaskConfig, model_dir: str, split: str,
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    if task.data.labels:
+    kind = kinds.from_task(task)
+    if kind.problem_type != kinds.from_model_config(model.config).problem_type:
+        raise ConfigError(f"{model_dir}: the model was trained for "
+                          f"{kinds.from_model_config(model.config).name}, the task is {kind.name}")
+    if task.data.labels and kind.has_classes:
         from nlptrain.data import LabelVocab
 
         if LabelVocab.from_config(task.data.labels).names != names:
@@ -211,6 +221,6 @@ def evaluate(task: TaskConfig, model_dir: str, split: str,
                           f"the task a [data] {split} file (or {split}_size)")
     model.to(dist.device)
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
-                    task.train.precision)
-    return compute_metrics(found, names)
+                    task.train.precision, kind)
+    return compute_metrics(found, names, kind)
 

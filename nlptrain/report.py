@@ -14,24 +14,38 @@ SETTINGS = ("epochs", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler",
             "weight_decay", "max_grad_norm", "precision", "seed", "eval_every", "metric_for_best",
             "early_stopping")
 PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
-                 "evaluation.png": "Accuracy and macro-F1 at each evaluation",
-                 "confusion_matrix.png": "Confusion matrix"}
+                 "evaluation.png": "The task's scores at each evaluation",
+                 "confusion_matrix.png": "Confusion matrix",
+                 "label_f1.png": "F1 per label",
+                 "scatter.png": "Predicted against true score"}
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numbers among `metrics` (not rows, per-class tables or matrices), in their order."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))
+            and not isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch")}
 
 
 def metrics_text(metrics: dict[str, Any]) -> str:
-    """Accuracy, macro-F1, per-class precision/recall/F1 and the confusion matrix as a table."""
+    """Every scalar metric, then (classification) per-class precision/recall/F1 and the
+    confusion matrix, as text tables."""
+    from nlptrain.kinds import metric_label
+
+    scalars = "  ".join(f"{metric_label(k)} {v:.4f}" for k, v in scalar_metrics(metrics).items())
+    lines = [f"rows {metrics['rows']}  {scalars}"]
+    if not metrics.get("per_class"):
+        return lines[0]
     names = list(metrics["per_class"])
     width = max(12, *(len(n) + 2 for n in names))
-    lines = [f"rows {metrics['rows']}  accuracy {metrics['accuracy']:.4f}  "
-             f"macro-F1 {metrics['macro_f1']:.4f}  loss {metrics['loss']:.4f}", "",
-             f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
+    lines += ["", f"{'class':<{width}}{'precision':>10}{'recall':>10}{'f1':>10}{'support':>10}"]
     for name, row in metrics["per_class"].items():
         lines.append(f"{name:<{width}}{row['precision']:>10.4f}{row['recall']:>10.4f}"
                      f"{row['f1']:>10.4f}{row['support']:>10d}")
-    lines += ["", "confusion matrix (rows: true label, columns: predicted)",
-              " " * width + "".join(f"{n[:9]:>10}" for n in names)]
-    for name, row in zip(names, metrics["confusion_matrix"], strict=True):
-        lines.append(f"{name:<{width}}" + "".join(f"{v:>10d}" for v in row))
+    if metrics.get("confusion_matrix"):
+        lines += ["", "confusion matrix (rows: true label, columns: predicted)",
+                  " " * width + "".join(f"{n[:9]:>10}" for n in names)]
+        for name, row in zip(names, metrics["confusion_matrix"], strict=True):
+            lines.append(f"{name:<{width}}" + "".join(f"{v:>10d}" for v in row))
     return "\n".join(lines)
 
 
@@ -52,8 +66,8 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _results_section(results: dict[str, Any], evals: list[dict[str, Any]],
-                     eval_name: str) -> tuple[list[str], dict[str, Any] | None, str]:
+def _results_section(results: dict[str, Any], evals: list[dict[str, Any]], eval_name: str,
+                     kind: Any) -> tuple[list[str], dict[str, Any] | None, str]:
     """The best / last / test rows, and the metrics to detail per class (test, else valid)."""
     # Without a validation set the evaluations score the test set: no model is chosen on it.
     best = next((r for r in reversed(evals) if r.get("is_best")), None) \
@@ -66,9 +80,12 @@ def _results_section(results: dict[str, Any], evals: list[dict[str, Any]],
     if results.get("test"):
         which = "the best model" if best is not None else "the last model"
         rows.append((f"test, {which} (model/)", results["test"]))
-    table = _table(["", "step", "epoch", "rows", "accuracy", "macro-F1", "loss"],
-                   [[label, m.get("step", "-"), m.get("epoch", "-"), m["rows"], m["accuracy"],
-                     m["macro_f1"], m["loss"]] for label, m in rows])
+    from nlptrain.kinds import metric_label
+
+    shown = [k for k in (*kind.metric_names, "loss") if any(k in m for _, m in rows)]
+    table = _table(["", "step", "epoch", "rows", *map(metric_label, shown)],
+                   [[label, m.get("step", "-"), m.get("epoch", "-"), m["rows"],
+                     *(m.get(k, "-") for k in shown)] for label, m in rows])
     detail, where = (results["test"], "test") if results.get("test") else \
         (best or (evals[-1] if evals else None), eval_name)
     return table, detail, where
@@ -76,6 +93,7 @@ def _results_section(results: dict[str, Any], evals: list[dict[str, Any]],
 
 def report_markdown(run_dir: Path) -> str:
     """report.md for `run_dir`, from config.json, metrics.jsonl and results.json."""
+    from nlptrain.kinds import from_run_config
     from nlptrain.plots import PLOTS_DIR, eval_set_name, read_metrics
 
     config = _read_json(run_dir / "config.json")
@@ -114,15 +132,17 @@ def report_markdown(run_dir: Path) -> str:
                                          if k in train_cfg])
     out += ["", "Every setting is in `config.json`.", ""]
 
-    table, detail, where = _results_section(results, evals, eval_name)
+    kind = from_run_config(config)
+    table, detail, where = _results_section(results, evals, eval_name, kind)
     out += ["## Results", ""]
     out += table if len(table) > 2 else ["No evaluation was recorded."]
-    if detail is not None:
+    if detail is not None and detail.get("per_class"):
         names = list(detail["per_class"])
         out += ["", f"### Per class ({where})", ""]
         out += _table(["class", "precision", "recall", "F1", "support"],
                       [[n, r["precision"], r["recall"], r["f1"], r["support"]]
                        for n, r in detail["per_class"].items()])
+    if detail is not None and detail.get("confusion_matrix"):
         out += ["", f"### Confusion matrix ({where}; rows: true label, columns: predicted)", ""]
         out += _table(["true \\ predicted", *names],
                       [[n, *row] for n, row in zip(names, detail["confusion_matrix"], strict=True)])

@@ -13,21 +13,24 @@ import itertools
 import logging
 import math
 import signal
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from nlptrain import distributed
+from nlptrain import distributed, kinds
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
-from nlptrain.evaluate import autocast, compute_metrics, predict
+from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
+from nlptrain.kinds import TaskKind
 from nlptrain.samplers import ShardedSampler
 
 log = logging.getLogger(__name__)
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
+MetricFn = Callable[[Predictions], dict[str, float]]           # gathered predictions -> metrics
 
 
 def builtin_callbacks(config: TrainConfig) -> list[Callback]:
@@ -43,7 +46,10 @@ def builtin_callbacks(config: TrainConfig) -> list[Callback]:
 
 
 class Trainer:
-    """Fine-tunes a `transformers` sequence classifier in one process."""
+    """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
+    your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
+    tensor, or an object/dict with `logits`). The loss is `loss_fn(logits, batch["labels"])`,
+    the task kind's by default (cross-entropy, BCE or MSE)."""
 
     def __init__(
         self,
@@ -56,15 +62,23 @@ class Trainer:
         tokenizer: Any = None,
         collate: Collator | None = None,
         dist: distributed.SingleProcess | None = None,
+        kind: TaskKind | None = None,
+        label_names: Sequence[str] | None = None,
+        metrics: Sequence[MetricFn] = (),
     ) -> None:
         self.config = config or TrainConfig()
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
+        model_config = getattr(model, "config", None)
+        # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
+        self.kind = kind or kinds.from_model_config(model_config)
+        self.label_names = list(label_names) if label_names else _label_names(model_config)
+        self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
+        self.loss_fn: LossFn = self.kind.loss  # (logits, targets) -> loss; callbacks may replace it
         self.model = self.dist.wrap_model(model)
         self.tokenizer = tokenizer
-        self.label_names = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.train_data, self.eval_data = train_data, eval_data
-        pad_id = getattr(model.config, "pad_token_id", None) or 0
+        pad_id = getattr(model_config, "pad_token_id", None) or 0
         self.collate = collate or Collator(pad_id)
         self.optimizer = self._make_optimizer()
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
@@ -82,6 +96,7 @@ class Trainer:
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
         self.metrics: dict[str, Any] = {}
+        self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.best_metric: float | None = None
         self.should_stop = False
         self.interrupted = False
@@ -136,7 +151,8 @@ class Trainer:
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
             with autocast(self.device, cfg.precision):
-                loss = self.model(**_model_inputs(batch)).loss
+                logits = logits_of(self.model(**model_inputs(batch)))
+                loss = self.loss_fn(logits, batch["labels"])
             self.callbacks.fire("on_loss", self, loss)
             self.callbacks.fire("on_backward_start", self)
             self.scaler.scale(loss / cfg.grad_accum).backward()
@@ -158,20 +174,29 @@ class Trainer:
             return {}
         self.callbacks.fire("on_valid_start", self)
         metrics = self.evaluate(self.eval_data)
-        score = metrics[self.config.metric_for_best]
+        score = metrics[self.metric_for_best]
         # Metrics are gathered, hence equal on every rank: so is this decision.
-        is_best = self.best_metric is None or score > self.best_metric
+        is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric)
         if is_best:
             self.best_metric = score
         self.metrics = {**metrics, "epoch": self.epoch, "step": self.global_step}
         self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
         return self.metrics
 
+    @property
+    def metric_for_best(self) -> str:
+        return self.config.metric_for_best or self.kind.default_metric
+
     def evaluate(self, data: Dataset) -> dict[str, Any]:
-        """Metrics on `data`, computed from every rank's predictions, duplicates excluded."""
+        """Metrics on `data`, computed from every rank's predictions, duplicates excluded: the
+        kind's, then the user's own (`metrics=`), all on the same gathered predictions."""
         found = predict(self.model, data, self.dist, self.collate, self.config.eval_batch_size,
-                        self.config.precision)
-        return compute_metrics(found, self.label_names)
+                        self.config.precision, self.kind)
+        self.predictions = found
+        metrics = compute_metrics(found, self.label_names, self.kind)
+        for metric_fn in self.metric_fns:
+            metrics.update(metric_fn(found))
+        return metrics
 
     # -- the pieces of the loop ------------------------------------------------------------
 
@@ -337,8 +362,11 @@ class DistTrainer(Trainer):
         self._owns_dist = made_here
 
 
-def _model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k != "index"}
+def _label_names(model_config: Any) -> list[str]:
+    if model_config is None or not hasattr(model_config, "id2label"):
+        raise ConfigError("the model has no transformers config with id2label: pass "
+                          "label_names=[...] (and kind=) to the trainer")
+    return [model_config.id2label[i] for i in range(model_config.num_labels)]
 
 
 def _repeat(loader: Iterable) -> Iterator:

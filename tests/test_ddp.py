@@ -84,7 +84,7 @@ def eval_worker(rank: int, world: int, folder: str, model_dir: str, rows: int) -
     model = load_model(model_dir, ["neg", "pos"])  # same seed: same head on every rank and run
     found = predict(model, test, dist, Collator(0), batch_size=64)
     dist.close()
-    return compute_metrics(found, ["neg", "pos"]) | {"probs": found.probs}
+    return compute_metrics(found, ["neg", "pos"]) | {"probs": found.outputs}
 
 
 def test_distributed_evaluation_equals_one_process_exactly(tmp_path, tiny_model_dir):

@@ -94,11 +94,11 @@ def test_input_errors_name_the_file_and_the_fix(tmp_path: Path, tiny_model_dir: 
 
 def test_read_texts_formats(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text('label,text\nx,"hello, world"\ny,"say ""hi"""\n')
-    assert read_texts(tmp_path / "a.csv") == ["hello, world", 'say "hi"']
+    assert read_texts(tmp_path / "a.csv").texts == ["hello, world", 'say "hi"']
     (tmp_path / "b.jsonl").write_text('{"review": "fine"}\n\n{"review": "tab\\there"}\n')
-    assert read_texts(tmp_path / "b.jsonl", text_column="review") == ["fine", "tab\there"]
+    assert read_texts(tmp_path / "b.jsonl", text_column="review").texts == ["fine", "tab\there"]
     (tmp_path / "c.txt").write_text("\ufeffone\r\ntwo\r\n\r\n")
-    assert read_texts(tmp_path / "c.txt") == ["one", "two"]
+    assert read_texts(tmp_path / "c.txt").texts == ["one", "two"]
     with pytest.raises(DataError, match=r"b.jsonl:1: no 'text' field \(text\); "
                        r"name the text column with --text-column"):
         read_texts(tmp_path / "b.jsonl")

@@ -19,6 +19,7 @@ from nlptrain.data.readers import Examples, format_of, read_examples
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached, default_cache_dir
 from nlptrain.distributed import SingleProcess
 from nlptrain.errors import DataError
+from nlptrain.kinds import SingleLabel, TaskKind, from_task
 
 log = logging.getLogger(__name__)
 
@@ -43,17 +44,25 @@ class LabelVocab:
         ordered = sorted(unique, key=int if numeric else str)
         return cls(ordered, ordered)
 
-    def encode(self, examples: Examples) -> np.ndarray:
-        ids = {value: i for i, value in enumerate(self.values)}
-        ids.update({name: i for i, name in enumerate(self.names)})  # names are accepted too
-        out = np.empty(len(examples), dtype=np.int64)
-        for i, label in enumerate(examples.labels):
-            if label not in ids:
-                path, line = examples.origin(i)
-                raise DataError(f"{path}:{line}: label '{label}' is not one of the task's labels "
-                                f"{self.values}; fix the row or add it to [data] labels")
-            out[i] = ids[label]
-        return out
+    @classmethod
+    def for_kind(cls, kind: TaskKind, cells: list, configured: list | dict) -> LabelVocab:
+        """The task's labels when it names them, else those seen in `cells` (the train rows);
+        a regression task has one output, its score."""
+        if not kind.has_classes:
+            return cls(["score"], ["score"])
+        if configured:
+            return cls.from_config(configured)
+        return cls.infer([value for cell in cells for value in kind.label_values(cell)])
+
+    def ids(self) -> dict[str, int]:
+        """Label as written in a file -> id; the names are accepted too."""
+        found = {value: i for i, value in enumerate(self.values)}
+        found.update({name: i for i, name in enumerate(self.names) if name not in found})
+        return found
+
+    def encode(self, examples: Examples, kind: TaskKind | None = None) -> np.ndarray:
+        """The targets of `examples` (single-label ids unless another kind is given)."""
+        return (kind or SingleLabel()).encode(examples.labels, self.ids(), examples.origin)
 
 
 @dataclass
@@ -66,12 +75,15 @@ class Datasets:
 
 
 def stratified_split(labels: np.ndarray, size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(kept, held out) row numbers; stratified by label when every class can be split."""
+    """(kept, held out) row numbers; stratified by label when every class can be split (single
+    labels only: multi-label and regression targets are split at random)."""
     from sklearn.model_selection import train_test_split  # here: a slow import, rarely needed
 
     rows = np.arange(len(labels))
-    present = np.bincount(labels)[np.unique(labels)] if len(labels) else np.zeros(0, dtype=int)
-    stratify = labels if len(present) and present.min() >= 2 else None
+    stratify = None
+    if labels.ndim == 1 and labels.dtype.kind == "i" and len(labels):  # class ids: stratify
+        present = np.bincount(np.clip(labels, 0, None))[np.unique(labels)]
+        stratify = labels if present.min() >= 2 else None
     kept, held = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify)
     return np.sort(kept), np.sort(held)
 
@@ -83,14 +95,18 @@ def _files(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None) -> list[Pat
 
 
 def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenizer: Any,
-              max_length: int, cache_dir: Path | None, what: str) -> tuple[TokenizedDataset, LabelVocab]:
-    """Read, label-encode and tokenize one file (through the cache when `cache_dir` is set)."""
+              max_length: int, cache_dir: Path | None, what: str,
+              kind: TaskKind | None = None, configured: list | dict | None = None,
+              ) -> tuple[TokenizedDataset, LabelVocab]:
+    """Read, encode the targets of, and tokenize one file (through the cache when `cache_dir` is
+    set). Without `vocab`, the labels come from `configured` or from this file's rows."""
+    kind = kind or SingleLabel()
 
     def build() -> tuple[TokenizedDataset, dict]:
         examples = read_examples(spec, data_dir, vocab.values if vocab else [], what)
-        labels = vocab or LabelVocab.infer(examples.labels)
-        dataset = TokenizedDataset.from_texts(examples.texts, labels.encode(examples),
-                                              tokenizer, max_length)
+        labels = vocab or LabelVocab.for_kind(kind, examples.labels, configured or [])
+        dataset = TokenizedDataset.from_texts(examples.texts, labels.encode(examples, kind),
+                                              tokenizer, max_length, pairs=examples.pairs)
         return dataset, {"rows": len(examples), "values": labels.values, "names": labels.names}
 
     files = _files(spec, data_dir, vocab)
@@ -101,7 +117,8 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
             if not path.is_file():
                 raise DataError(f"{path}: {what} file not found; check the path or --data-dir")
         how = {"spec": vars(spec), "labels": vocab and [vocab.values, vocab.names],
-               "format": format_of(spec) if "{label}" not in spec.path else "lines"}
+               "format": format_of(spec) if "{label}" not in spec.path else "lines",
+               "kind": [kind.name, getattr(kind, "separator", None)]}
         key = cache_key(files, tokenizer, max_length, how)
         dataset, meta = cached(Path(cache_dir) / key, build, what)
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
@@ -115,7 +132,9 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
     specs = {which: file_spec(task, which) for which in ("train", "valid", "test")}
     if specs["train"] is None and not task.data.train_shards:
         raise DataError(f"task '{task.name}': no [data] train file")
-    vocab = LabelVocab.from_config(task.data.labels) if task.data.labels else None
+    kind = from_task(task)
+    vocab = LabelVocab.for_kind(kind, [], task.data.labels) \
+        if task.data.labels or not kind.has_classes else None
     # Per-rank files or a stream: no rank loads the whole train file (see streaming.py, split.py).
     per_rank = bool(task.data.train_shards or task.data.streaming)
     if per_rank:
@@ -130,12 +149,13 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
 
     def load_all() -> Datasets:
         train, labels = (None, vocab) if per_rank else load_file(
-            specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train")
+            specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
+            kind)
         loaded = {"train": train}
         for which in ("valid", "test"):
             if specs[which] is not None:
                 loaded[which], _ = load_file(specs[which], data_dir, labels, tokenizer,
-                                             task.model.max_length, cache_dir, which)
+                                             task.model.max_length, cache_dir, which, kind)
         return Datasets(loaded["train"], loaded.get("valid"), loaded.get("test"), labels)
 
     # Rank 0 fills the cache (and reports any data error once); then every rank maps it.

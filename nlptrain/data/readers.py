@@ -65,19 +65,37 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
 
 class Row(NamedTuple):
     text: str
-    label: str  # as written in the file; '' when reading texts alone
+    label: str | list[str]  # as written in the file ('' when reading texts alone); a JSON list stays a list
     path: str
     line: int
+    pair: str | None = None  # the second text of a pair task
 
 
-def _checked(text: str, label: str | None, path: Path, line: int) -> Row:
-    if not text.strip():
+def _checked(cells: dict[str, object], path: Path, line: int) -> Row:
+    """A Row from the cells of one record (roles text, pair, label), each checked."""
+    text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
+    if not str(text).strip():
         raise DataError(f"{path}:{line}: the row has no text")
-    if label is None:
-        return Row(text, "", str(path), line)
-    if not label.strip():
+    if "pair" in cells and not str(pair).strip():
+        raise DataError(f"{path}:{line}: the row has no second text (the pair's other side)")
+    pair = None if pair is None else str(pair)
+    if "label" not in cells:
+        return Row(str(text), "", str(path), line, pair)
+    if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
+        return Row(str(text), [str(v) for v in label], str(path), line, pair)
+    if label is None or not str(label).strip():
         raise DataError(f"{path}:{line}: the row has no label")
-    return Row(text, label.strip(), str(path), line)
+    return Row(str(text), str(label).strip(), str(path), line, pair)
+
+
+def _roles(spec: FileSpec, labelled: bool) -> list[tuple[str, str | int]]:
+    """(role, column) of what a record holds: the text, the pair's second text, the label."""
+    roles: list[tuple[str, str | int]] = [("text", spec.text_column)]
+    if spec.text_pair_column != "":
+        roles.append(("pair", spec.text_pair_column))
+    if labelled:
+        roles.append(("label", spec.label_column))
+    return roles
 
 
 def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str) -> Iterator[Row]:
@@ -89,10 +107,10 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
             line_of_row.append(number)
             yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
 
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    quoting = csv.QUOTE_NONE if delimiter == "\t" and not spec.quoted else csv.QUOTE_MINIMAL
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
-    columns: list[int] = []  # text, then label when labelled
+    columns: dict[str, int] = {}  # role -> column
     line = 0
     try:
         for row in rows:
@@ -104,17 +122,15 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
             if spec.header and header is None:
                 header = [cell.strip() for cell in row]
             if not columns:
-                roles = [("text", spec.text_column), ("label", spec.label_column)][:1 + labelled]
-                columns = [_column(name, header, path, role, fix.format(role=role))
-                           for role, name in roles]
+                columns = {role: _column(name, header, path, role, fix.format(role=role))
+                           for role, name in _roles(spec, labelled)}
                 if header is not None:
                     continue
-            if len(row) <= max(columns):
-                roles = zip(("text", "label"), columns, strict=False)
-                where = ", ".join(f"{role} in column {c + 1}" for role, c in roles)
+            if len(row) <= max(columns.values()):
+                where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
-                                f"{max(columns) + 1} ({where})")
-            yield _checked(row[columns[0]], row[columns[1]] if labelled else None, path, line)
+                                f"{max(columns.values()) + 1} ({where})")
+            yield _checked({role: row[c] for role, c in columns.items()}, path, line)
     except csv.Error as err:
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
@@ -129,12 +145,12 @@ def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterato
             raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{line}: expected a JSON object per line")
-        roles = [("text", spec.text_column), ("label", spec.label_column)][:1 + labelled]
-        for role, key in roles:
+        cells = {}
+        for role, key in _roles(spec, labelled):
             if str(key) not in row:
                 raise DataError(f"{path}:{line}: no '{key}' field ({role}); {fix.format(role=role)}")
-        label = str(row[str(spec.label_column)]) if labelled else None
-        yield _checked(str(row[str(spec.text_column)]), label, path, line)
+            cells[role] = row[str(key)]
+        yield _checked(cells, path, line)
 
 
 def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
@@ -177,11 +193,12 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
 
 @dataclass
 class Examples:
-    """Texts with their labels as written in the file, and where each row came from (kept
-    compact: a file number and a line number per row, for error messages)."""
+    """Texts (and second texts of pairs) with their labels as written in the file, and where each
+    row came from (kept compact: a file number and a line number per row, for error messages)."""
 
     texts: list[str] = field(default_factory=list)
-    labels: list[str] = field(default_factory=list)
+    labels: list[str | list[str]] = field(default_factory=list)
+    pairs: list[str] | None = None  # the second texts, for a pair task
     files: list[str] = field(default_factory=list)
     file_of: array = field(default_factory=lambda: array("H"))
     lines: array = field(default_factory=lambda: array("L"))
@@ -194,6 +211,9 @@ class Examples:
             self.files.append(row.path)
         self.texts.append(row.text)
         self.labels.append(row.label)
+        if row.pair is not None:
+            self.pairs = [] if self.pairs is None else self.pairs
+            self.pairs.append(row.pair)
         self.file_of.append(len(self.files) - 1)
         self.lines.append(row.line)
 
@@ -211,20 +231,30 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
     return out
 
 
-def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text") -> list[str]:
+def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
+               text_pair_column: str | int = "") -> Examples:
     """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
-    objects, or plain text with one text per line ('lines', also any unknown suffix)."""
+    objects, or plain text with one text per line ('lines', also any unknown suffix). With
+    `text_pair_column`, each row is a pair (tsv/csv/jsonl only)."""
     path = Path(path)
     if fmt == "auto":
         fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
     if fmt not in ("tsv", "csv", "jsonl", "lines"):
         raise DataError(f"{path}: unknown input format '{fmt}'; use tsv, csv, jsonl or lines")
+    out = Examples()
     if fmt == "lines":
+        if text_pair_column != "":
+            raise DataError(f"{path}: pairs need columns; give a .tsv, .csv or .jsonl input")
         open_checked(path, "input")
-        texts = [text for _, text in decoded_lines(path) if text.strip()]
-        if not texts:
+        for line, text in decoded_lines(path):
+            if text.strip():
+                out.add(Row(text, "", str(path), line))
+        if not out:
             raise DataError(f"{path}: input file holds no texts")
-        return texts
-    spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column)
-    fix = "name the text column with --text-column"
-    return [row.text for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix)]
+        return out
+    spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column,
+                    text_pair_column=text_pair_column)
+    fix = "name the {role} column with --text-column / --text-pair-column"
+    for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix):
+        out.add(row)
+    return out

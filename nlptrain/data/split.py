@@ -132,10 +132,14 @@ class _Parts:
 
 def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "rows",
                shuffle: bool = False, seed: int = 0, input_bytes: int = 0,
-               bucket_bytes: int = BUCKET_BYTES) -> Manifest:
-    """Write rows (with `.text` and `.label`) to the part files in `folder`; memory stays flat."""
+               bucket_bytes: int = BUCKET_BYTES, kind: Any = None) -> Manifest:
+    """Write rows (readers.Row) to the part files in `folder`; memory stays flat. `kind` (a
+    task kind) says which label values a row names: a multi-label row names several."""
     from nlptrain.data import LabelVocab
     from nlptrain.data.tokenized import file_digest
+    from nlptrain.kinds import SingleLabel
+
+    kind = kind or SingleLabel()
 
     if world_size < 1:
         raise ConfigError(f"--world-size must be at least 1, got {world_size}")
@@ -145,12 +149,14 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
 
     def lines() -> Iterable[str]:
         for row in rows:
-            if row.label not in labels:
-                labels.add(row.label)
-                if len(labels) > MAX_LABELS:
-                    raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
-                                    "is label_column the right column?")
-            yield json.dumps({"text": row.text, "label": row.label}, ensure_ascii=False) + "\n"
+            labels.update(kind.label_values(row.label))
+            if len(labels) > MAX_LABELS:
+                raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
+                                "is label_column the right column?")
+            record = {"text": row.text, "label": row.label}
+            if row.pair is not None:
+                record["text_pair"] = row.pair
+            yield json.dumps(record, ensure_ascii=False) + "\n"
 
     parts = _Parts(folder, world_size, by)
     try:
@@ -198,6 +204,7 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     from nlptrain.data import LabelVocab
     from nlptrain.data.readers import iter_rows, source_files
     from nlptrain.data.tokenized import file_digest
+    from nlptrain.kinds import from_task
 
     spec = file_spec(task, which)
     if spec is None:
@@ -209,7 +216,8 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         manifest = split_rows(iter_rows(spec, task.data_dir, values, which), staging, world_size,
-                              by, shuffle, seed, sum(f.stat().st_size for f in files))
+                              by, shuffle, seed, sum(f.stat().st_size for f in files),
+                              kind=from_task(task))
         manifest.source = {"files": [str(f) for f in files], "format": spec.format,
                            "bytes": sum(f.stat().st_size for f in files),
                            "checksum": file_digest(files)}

@@ -28,7 +28,9 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from nlptrain.config import FileSpec, TrainConfig
 from nlptrain.data.readers import Row, iter_rows
-from nlptrain.errors import ConfigError, DataError
+from nlptrain.data.tokenized import uses_type_ids
+from nlptrain.errors import ConfigError
+from nlptrain.kinds import SingleLabel, TaskKind
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +46,11 @@ class StreamingDataset(IterableDataset):
     def __init__(self, spec: FileSpec, data_dir: str | Path, label_ids: dict[str, int],
                  tokenizer: Any, max_length: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle_buffer: int = 10_000, chunk: int = 512,
-                 label_values: Sequence[str] = ()) -> None:
+                 label_values: Sequence[str] = (), kind: TaskKind | None = None) -> None:
         self.spec, self.data_dir = spec, str(data_dir)
         self.label_ids = dict(label_ids)  # value or name as written in the file -> id
         self.label_values = list(label_values)  # for format 'lines': one file per value
+        self.kind = kind or SingleLabel()
         self.tokenizer, self.max_length = tokenizer, max_length
         self.rank, self.world_size = rank, world_size
         self.seed, self.shuffle_buffer, self.chunk = seed, shuffle_buffer, chunk
@@ -60,12 +63,11 @@ class StreamingDataset(IterableDataset):
     def from_task(cls, task: Any, vocab: Any, tokenizer: Any, dist: Any) -> StreamingDataset:
         """The task's train file as a stream for this rank (`vocab`: a LabelVocab)."""
         from nlptrain.config import file_spec
+        from nlptrain.kinds import from_task
 
-        ids = {value: i for i, value in enumerate(vocab.values)}
-        ids.update({name: i for i, name in enumerate(vocab.names)})  # names are accepted too
-        return cls(file_spec(task, "train"), task.data_dir or ".", ids, tokenizer,
+        return cls(file_spec(task, "train"), task.data_dir or ".", vocab.ids(), tokenizer,
                    task.model.max_length, dist.rank, dist.world_size, task.train.seed,
-                   task.data.shuffle_buffer, label_values=vocab.values)
+                   task.data.shuffle_buffer, label_values=vocab.values, kind=from_task(task))
 
     def set_epoch(self, epoch: int) -> None:
         self._epoch.fill_(epoch)
@@ -90,12 +92,9 @@ class StreamingDataset(IterableDataset):
             self.total_rows = self.count_rows()
         return self.total_rows
 
-    def _label_id(self, row: Row) -> int:
-        if row.label not in self.label_ids:
-            known = sorted(set(self.label_ids))
-            raise DataError(f"{row.path}:{row.line}: label '{row.label}' is not one of the task's "
-                            f"labels {known}; fix the row or add it to [data] labels")
-        return self.label_ids[row.label]
+    def _label_id(self, row: Row) -> Any:
+        """The row's target (a class id, a multi-hot row or a score), checked like the readers."""
+        return self.kind.encode([row.label], self.label_ids, lambda _: (row.path, row.line))[0]
 
     def shard(self) -> tuple[int, int]:
         """(this reader's shard, number of shards) = (rank * workers + worker id, world * workers)."""
@@ -121,24 +120,31 @@ class StreamingDataset(IterableDataset):
         yield from buffer
 
     def _tokenized(self, shard: int, shards: int) -> Iterator[dict[str, Any]]:
-        texts: list[str] = []
-        meta: list[tuple[int, int]] = []
+        rows: list[Row] = []
+        meta: list[tuple[int, Any]] = []
         for index, row in enumerate(self.rows()):
             if index % shards != shard:
                 continue
-            texts.append(row.text)
+            rows.append(row)
             meta.append((index, self._label_id(row)))
-            if len(texts) == self.chunk:
-                yield from self._encode(texts, meta)
-                texts, meta = [], []
-        if texts:
-            yield from self._encode(texts, meta)
+            if len(rows) == self.chunk:
+                yield from self._encode(rows, meta)
+                rows, meta = [], []
+        if rows:
+            yield from self._encode(rows, meta)
 
-    def _encode(self, texts: list[str], meta: list[tuple[int, int]]) -> Iterator[dict[str, Any]]:
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_length,
-                                 return_attention_mask=False, return_token_type_ids=False)["input_ids"]
-        for ids, (index, label) in zip(encoded, meta, strict=True):
-            yield {"input_ids": np.asarray(ids, dtype=np.int32), "labels": label, "index": index}
+    def _encode(self, rows: list[Row], meta: list[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
+        pairs = None if rows[0].pair is None else [row.pair for row in rows]
+        typed = pairs is not None and uses_type_ids(self.tokenizer)
+        encoded = self.tokenizer([row.text for row in rows], pairs, truncation=True,
+                                 max_length=self.max_length, return_attention_mask=False,
+                                 return_token_type_ids=typed)
+        for i, (index, label) in enumerate(meta):
+            item = {"input_ids": np.asarray(encoded["input_ids"][i], dtype=np.int32),
+                    "labels": label, "index": index}
+            if typed:
+                item["token_type_ids"] = np.asarray(encoded["token_type_ids"][i], dtype=np.int8)
+            yield item
 
 
 def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:

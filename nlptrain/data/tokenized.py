@@ -25,16 +25,18 @@ from torch.utils.data import Dataset
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: targets of any kind, type ids of pairs
 
 
 class TokenizedDataset(Dataset):
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
-                 rows: np.ndarray | None = None) -> None:
-        self.ids = ids          # int32, every row's token ids back to back
-        self.offsets = offsets  # int64, row i is ids[offsets[i]:offsets[i + 1]]
-        self.labels = labels    # int64 label ids, -1 when unknown (predict)
-        self.rows = rows        # this view's rows of the arrays (None: all)
+                 rows: np.ndarray | None = None, type_ids: np.ndarray | None = None) -> None:
+        self.ids = ids            # int32, every row's token ids back to back
+        self.offsets = offsets    # int64, row i is ids[offsets[i]:offsets[i + 1]]
+        self.labels = labels      # targets, first dimension the row: int64 class ids (-1 when
+                                  # unknown), float32 multi-hot rows, or float32 scores
+        self.rows = rows          # this view's rows of the arrays (None: all)
+        self.type_ids = type_ids  # int8 beside `ids`: a pair's segment of each token (or None)
 
     def __len__(self) -> int:
         return len(self.labels) if self.rows is None else len(self.rows)
@@ -44,8 +46,11 @@ class TokenizedDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         row = self._row(i)
-        return {"input_ids": self.ids[self.offsets[row]:self.offsets[row + 1]],
-                "labels": int(self.labels[row]), "index": i}
+        begin, end = self.offsets[row], self.offsets[row + 1]
+        item = {"input_ids": self.ids[begin:end], "labels": self.labels[row], "index": i}
+        if self.type_ids is not None:
+            item["token_type_ids"] = self.type_ids[begin:end]
+        return item
 
     @property
     def lengths(self) -> np.ndarray:
@@ -60,37 +65,59 @@ class TokenizedDataset(Dataset):
         """A view of these rows (numbered from 0 again); the token arrays are shared."""
         picked = np.asarray(indices, dtype=np.int64)
         rows = picked if self.rows is None else self.rows[picked]
-        return TokenizedDataset(self.ids, self.offsets, self.labels, rows)
+        return TokenizedDataset(self.ids, self.offsets, self.labels, rows, self.type_ids)
 
     @classmethod
-    def from_texts(cls, texts: Sequence[str], labels: Sequence[int], tokenizer: Any,
-                   max_length: int, chunk: int = 4096) -> TokenizedDataset:
-        """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens."""
-        pieces, lengths = [], []
+    def from_texts(cls, texts: Sequence[str], labels: Sequence[Any] | np.ndarray, tokenizer: Any,
+                   max_length: int, chunk: int = 4096,
+                   pairs: Sequence[str] | None = None) -> TokenizedDataset:
+        """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens.
+        With `pairs`, each row is encoded as a real pair (`tokenizer(text, text_pair)`): the
+        longer side is truncated first, and each token's segment is kept as its type id (for
+        models that read type ids)."""
+        pieces, type_pieces, lengths = [], [], []
+        typed = pairs is not None and uses_type_ids(tokenizer)
         for begin in range(0, len(texts), chunk):
-            encoded = tokenizer(list(texts[begin:begin + chunk]), truncation=True,
+            second = None if pairs is None else list(pairs[begin:begin + chunk])
+            encoded = tokenizer(list(texts[begin:begin + chunk]), second, truncation=True,
                                 max_length=max_length, return_attention_mask=False,
-                                return_token_type_ids=False)["input_ids"]
-            lengths += [len(row) for row in encoded]
-            pieces.append(np.fromiter((t for row in encoded for t in row), dtype=np.int32))
+                                return_token_type_ids=typed)
+            rows = encoded["input_ids"]
+            lengths += [len(row) for row in rows]
+            pieces.append(np.fromiter((t for row in rows for t in row), dtype=np.int32))
+            if typed:
+                type_pieces.append(np.fromiter((t for row in encoded["token_type_ids"] for t in row),
+                                               dtype=np.int8))
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-        return cls(ids, offsets, np.asarray(labels, dtype=np.int64))
+        type_ids = None
+        if typed:
+            type_ids = np.concatenate(type_pieces) if type_pieces else np.zeros(0, dtype=np.int8)
+        targets = labels if isinstance(labels, np.ndarray) else np.asarray(labels, dtype=np.int64)
+        return cls(ids, offsets, targets, type_ids=type_ids)
 
     def save(self, folder: Path) -> None:
-        for name in ("ids", "offsets", "labels"):
-            np.save(folder / f"{name}.npy", getattr(self, name))
+        for name in ("ids", "offsets", "labels", "type_ids"):
+            if getattr(self, name) is not None:
+                np.save(folder / f"{name}.npy", getattr(self, name))
 
     @classmethod
     def load(cls, folder: Path) -> TokenizedDataset:
         arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
-                  for name in ("ids", "offsets", "labels")}
+                  for name in ("ids", "offsets", "labels", "type_ids")
+                  if (folder / f"{name}.npy").is_file()}
         return cls(**arrays)
 
 
+def uses_type_ids(tokenizer: Any) -> bool:
+    """Does the model read `token_type_ids` (BERT: yes; DistilBERT, RoBERTa: no)?"""
+    return "token_type_ids" in getattr(tokenizer, "model_input_names", ())
+
+
 class Collator:
-    """Pads a list of rows into a batch: to the longest row (dynamic) or to `pad_to` tokens."""
+    """Pads a list of rows into a batch: to the longest row (dynamic) or to `pad_to` tokens.
+    Targets keep their type: class ids as int64, multi-hot rows and scores as float32."""
 
     def __init__(self, pad_id: int, pad_to: int | None = None) -> None:
         self.pad_id = pad_id
@@ -100,16 +127,23 @@ class Collator:
         width = self.pad_to or max(len(r["input_ids"]) for r in rows)
         input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
+        pairs = "token_type_ids" in rows[0]
+        type_ids = np.zeros((len(rows), width), dtype=np.int64) if pairs else None
         for i, row in enumerate(rows):
             n = len(row["input_ids"])
             input_ids[i, :n] = row["input_ids"]
             mask[i, :n] = 1
-        return {
+            if type_ids is not None:
+                type_ids[i, :n] = row["token_type_ids"]
+        batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask),
-            "labels": torch.tensor([r["labels"] for r in rows], dtype=torch.long),
+            "labels": torch.from_numpy(np.stack([np.asarray(r["labels"]) for r in rows])),
             "index": torch.tensor([r["index"] for r in rows], dtype=torch.long),
         }
+        if type_ids is not None:
+            batch["token_type_ids"] = torch.from_numpy(type_ids)
+        return batch
 
 
 def file_digest(paths: Sequence[Path]) -> str:

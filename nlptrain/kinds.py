@@ -1,0 +1,320 @@
+"""Task kinds: what a row's target is, and everything that follows from it.
+
+A kind owns the part of a task that depends on the shape of its target: how a label cell of a
+file becomes a target array, the model's head (`problem_type`, output size), the loss, how logits
+become outputs (probabilities or scores), the metrics, and which direction of each metric is
+better. Nothing else in nlptrain asks what kind a task is: the loop, evaluation, reports and plots
+call these methods. A text pair is not a kind: it is an input option of any kind (STS-B is a pair
+with a regression target, MRPC a pair with a single label).
+
+- `SingleLabel`: one class per row; softmax, cross-entropy; accuracy, macro-F1, Matthews
+  correlation, binary F1 (GLUE's CoLA and MRPC metrics).
+- `MultiLabel`: any number of classes per row (multi-hot); sigmoid, BCE; micro/macro-F1 and
+  subset accuracy at `threshold`.
+- `Regression`: one real score per row; MSE; Pearson, Spearman, MSE, MAE.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from nlptrain.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    import torch
+
+# Metrics where a smaller value is better; every other metric is better when larger.
+LOWER_IS_BETTER = frozenset({"loss", "mse", "mae"})
+Where = Callable[[int], tuple[str, int]]  # row number -> (file, line), for error messages
+
+
+class TaskKind:
+    """The protocol every kind follows (and the single-label behaviour shared by default)."""
+
+    name = ""
+    problem_type = ""
+    default_metric = ""
+    metric_names: tuple[str, ...] = ()  # what `metrics` returns as scalars; metric_for_best picks one
+    headline: tuple[str, ...] = ()      # the few metrics that logs, reports and plots show
+    has_classes = True                  # per-class table and label vocabulary
+
+    @property
+    def plotted(self) -> tuple[str, ...]:
+        """Headline scores on one axis (a correlation or F1, not an error in the target's unit)."""
+        return tuple(k for k in self.headline if k not in LOWER_IS_BETTER)
+
+    # -- reading ------------------------------------------------------------------------------
+    def label_values(self, cell: str | list[str]) -> list[str]:
+        """The label values one target cell names (as written in the file)."""
+        raise NotImplementedError
+
+    def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        """Targets of these rows: an array whose first dimension is the row."""
+        raise NotImplementedError
+
+    def output_size(self, label_names: Sequence[str]) -> int:
+        return len(label_names)
+
+    # -- training and evaluation --------------------------------------------------------------
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
+        """What evaluation keeps of the logits (float32, one row per example)."""
+        raise NotImplementedError
+
+    def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        raise NotImplementedError
+
+    def is_better(self, metric: str, new: float, old: float | None) -> bool:
+        if old is None or (isinstance(old, float) and math.isnan(old)):
+            return True
+        return new < old if metric in LOWER_IS_BETTER else new > old
+
+    def summary(self, metrics: dict[str, Any]) -> str:
+        """'accuracy 0.9120, macro-F1 0.9034, loss 0.2710': the headline metrics and the loss."""
+        shown = [k for k in (*self.headline, "loss") if k in metrics]
+        return ", ".join(f"{metric_label(k)} {metrics[k]:.4f}" for k in shown)
+
+    def check_metric(self, metric: str, source: str) -> None:
+        if metric not in (*self.metric_names, "loss"):
+            raise ConfigError(f"{source}: [train] metric_for_best = {metric!r} is not a metric of "
+                              f"{self.name} tasks; choose one of {', '.join(self.metric_names)}, loss")
+
+    # -- predictions for people ---------------------------------------------------------------
+    def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+        """One row of `predict`'s output."""
+        raise NotImplementedError
+
+
+def metric_label(key: str) -> str:
+    return {"macro_f1": "macro-F1", "micro_f1": "micro-F1", "f1": "F1", "mcc": "MCC",
+            "subset_accuracy": "subset accuracy", "mse": "MSE", "mae": "MAE", "pearson": "Pearson",
+            "spearman": "Spearman"}.get(key, key)
+
+
+def _per_class(truth: np.ndarray, guess: np.ndarray, label_names: Sequence[str]) -> dict:
+    from sklearn.metrics import precision_recall_fscore_support
+
+    ids = list(range(len(label_names)))
+    precision, recall, f1, support = precision_recall_fscore_support(
+        truth, guess, labels=ids, zero_division=0)
+    return {name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
+            for name, p, r, f, s in zip(label_names, precision, recall, f1, support, strict=True)}
+
+
+class SingleLabel(TaskKind):
+    name = "single_label"
+    problem_type = "single_label_classification"
+    default_metric = "accuracy"
+    metric_names = ("accuracy", "macro_f1", "mcc", "f1")
+    headline = ("accuracy", "macro_f1")
+
+    def label_values(self, cell: str | list[str]) -> list[str]:
+        return [cell] if isinstance(cell, str) else list(cell)
+
+    def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        out = np.empty(len(cells), dtype=np.int64)
+        for i, cell in enumerate(cells):
+            if not isinstance(cell, str) or cell not in ids:
+                path, line = where(i)
+                raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "
+                                f"{_values(ids)}; fix the row or add it to [data] labels")
+            out[i] = ids[cell]
+        return out
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float().softmax(dim=-1)
+
+    def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        # Imported here: scikit-learn costs ~1 s at start-up, before the first training step.
+        from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
+
+        ids = list(range(len(label_names)))
+        truth, guess = targets, outputs.argmax(axis=1)
+        picked = np.clip(truth, 0, None)
+        loss = -np.log(np.clip(outputs[np.arange(len(truth)), picked], 1e-12, None)).mean()
+        found = {
+            "rows": int(len(truth)),
+            "correct": int((truth == guess).sum()),
+            "accuracy": float(accuracy_score(truth, guess)),
+            "macro_f1": float(f1_score(truth, guess, labels=ids, average="macro", zero_division=0)),
+            "mcc": float(matthews_corrcoef(truth, guess)),
+            "loss": float(loss),
+        }
+        if len(label_names) == 2:  # GLUE's F1 (MRPC, QQP): of the second label, e.g. 'equivalent'
+            found["f1"] = float(f1_score(truth, guess, pos_label=1, average="binary", zero_division=0))
+        found["per_class"] = _per_class(truth, guess, label_names)
+        found["confusion_matrix"] = confusion_matrix(truth, guess, labels=ids).tolist()
+        return found
+
+    def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+        best = int(output.argmax())
+        return {"label": label_names[best], "probability": float(output[best])}
+
+
+class MultiLabel(TaskKind):
+    name = "multi_label"
+    problem_type = "multi_label_classification"
+    default_metric = "micro_f1"
+    metric_names = ("micro_f1", "macro_f1", "subset_accuracy")
+    headline = ("micro_f1", "macro_f1", "subset_accuracy")
+
+    def __init__(self, separator: str = ",", threshold: float = 0.5) -> None:
+        self.separator, self.threshold = separator, threshold
+
+    def label_values(self, cell: str | list[str]) -> list[str]:
+        if isinstance(cell, list):
+            return [str(v).strip() for v in cell]
+        return [v.strip() for v in cell.split(self.separator) if v.strip()] if self.separator \
+            else [cell.strip()]
+
+    def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        out = np.zeros((len(cells), len(set(ids.values()))), dtype=np.float32)
+        for i, cell in enumerate(cells):
+            for value in self.label_values(cell):
+                if value not in ids:
+                    path, line = where(i)
+                    raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) is not one of "
+                                    f"the task's labels {_values(ids)}; fix the row or add it to "
+                                    "[data] labels")
+                out[i, ids[value]] = 1.0
+        return out
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype))
+
+    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float().sigmoid()
+
+    def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        from sklearn.metrics import accuracy_score, f1_score, multilabel_confusion_matrix
+
+        truth = targets.astype(np.int64)
+        guess = (outputs >= self.threshold).astype(np.int64)
+        p = np.clip(outputs, 1e-7, 1 - 1e-7)
+        loss = -(truth * np.log(p) + (1 - truth) * np.log(1 - p)).mean() if len(truth) else 0.0
+        ids = list(range(len(label_names)))
+        # accuracy_score on multi-hot rows is subset accuracy: every label of the row right.
+        found = {
+            "rows": int(len(truth)),
+            "micro_f1": float(f1_score(truth, guess, average="micro", zero_division=0)),
+            "macro_f1": float(f1_score(truth, guess, average="macro", zero_division=0)),
+            "subset_accuracy": float(accuracy_score(truth, guess)),
+            "loss": float(loss),
+            "threshold": self.threshold,
+        }
+        found["per_class"] = _per_class(truth, guess, label_names)
+        # Per label [[TN, FP], [FN, TP]]: what a confusion matrix means for independent labels.
+        found["label_confusion"] = multilabel_confusion_matrix(truth, guess, labels=ids).tolist()
+        return found
+
+    def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+        chosen = [i for i in np.argsort(-output) if output[i] >= self.threshold]
+        return {"labels": [label_names[i] for i in chosen],
+                "label_probabilities": [float(output[i]) for i in chosen]}
+
+
+class Regression(TaskKind):
+    name = "regression"
+    problem_type = "regression"
+    default_metric = "pearson"
+    metric_names = ("pearson", "spearman", "mse", "mae")
+    headline = ("pearson", "spearman", "mse")
+    has_classes = False
+
+    def label_values(self, cell: str | list[str]) -> list[str]:
+        return []
+
+    def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        out = np.empty(len(cells), dtype=np.float32)
+        for i, cell in enumerate(cells):
+            try:
+                out[i] = float(cell) if isinstance(cell, str) else float("nan")
+            except ValueError:
+                out[i] = float("nan")
+            if not math.isfinite(out[i]):
+                path, line = where(i)
+                raise DataError(f"{path}:{line}: score {cell!r} is not a number; a regression "
+                                "task needs a number in the label column")
+        return out
+
+    def output_size(self, label_names: Sequence[str]) -> int:
+        return 1
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        import torch.nn.functional as F
+
+        return F.mse_loss(logits.view(-1), targets.to(logits.dtype).view(-1))
+
+    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.float().view(-1, 1)
+
+    def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        from scipy.stats import pearsonr, spearmanr
+        from sklearn.metrics import mean_absolute_error, mean_squared_error
+
+        guess, truth = outputs.reshape(-1).astype(np.float64), targets.astype(np.float64)
+        constant = len(truth) < 2 or np.ptp(guess) == 0 or np.ptp(truth) == 0
+        mse = float(mean_squared_error(truth, guess)) if len(truth) else math.nan
+        return {
+            "rows": int(len(truth)),
+            # A constant prediction has no correlation; report 0 rather than NaN (an untrained head).
+            "pearson": 0.0 if constant else float(pearsonr(truth, guess).statistic),
+            "spearman": 0.0 if constant else float(spearmanr(truth, guess).statistic),
+            "mse": mse,
+            "mae": float(mean_absolute_error(truth, guess)) if len(truth) else math.nan,
+            "loss": mse,
+        }
+
+    def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+        return {"score": float(output[0])}
+
+
+KINDS = {kind.name: kind for kind in (SingleLabel, MultiLabel, Regression)}
+
+
+def from_task(task: Any) -> TaskKind:
+    """The kind a task file asks for (`[data] kind`, `label_separator`, `threshold`)."""
+    data = task.data
+    if data.kind == "multi_label":
+        return MultiLabel(data.label_separator, data.threshold)
+    return KINDS[data.kind]()
+
+
+def from_run_config(config: dict[str, Any]) -> TaskKind:
+    """The kind of a finished run, from its config.json (older runs: single-label)."""
+    data = config.get("task", {}).get("data", {})
+    name = data.get("kind", "single_label")
+    if name == "multi_label":
+        return MultiLabel(data.get("label_separator", ","), data.get("threshold", 0.5))
+    return KINDS.get(name, SingleLabel)()
+
+
+def from_model_config(config: Any) -> TaskKind:
+    """The kind a saved `transformers` model was trained for (its `problem_type`)."""
+    problem = getattr(config, "problem_type", None)
+    if problem == "multi_label_classification":
+        return MultiLabel(threshold=float(getattr(config, "nlptrain_threshold", 0.5)))
+    if problem == "regression":
+        return Regression()
+    return SingleLabel()
+
+
+def _values(ids: dict[str, int]) -> list[str]:
+    names = {}
+    for key, i in ids.items():
+        names.setdefault(i, key)  # the first key of each id: the value as written in files
+    return [names[i] for i in sorted(names)]
+

@@ -1,0 +1,167 @@
+"""Task kinds: reading pairs, multi-label and regression targets; their losses, metrics and
+directions; pairs encoded as real pairs with the same inputs in training and evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from kinds_data import write_multi_label_tsv, write_pairs, write_scores
+
+from nlptrain.config import DataConfig, FileSpec, TaskConfig, task_from_dict
+from nlptrain.data import Collator, LabelVocab, TokenizedDataset, read_examples
+from nlptrain.errors import ConfigError, DataError
+from nlptrain.evaluate import model_inputs
+from nlptrain.kinds import MultiLabel, Regression, SingleLabel, from_task
+
+
+def test_pair_columns_in_tsv_csv_jsonl(tmp_path):
+    write_pairs(tmp_path / "p.tsv", 5)
+    tsv = read_examples(FileSpec(path="p.tsv", text_column="premise",
+                                 text_pair_column="hypothesis"), tmp_path, [])
+    (tmp_path / "p.csv").write_text('a,b,label\n"x, one","y ""two""",same\n')
+    csv = read_examples(FileSpec(path="p.csv", text_column="a", text_pair_column="b"), tmp_path, [])
+    (tmp_path / "p.jsonl").write_text(json.dumps({"q": "who?", "a": "me", "label": 1}) + "\n")
+    jsonl = read_examples(FileSpec(path="p.jsonl", text_column="q", text_pair_column="a"),
+                          tmp_path, [])
+    assert len(tsv) == 5 and tsv.pairs[0].startswith("it felt") and tsv.texts[0].startswith("row 0")
+    assert (csv.texts, csv.pairs, csv.labels) == (["x, one"], ['y "two"'], ["same"])
+    assert (jsonl.texts, jsonl.pairs, jsonl.labels) == (["who?"], ["me"], ["1"])
+
+
+def test_empty_pair_side_names_the_line(tmp_path):
+    (tmp_path / "p.tsv").write_text("a\tb\tlabel\nfine\tok\tx\nfine\t \tx\n")
+    with pytest.raises(DataError, match=r"p.tsv:3: the row has no second text"):
+        read_examples(FileSpec(path="p.tsv", text_column="a", text_pair_column="b"), tmp_path, [])
+
+
+def test_multi_label_targets_from_a_json_list_and_a_separated_cell(tmp_path):
+    kind = MultiLabel(separator="|")
+    write_multi_label_tsv(tmp_path / "m.tsv", 20, separator="|")
+    examples = read_examples(FileSpec(path="m.tsv", label_column="tags"), tmp_path, [])
+    vocab = LabelVocab.for_kind(kind, examples.labels, [])
+    targets = vocab.encode(examples, kind)
+    assert vocab.names == ["food", "music", "sport"]
+    assert targets.shape == (len(examples), 3) and targets.dtype == np.float32
+    for cell, row in zip(examples.labels, targets, strict=True):
+        assert sorted(cell.split("|")) == [vocab.names[i] for i in np.flatnonzero(row)]
+    (tmp_path / "m.jsonl").write_text('{"text": "a", "tags": ["music", "food"]}\n'
+                                      '{"text": "b", "tags": []}\n')
+    rows = read_examples(FileSpec(path="m.jsonl", label_column="tags"), tmp_path, [])
+    assert vocab.encode(rows, kind).tolist() == [[1, 1, 0], [0, 0, 0]]
+    (tmp_path / "bad.jsonl").write_text('{"text": "a", "tags": ["music"]}\n'
+                                        '{"text": "b", "tags": ["food", "jazz"]}\n')
+    bad = read_examples(FileSpec(path="bad.jsonl", label_column="tags"), tmp_path, [])
+    with pytest.raises(DataError, match=r"bad.jsonl:2: label 'jazz' \(in \['food', 'jazz'\]\) "
+                                        r"is not one of the task's labels"):
+        vocab.encode(bad, kind)
+
+
+def test_regression_targets_are_floats_and_a_bad_score_names_the_line(tmp_path):
+    write_scores(tmp_path / "s.tsv", 6)
+    spec = FileSpec(path="s.tsv", text_column="first", text_pair_column="second",
+                    label_column="score")
+    examples = read_examples(spec, tmp_path, [])
+    targets = LabelVocab(["score"], ["score"]).encode(examples, Regression())
+    assert targets.dtype == np.float32
+    assert np.allclose(targets, [float(v) for v in examples.labels])
+    lines = (tmp_path / "s.tsv").read_text().splitlines()
+    lines[4] = lines[4].rsplit("\t", 1)[0] + "\thigh"
+    (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"s.tsv:5: score 'high' is not a number"):
+        LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
+
+
+def test_pairs_are_encoded_as_real_pairs_with_type_ids(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    texts, pairs = ["a short premise", "another one here"], ["the hypothesis", "yes"]
+    dataset = TokenizedDataset.from_texts(texts, [0, 1], tokenizer, 32, pairs=pairs)
+    batch = Collator(tokenizer.pad_token_id)([dataset[0], dataset[1]])
+    expected = tokenizer(texts, pairs, padding=True, return_tensors="pt")
+    assert torch.equal(batch["input_ids"], expected["input_ids"])
+    assert torch.equal(batch["token_type_ids"], expected["token_type_ids"])
+    assert torch.equal(batch["attention_mask"], expected["attention_mask"])
+    # Training and evaluation hand the model the same inputs: the type ids too.
+    assert set(model_inputs(batch)) == {"input_ids", "attention_mask", "token_type_ids"}
+    # The longer side is truncated first, never the pair dropped.
+    long = TokenizedDataset.from_texts(["word " * 50], [0], tokenizer, 16, pairs=["short pair"])
+    item = long[0]
+    assert len(item["input_ids"]) == 16 and item["token_type_ids"][-4:].tolist() == [0, 1, 1, 1]
+
+
+def test_single_label_adds_matthews_and_binary_f1():
+    from sklearn.metrics import f1_score, matthews_corrcoef
+
+    rng = np.random.default_rng(0)
+    truth = rng.integers(0, 2, 200)
+    probs = rng.random((200, 2)).astype(np.float32)
+    probs /= probs.sum(1, keepdims=True)
+    found = SingleLabel().metrics(probs, truth, ["no", "yes"])
+    guess = probs.argmax(1)
+    assert found["mcc"] == pytest.approx(matthews_corrcoef(truth, guess))
+    assert found["f1"] == pytest.approx(f1_score(truth, guess))
+    assert "f1" not in SingleLabel().metrics(np.eye(3)[[0, 1, 2]], np.array([0, 1, 1]),
+                                             ["a", "b", "c"])
+
+
+def test_multi_label_metrics_at_the_threshold():
+    from sklearn.metrics import f1_score
+
+    truth = np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 0]], dtype=np.float32)
+    probs = np.array([[0.9, 0.2, 0.6], [0.1, 0.4, 0.1], [0.8, 0.7, 0.3], [0.2, 0.1, 0.35]])
+    at_half = MultiLabel(threshold=0.5).metrics(probs, truth, ["a", "b", "c"])
+    guess = (probs >= 0.5).astype(int)
+    assert at_half["subset_accuracy"] == 0.75  # row 2 misses 'b'
+    assert at_half["micro_f1"] == pytest.approx(f1_score(truth, guess, average="micro"))
+    assert at_half["macro_f1"] == pytest.approx(f1_score(truth, guess, average="macro"))
+    assert at_half["per_class"]["b"] == {"precision": 1.0, "recall": 0.5, "f1": pytest.approx(2 / 3),
+                                         "support": 2}
+    at_third = MultiLabel(threshold=0.3).metrics(probs, truth, ["a", "b", "c"])
+    assert at_third["subset_accuracy"] == 0.5  # 'b' found in row 2, 'c' wrongly in row 4
+
+
+def test_regression_metrics_and_directions():
+    from scipy.stats import pearsonr, spearmanr
+
+    truth = np.array([0.0, 1.0, 2.5, 4.0, 5.0], dtype=np.float32)
+    guess = np.array([[0.5], [1.0], [2.0], [4.5], [4.0]], dtype=np.float32)
+    found = Regression().metrics(guess, truth, ["score"])
+    assert found["pearson"] == pytest.approx(pearsonr(truth, guess[:, 0]).statistic)
+    assert found["spearman"] == pytest.approx(spearmanr(truth, guess[:, 0]).statistic)
+    assert found["mse"] == pytest.approx(np.mean((truth - guess[:, 0]) ** 2))
+    assert found["mae"] == pytest.approx(np.mean(np.abs(truth - guess[:, 0])))
+    kind = Regression()
+    assert kind.is_better("mse", 0.1, 0.2) and not kind.is_better("mse", 0.3, 0.2)
+    assert kind.is_better("pearson", 0.9, 0.8) and kind.is_better("loss", 1.0, 2.0)
+    assert kind.is_better("pearson", -0.5, None)
+
+
+def test_losses_match_transformers_problem_types():
+    from torch import nn
+
+    logits = torch.randn(4, 3)
+    classes = torch.tensor([0, 2, 1, 2])
+    hot = torch.tensor([[1, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]], dtype=torch.float32)
+    score = torch.randn(4)
+    assert torch.equal(SingleLabel().loss(logits, classes), nn.CrossEntropyLoss()(logits, classes))
+    assert torch.equal(MultiLabel().loss(logits, hot), nn.BCEWithLogitsLoss()(logits, hot))
+    assert torch.equal(Regression().loss(logits[:, :1], score),
+                       nn.MSELoss()(logits[:, :1].squeeze(), score.squeeze()))
+
+
+def test_task_files_choose_the_kind_and_check_metric_for_best():
+    task = task_from_dict({"data": {"kind": "multi_label", "label_separator": ";",
+                                    "threshold": 0.3}}, "t.toml")
+    kind = from_task(task)
+    assert isinstance(kind, MultiLabel) and (kind.separator, kind.threshold) == (";", 0.3)
+    assert isinstance(from_task(TaskConfig(data=DataConfig(kind="regression"))), Regression)
+    with pytest.raises(ConfigError, match=r"metric_for_best = 'accuracy' is not a metric of "
+                                          r"regression tasks; choose one of pearson"):
+        task_from_dict({"data": {"kind": "regression"}, "train": {"metric_for_best": "accuracy"}},
+                       "t.toml")
+    with pytest.raises(ConfigError, match=r"\[data\] kind = 'multi'; choose one of"):
+        task_from_dict({"data": {"kind": "multi"}}, "t.toml")

@@ -1,0 +1,122 @@
+"""Each task kind end to end through the command line: train, the run's files, `eval` on 1 and
+2 processes, `predict`, and the export reloaded by `transformers.pipeline`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_cli
+from kinds_data import write_kind_task
+
+from nlptrain.config import file_spec, load_task
+from nlptrain.data.readers import read_examples
+
+KINDS = ("pair", "multi_label", "regression")
+METRICS = {"pair": {"accuracy", "macro_f1", "mcc", "f1"},
+           "multi_label": {"micro_f1", "macro_f1", "subset_accuracy"},
+           "regression": {"pearson", "spearman", "mse", "mae"}}
+PLOT = {"pair": "confusion_matrix.png", "multi_label": "label_f1.png", "regression": "scatter.png"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """One finished run per kind (the tiny BERT, 2 epochs on toy files)."""
+    runs = {}
+    for kind in KINDS:
+        folder = tmp_path_factory.mktemp(kind)
+        task = write_kind_task(folder, tiny_model_dir, kind)
+        done = run_cli(["train", "--task", str(task), "--output-dir", str(folder / "run")], folder)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[kind] = folder
+    return runs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_of_each_kind_reports_its_own_metrics(trained, kind):
+    run = trained[kind] / "run"
+    results = json.loads((run / "results.json").read_text())
+    assert METRICS[kind] <= set(results["test"]) and METRICS[kind] <= set(results["valid"])
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert len(evals) == 2 and all(METRICS[kind] <= set(e) for e in evals)
+    assert (run / "plots" / PLOT[kind]).is_file() and (run / "plots" / "evaluation.png").is_file()
+    report = (run / "report.md").read_text()
+    for name in {"pair": ("MCC", "F1"), "multi_label": ("micro-F1", "subset accuracy"),
+                 "regression": ("Pearson", "Spearman")}[kind]:
+        assert f" {name} |" in report
+    config = json.loads((run / "model" / "config.json").read_text())
+    assert config["problem_type"] == {"pair": "single_label_classification",
+                                      "multi_label": "multi_label_classification",
+                                      "regression": "regression"}[kind]
+    if kind == "regression":
+        assert config["id2label"] == {"0": "score"} and "confusion_matrix" not in results["test"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_export_scores_in_a_pipeline_as_nlptrain_did(trained, kind):
+    from transformers import pipeline
+
+    folder = trained[kind]
+    task = load_task(folder / f"{kind}.toml")
+    test = read_examples(file_spec(task, "test"), folder, [])
+    saved = np.load(folder / "run" / "predictions.npz")
+    classify = pipeline("text-classification", model=str(folder / "run" / "model"), device="cpu")
+    inputs = [{"text": t, "text_pair": p} for t, p in zip(test.texts, test.pairs, strict=True)] \
+        if test.pairs else test.texts
+    apply = {"pair": "softmax", "multi_label": "sigmoid", "regression": "none"}[kind]
+    scored = classify(inputs, top_k=None, function_to_apply=apply, truncation=True, max_length=32)
+    names = classify.model.config.id2label
+    outputs = np.array([[{r["label"]: r["score"] for r in row}[names[i]] for i in range(len(names))]
+                        for row in scored])
+    np.testing.assert_allclose(outputs, saved["outputs"], atol=1e-4)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", KINDS)
+def test_eval_on_two_processes_equals_one(trained, kind):
+    folder = trained[kind]
+    args = ["eval", "--model", str(folder / "run" / "model"), "--task", str(folder / f"{kind}.toml"),
+            "--split", "test", "--json"]
+    one = run_cli(args, folder)
+    two = run_cli(args, folder, nproc=2)
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    first, second = json.loads(one.stdout), json.loads(two.stdout)
+    results = json.loads((folder / "run" / "results.json").read_text())["test"]
+    for key in METRICS[kind]:
+        # Counts of right and wrong answers are exact. A score's outputs differ in the last
+        # float bits with the batch shapes (each world size batches other rows together), and
+        # the toy model's scores lie close together, which magnifies that in a correlation.
+        close = {"rel": 1e-5, "abs": 1e-4 if key in ("pearson", "spearman") else 1e-6}
+        if kind == "regression":
+            assert first[key] == pytest.approx(second[key], **close), key
+        else:
+            assert first[key] == second[key], key
+        assert first[key] == pytest.approx(results[key], **close), key
+
+
+def test_predict_reads_pairs_and_writes_each_kind(trained):
+    folder = trained["pair"]
+    (folder / "in.tsv").write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n"
+                                   "row 2 was awful\tit felt poor\n")
+    out = run_cli(["predict", "--model", str(folder / "run" / "model"), "--input", "in.tsv",
+                   "--text-column", "premise", "--text-pair-column", "hypothesis",
+                   "--output", "out.jsonl"], folder)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
+    assert [r["text_pair"] for r in rows] == ["it felt bad", "it felt poor"]
+    assert all(r["label"] in ("differ", "same") and 0.5 <= r["probability"] <= 1 for r in rows)
+    multi = trained["multi_label"]
+    (multi / "in.txt").write_text("post about pizza and guitar\n")
+    out = run_cli(["predict", "--model", str(multi / "run" / "model"), "--input", "in.txt"], multi)
+    header, row = out.stdout.splitlines()
+    assert header == "row\tlabels\tlabel_probabilities\ttext"
+    probabilities = [float(p) for p in row.split("\t")[2].split(",") if p]
+    assert all(p >= 0.5 for p in probabilities)  # every label over the threshold, no other
+    score = run_cli(["predict", "--model", str(trained["regression"] / "run" / "model"), "--input",
+                     "in.tsv", "--text-column", "premise", "--text-pair-column", "hypothesis",
+                     "--format", "jsonl"], folder)
+    assert [set(json.loads(line)) for line in score.stdout.splitlines()] == \
+        [{"row", "score", "text", "text_pair"}] * 2
