@@ -1,0 +1,68 @@
+"""A user's own `torch.nn.Module` and metric through the same loop: train, evaluate with the
+user's metric on the gathered predictions, checkpoint and resume exactly, 1 and 2 processes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddp import run_ranks
+from nlptrain.callbacks import Checkpointer
+from own_model import MeanPoolClassifier, expected_rate, positive_rate, toy_sets
+
+from nlptrain import TrainConfig, Trainer
+from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+from nlptrain.kinds import SingleLabel
+
+CONFIG = dict(epochs=2, batch_size=8, lr=1e-3, metric_for_best="positive_rate")
+
+
+def make(folder, tiny_model_dir, callbacks=(), dist=None):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    train, test = toy_sets(folder, tokenizer)
+    torch.manual_seed(0)
+    model = MeanPoolClassifier(tiny_model_dir, 2)
+    trainer = Trainer(model, train, test, config=TrainConfig(**CONFIG), callbacks=callbacks,
+                      tokenizer=tokenizer, kind=SingleLabel(), label_names=["neg", "pos"],
+                      metrics=[positive_rate], dist=dist)
+    return trainer, test
+
+
+def test_own_model_and_metric_train_evaluate_and_resume_exactly(tmp_path, tiny_model_dir):
+    whole, test = make(tmp_path, tiny_model_dir, [Checkpointer(tmp_path / "ckpt", every=5, keep=0)])
+    metrics = whole.fit()
+    assert metrics["positive_rate"] == expected_rate(whole.unwrapped_model, test)
+    assert {"accuracy", "macro_f1", "mcc", "f1", "positive_rate"} <= set(metrics)
+    assert whole.global_step == 16 and whole.metric_for_best == "positive_rate"
+    step10 = next(p for p in list_checkpoints(tmp_path / "ckpt") if p.name.endswith("10"))
+    resumed, _ = make(tmp_path, tiny_model_dir)
+    load_checkpoint(resumed, step10)  # mid-epoch 2: step 10 of 16
+    resumed.fit()
+    for (name, a), b in zip(whole.unwrapped_model.state_dict().items(),
+                            resumed.unwrapped_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert resumed.metrics["positive_rate"] == metrics["positive_rate"]
+
+
+def _two_ranks(rank: int, world_size: int, folder: str, model_dir: str) -> dict:
+    from pathlib import Path
+
+    from nlptrain.distributed import Distributed
+
+    dist = Distributed(60)
+    (Path(folder) / f"rank{rank}").mkdir()
+    trainer, test = make(Path(folder) / f"rank{rank}", Path(model_dir), dist=dist)
+    metrics = trainer.fit()
+    found = {k: metrics[k] for k in ("accuracy", "positive_rate", "rows")}
+    found["by_hand"] = expected_rate(trainer.unwrapped_model, test)  # the whole set, one process
+    trainer.close()
+    dist.close()
+    return found
+
+
+@pytest.mark.distributed
+def test_own_model_under_ddp_evaluates_like_one_process(tmp_path, tiny_model_dir):
+    results = run_ranks(_two_ranks, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert results[0] == results[1] and results[0]["rows"] == 40
+    assert results[0]["positive_rate"] == results[0]["by_hand"]
