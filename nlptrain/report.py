@@ -8,6 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from nlptrain.durable import write_text
+
 REPORT_FILE = "report.md"
 # The settings a reader needs to compare runs; every other key is in config.json.
 SETTINGS = ("epochs", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler", "warmup_ratio",
@@ -149,5 +151,5 @@ def report_markdown(run_dir: Path) -> str:
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     path = run_dir / REPORT_FILE
-    path.write_text(report_markdown(run_dir), encoding="utf-8")
+    write_text(path, report_markdown(run_dir))
     return path

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nlptrain.durable import replace_folder
+
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 1
@@ -162,7 +164,8 @@ def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDatas
     try:
         dataset.save(staging)
         (staging / "meta.json").write_text(json.dumps(meta))
-        os.replace(staging, folder)  # whole entry appears at once; a crash leaves only .tmp-*
+        # The whole entry appears at once (a crash leaves only .tmp-*); the first writer wins.
+        replace_folder(staging, folder, replace_existing=False)
     except OSError:
         if not (folder / "meta.json").is_file():
             raise
