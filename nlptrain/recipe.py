@@ -21,9 +21,10 @@ import torch
 
 from nlptrain import distributed
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import export_model, list_checkpoints, load_checkpoint
+from nlptrain.checkpoint import export_model, latest_whole_checkpoint, load_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
+from nlptrain.durable import write_text
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
@@ -87,9 +88,10 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
     trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist)
     try:
-        checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
-        if checkpoints:
-            load_checkpoint(trainer, checkpoints[-1])
+        # Checked before anything is loaded; every rank takes rank 0's choice.
+        checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
+        if checkpoint is not None:
+            load_checkpoint(trainer, checkpoint)
         elif opts.resume:
             log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
         trainer.fit()
@@ -178,7 +180,7 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
             if name == "train" and sets.sources:
                 source += " (less the held-out rows)"
             data[name] = {"rows": len(getattr(sets, name)), "source": source}
-    (run_dir / "results.json").write_text(json.dumps({**results, "data": data}, indent=1))
+    write_text(run_dir / "results.json", json.dumps({**results, "data": data}, indent=1))
     plot_run(run_dir)
     write_report(run_dir)
 

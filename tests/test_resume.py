@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.cli import main
 from nlptrain.errors import CheckpointError
+from nlptrain.integrity import file_checksums
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 
@@ -131,6 +132,9 @@ def test_a_checkpoint_that_would_run_code_is_refused(toy_task, tmp_path, capsys,
     marker = tmp_path / "pwned"
     monkeypatch.setenv("MARKER", str(marker))
     torch.save({"progress": Payload()}, last / "state.pt")
+    # Whoever swapped the file also recorded its checksum: the load itself must refuse it.
+    meta = json.loads((last / "meta.json").read_text())
+    (last / "meta.json").write_text(json.dumps({**meta, "files": file_checksums(last)}))
     capsys.readouterr()
     assert main([*args, "--resume"]) == 1
     assert "state.pt: refused: it holds Python objects that could run code" in capsys.readouterr().err
