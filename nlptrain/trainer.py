@@ -206,8 +206,9 @@ class Trainer:
             log.warning("resuming inside a user sampler: reading past %d batches", skip)
         if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
             local = len(loader) - skip
-            if self.config.steps_per_epoch:
-                local = min(local, self.config.steps_per_epoch * self.config.grad_accum)
+            if self.config.steps_per_epoch:  # counted from the epoch's start, also on resume
+                local = min(local, self.config.steps_per_epoch * self.config.grad_accum
+                            - self.batch_in_epoch)
         elif self.config.steps_per_epoch:
             local = self.config.steps_per_epoch * self.config.grad_accum
             loader = _repeat(loader)  # a stream too short for the agreed steps starts again
