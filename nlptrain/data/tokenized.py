@@ -68,16 +68,21 @@ class TokenizedDataset(Dataset):
     def from_texts(cls, texts: Sequence[str], labels: Sequence[int], tokenizer: Any,
                    max_length: int, chunk: int = 4096) -> TokenizedDataset:
         """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens."""
-        pieces, lengths = [], []
+        pieces, lengths, truncated = [], [], 0
         for begin in range(0, len(texts), chunk):
-            encoded = tokenizer(list(texts[begin:begin + chunk]), truncation=True,
-                                max_length=max_length, return_attention_mask=False,
-                                return_token_type_ids=False)["input_ids"]
+            batch = tokenizer(list(texts[begin:begin + chunk]), truncation=True,
+                              max_length=max_length, return_attention_mask=False,
+                              return_token_type_ids=False)
+            encoded = batch["input_ids"]
+            truncated += sum(bool(e.overflowing) for e in batch.encodings or ())
             lengths += [len(row) for row in encoded]
             pieces.append(np.fromiter((t for row in encoded for t in row), dtype=np.int32))
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        if truncated:
+            log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
+                     truncated, len(lengths), max_length)
         return cls(ids, offsets, np.asarray(labels, dtype=np.int64))
 
     def save(self, folder: Path) -> None:
