@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable")
     train.add_argument("--tensorboard", action="store_true",
                        help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
+    train.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                       help="when stderr is not a terminal (a log file), one progress line this "
+                            "often instead of a progress bar (default: 30)")
     _task_options(train)
     train.set_defaults(handler=cmd_train)
 
@@ -256,7 +259,7 @@ def run_options(args: argparse.Namespace) -> Any:
 
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
-                             tensorboard=args.tensorboard,
+                             tensorboard=args.tensorboard, progress_every_s=args.progress_every,
                              callbacks=[load_object(spec)() for spec in args.callback])
 
 

@@ -44,6 +44,7 @@ class RunOptions:
     overwrite: bool = False
     use_cache: bool = True
     tensorboard: bool = False  # also log to RUN_DIR/tensorboard (when the package is installed)
+    progress_every_s: float = 30.0  # a progress line this often when stderr is not a terminal
     callbacks: list[Callback] = field(default_factory=list)
 
 
@@ -129,7 +130,8 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
                   run_dir: Path) -> tuple[list[Callback], SaveBestModel | None]:
     """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
     callbacks: list[Callback] = [
-        ProgressBar(), MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
+        ProgressBar(log_every_s=opts.progress_every_s),
+        MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
                      task.train.keep_checkpoints)]
     best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
