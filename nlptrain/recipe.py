@@ -169,8 +169,10 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
 
 def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets: Any) -> None:
     """What a finished run leaves for people, beside config.json, metrics.jsonl and model/:
-    results.json (with the data sizes), plots/*.png and report.md (both rebuilt from files)."""
+    results.json (with the data sizes), plots/*.png, report.md and model/README.md (the model
+    card), all three rebuilt from files."""
     from nlptrain.config import file_spec
+    from nlptrain.model_card import write_model_card
     from nlptrain.plots import plot_run
     from nlptrain.report import write_report
 
@@ -185,6 +187,7 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
     write_text(run_dir / "results.json", json.dumps({**results, "data": data}, indent=1))
     plot_run(run_dir)
     write_report(run_dir)
+    write_model_card(run_dir)
 
 
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:
