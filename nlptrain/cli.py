@@ -313,11 +313,11 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)
-        tell_launcher(f"stopped: {err}", follows=True)
+        tell_launcher(f"stopped: {str(err).split(':')[0]} (see the root cause)", follows=True)
         return 1
     except NlptrainError as err:
         if err.raised_on_every_rank and _rank_prefix():
-            tell_launcher(f"stopped with rank 0: {err}", follows=True)
+            tell_launcher("stopped with rank 0 (see the root cause)", follows=True)
         else:
             print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
             tell_launcher(f"error: {err}")

@@ -111,4 +111,4 @@ def test_torchruns_summary_names_nlptrains_error_as_the_root_cause(toy_task, tmp
     assert "error_file: <N/A>" not in out.stderr and "To enable traceback" not in out.stderr
     # No worker traceback (torchrun still prints its own, ending in ChildFailedError).
     assert not re.search(r'File ".*/nlptrain/', out.stderr), out.stderr
-    assert "stopped: rank 0 failed" in out.stderr  # rank 1's record, listed among the failures
+    assert "traceback : stopped: rank 0 failed (see the root cause)" in out.stderr  # rank 1's
