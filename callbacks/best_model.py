@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nlptrain.checkpoint import export_model
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 
 class SaveBestModel(Callback):
@@ -17,7 +20,7 @@ class SaveBestModel(Callback):
         self.folder = Path(folder)
         self.saved_metrics: dict | None = None
 
-    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         if is_best:
             trainer.dist.on_main(lambda: export_model(trainer.unwrapped_model, trainer.tokenizer,
                                                       self.folder))

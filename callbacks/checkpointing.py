@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nlptrain.checkpoint import checkpoint_name, save_checkpoint
 from nlptrain.errors import Interrupted
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 
 class Checkpointer(Callback):
@@ -19,18 +22,18 @@ class Checkpointer(Callback):
         self.keep = keep
         self.last_saved_step = -1
 
-    def save(self, trainer: Any) -> None:
+    def save(self, trainer: Trainer) -> None:
         if trainer.global_step != self.last_saved_step:
             save_checkpoint(trainer, self.folder / checkpoint_name(trainer.global_step), self.keep)
             self.last_saved_step = trainer.global_step
 
-    def on_step_end(self, trainer: Any) -> None:
+    def on_step_end(self, trainer: Trainer) -> None:
         if self.every and trainer.global_step % self.every == 0:
             self.save(trainer)
 
-    def on_epoch_end(self, trainer: Any) -> None:
+    def on_epoch_end(self, trainer: Trainer) -> None:
         self.save(trainer)
 
-    def on_exception(self, trainer: Any, error: BaseException) -> None:
+    def on_exception(self, trainer: Trainer, error: BaseException) -> None:
         if isinstance(error, Interrupted):  # all ranks stopped at the same step: safe to save
             self.save(trainer)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -17,15 +20,15 @@ class EarlyStopping(Callback):
         self.patience = patience
         self.waited = 0
 
-    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         self.waited = 0 if is_best else self.waited + 1
         if self.waited >= self.patience:
             log.info("early stop: %s did not improve for %d evaluations",
                      trainer.metric_for_best, self.waited)
             trainer.should_stop = True
 
-    def on_save_checkpoint(self, trainer: Any, state: dict) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         state["early_stopping_waited"] = self.waited
 
-    def on_load_checkpoint(self, trainer: Any, state: dict) -> None:
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         self.waited = int(state.get("early_stopping_waited", 0))

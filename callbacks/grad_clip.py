@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 
 class GradClip(Callback):
@@ -14,7 +17,7 @@ class GradClip(Callback):
         self.max_norm = max_norm
         self.last_norm = float("nan")  # before clipping; logged by MetricLogger
 
-    def on_backward_end(self, trainer: Any) -> None:
+    def on_backward_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:  # gradients are complete on the update step only
             return
         trainer.scaler.unscale_(trainer.optimizer)  # fp16: clip the true gradients

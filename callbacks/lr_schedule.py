@@ -1,45 +1,104 @@
-"""Learning-rate schedule from `transformers.get_scheduler` (linear warmup then decay, ...)."""
+"""Learning-rate schedule that follows the steps actually planned, shaped by `transformers`'
+schedules (linear warmup then decay, cosine, constant, ...).
+
+The schedule is a function of training progress p in [0, 1] (warmup over the first
+`warmup_ratio` of it). The planned total is read at every batch: the steps done, the rest of this
+epoch, and the later epochs at this epoch's length. When it changes (a callback swapped in a
+larger or smaller set), the remaining progress is spread over the new remaining steps from where
+the lr is now: no jump, and the lr still reaches the schedule's end on the last step.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+import torch
+from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
 from nlptrain.events import Callback
 
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
+
+RESOLUTION = 1_000_000  # the transformers schedule is sampled on this many virtual steps
+
+
+@dataclass
+class Plan:
+    """Progress runs linearly from `start_progress` at step `start_step` to 1 at `end_step`."""
+
+    start_step: int = 0
+    start_progress: float = 0.0
+    end_step: int = 1
+
+    def progress(self, step: int) -> float:
+        if step >= self.end_step:
+            return 1.0
+        done = (step - self.start_step) / (self.end_step - self.start_step)
+        return self.start_progress + (1.0 - self.start_progress) * done
+
+
+def schedule_shape(name: str, warmup_ratio: float) -> Any:
+    """The lr factor of a transformers schedule as a function of progress in [0, 1]."""
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    scheduler = get_scheduler(name, probe, num_warmup_steps=int(warmup_ratio * RESOLUTION),
+                              num_training_steps=RESOLUTION)
+    factor = scheduler.lr_lambdas[0]
+    return lambda progress: factor(progress * RESOLUTION)
+
 
 class LRSchedule(Callback):
-    """Makes `trainer.scheduler` at the first batch, when the steps per epoch are known (a
-    callback may have swapped the data in on_train_start/on_epoch_start), and steps it after
-    every optimizer step."""
+    """Makes `trainer.scheduler` at the first batch, when the steps are known (a callback may
+    have swapped the data in on_train_start/on_epoch_start), re-plans it whenever the planned
+    total changes, and steps it after every optimizer step."""
 
     def __init__(self, name: str = "linear", warmup_ratio: float = 0.1) -> None:
         self.name = name
         self.warmup_ratio = warmup_ratio
+        self.shape = schedule_shape(name, warmup_ratio)
+        self.plan: Plan | None = None
         self._saved: dict | None = None
 
-    def on_batch_start(self, trainer: Any, batch: dict) -> None:
-        if trainer.scheduler is not None:
-            return
-        total = max(trainer.steps_per_epoch * trainer.config.epochs, 1)
-        trainer.scheduler = get_scheduler(self.name, trainer.optimizer,
-                                          num_warmup_steps=int(self.warmup_ratio * total),
-                                          num_training_steps=total)
-        if self._saved is not None:
-            restore(trainer.scheduler, self._saved)
+    def planned_total(self, trainer: Trainer) -> int:
+        cfg = trainer.config
+        done_in_epoch = trainer.batch_in_epoch // cfg.grad_accum
+        later_epochs = max(cfg.epochs - trainer.epoch - 1, 0)
+        return max(trainer.global_step + trainer.steps_per_epoch - done_in_epoch
+                   + trainer.steps_per_epoch * later_epochs, trainer.global_step + 1)
 
-    def on_step_end(self, trainer: Any) -> None:
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        total = self.planned_total(trainer)
+        if trainer.scheduler is None:
+            self._make(trainer, total)
+        elif self.plan.end_step != total:  # continue from the progress reached, not a jump
+            step = trainer.global_step
+            self.plan = Plan(step, self.plan.progress(step), total)
+
+    def _make(self, trainer: Trainer, total: int) -> None:
+        saved = self._saved
+        self.plan = Plan(**saved["plan"]) if saved and "plan" in saved else Plan(0, 0.0, total)
+        trainer.scheduler = LambdaLR(trainer.optimizer,
+                                     lambda step: self.shape(self.plan.progress(step)))
+        if saved is not None:
+            restore(trainer.scheduler, saved.get("scheduler", saved))
+        if self.plan.end_step != total:
+            step = trainer.global_step
+            self.plan = Plan(step, self.plan.progress(step), total)
+
+    def on_step_end(self, trainer: Trainer) -> None:
         trainer.scheduler.step()
 
-    def on_save_checkpoint(self, trainer: Any, state: dict) -> None:
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         if trainer.scheduler is not None:
-            state["lr_scheduler"] = trainer.scheduler.state_dict()
+            state["lr_scheduler"] = {"plan": asdict(self.plan),
+                                     "scheduler": trainer.scheduler.state_dict()}
 
-    def on_load_checkpoint(self, trainer: Any, state: dict) -> None:
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         self._saved = state.get("lr_scheduler")
         if self._saved is not None and trainer.scheduler is not None:
-            restore(trainer.scheduler, self._saved)
+            trainer.scheduler = None  # made again from the saved plan at the next batch
 
 
 def restore(scheduler: Any, state: dict) -> None:

@@ -7,9 +7,12 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger("nlptrain")
 
@@ -33,10 +36,10 @@ class MetricLogger(Callback):
         self.handle.write(json.dumps(row) + "\n")
         self.handle.flush()
 
-    def on_epoch_start(self, trainer: Any) -> None:
+    def on_epoch_start(self, trainer: Trainer) -> None:
         self._reset(time.perf_counter(), trainer.samples_in_epoch)
 
-    def on_batch_end(self, trainer: Any) -> None:
+    def on_batch_end(self, trainer: Trainer) -> None:
         self.loss_sum += trainer.last_loss
         self.batches += 1
         if not (trainer.is_update_step and trainer.global_step % self.log_every == 0):
@@ -52,13 +55,13 @@ class MetricLogger(Callback):
         log.debug("step %d loss %.4f lr %.2e", row["step"], row["loss"], row["lr"])
         self._reset(now, trainer.samples_in_epoch)
 
-    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         # Every metric of the task's kind (and the user's own); not the loop's own step/epoch.
         found = {k: v for k, v in metrics.items() if k not in ("step", "epoch")}
         self._write({"kind": "eval", "step": trainer.global_step, "epoch": trainer.epoch + 1,
                      "is_best": is_best, "time": time.time(), **found})
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: Trainer) -> None:
         if self.handle is not None:
             self.handle.close()
             self.handle = None

@@ -23,7 +23,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -36,6 +36,9 @@ from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.events import Callback
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger("nlptrain")
 
@@ -97,7 +100,7 @@ class PerRankData(Callback):
                    task.data.uneven_shards, cache if use_cache else None, kind=from_task(task),
                    pairs=task.data.text_pair_column != "")
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: Trainer) -> None:
         self.manifest = Manifest.load(self.folder)
         self.manifest.check_world_size(trainer.dist.world_size, self.folder)
         rank = trainer.dist.rank
@@ -115,12 +118,12 @@ class PerRankData(Callback):
             pin_memory=trainer.device.type == "cuda", persistent_workers=cfg.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed))  # not the global RNG (resume)
 
-    def on_epoch_start(self, trainer: Any) -> None:
+    def on_epoch_start(self, trainer: Trainer) -> None:
         if self.sampler is not None:
             self.sampler.set_epoch(trainer.epoch)  # the trainer calls it too; this keeps it explicit
         self._reported = False
 
-    def on_batch_start(self, trainer: Any, batch: dict) -> None:
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         # The agreed batch count is known only now (the trainer agrees after on_epoch_start).
         if self._reported or self.manifest is None:
             return
@@ -149,7 +152,7 @@ class PerRankData(Callback):
             lines.append(line)
         return "\n".join(lines)
 
-    def _load(self, part: Path, trainer: Any) -> TokenizedDataset:
+    def _load(self, part: Path, trainer: Trainer) -> TokenizedDataset:
         tokenizer = self.tokenizer or trainer.tokenizer
         if tokenizer is None:
             raise ConfigError("PerRankData needs a tokenizer: pass tokenizer= to it or the trainer")

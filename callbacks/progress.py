@@ -1,45 +1,104 @@
-"""A tqdm progress bar on rank 0: steps, loss (averaged over ranks), lr, it/s."""
+"""Progress on rank 0: a tqdm bar on a terminal; in a log file (CI, nohup, SLURM), one plain line
+every `log_every_s` seconds instead of a bar redrawn with carriage returns."""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
 from nlptrain.events import Callback
 
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
+
 
 class ProgressBar(Callback):
     main_process_only = True
 
-    def __init__(self, refresh_every: int = 5) -> None:
+    def __init__(self, refresh_every: int = 5, log_every_s: float = 30.0,
+                 plain: bool | None = None, stream: IO[str] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.refresh_every = refresh_every
+        self.log_every_s = log_every_s
+        self.plain = plain  # None: plain lines when the stream is not a terminal
+        self.stream = stream
+        self.clock = clock
         self.bar: Any = None
+        self._epoch_start: float | None = None
+        self._last_line = 0.0
 
-    def on_epoch_start(self, trainer: Any) -> None:
+    def _out(self) -> IO[str]:
+        return self.stream or sys.stderr  # read late: the stream may be redirected meanwhile
+
+    def _is_plain(self) -> bool:
+        if self.plain is None:
+            isatty = getattr(self._out(), "isatty", None)
+            self.plain = not (isatty and isatty())
+        return self.plain
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
         self._close()
+        self._epoch_start = None
 
-    def on_batch_start(self, trainer: Any, batch: dict) -> None:
-        if self.bar is None:  # the batch count is known only now (data may have been swapped)
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        if self._is_plain():
+            if self._epoch_start is None:
+                self._epoch_start = self._last_line = self.clock()
+        elif self.bar is None:  # the batch count is known only now (data may have been swapped)
             self.bar = tqdm(total=trainer.batches_per_epoch, initial=trainer.batch_in_epoch,
                             desc=f"epoch {trainer.epoch + 1}/{trainer.config.epochs}",
-                            unit="batch", dynamic_ncols=True, leave=True)
+                            unit="batch", dynamic_ncols=True, leave=True, file=self._out())
 
-    def on_batch_end(self, trainer: Any) -> None:
-        self.bar.update(1)
-        if trainer.batch_in_epoch % self.refresh_every == 0:
-            lr = trainer.optimizer.param_groups[0]["lr"]
-            self.bar.set_postfix(loss=f"{trainer.last_loss:.4f}", lr=f"{lr:.2e}", refresh=False)
+    def on_batch_end(self, trainer: Trainer) -> None:
+        lr = trainer.optimizer.param_groups[0]["lr"]
+        if self.bar is not None:
+            self.bar.update(1)
+            if trainer.batch_in_epoch % self.refresh_every == 0:
+                self.bar.set_postfix(loss=f"{trainer.last_loss:.4f}", lr=f"{lr:.2e}",
+                                     refresh=False)
+            return
+        now = self.clock()
+        if self._epoch_start is not None and now - self._last_line >= self.log_every_s:
+            self._last_line = now
+            done, total = trainer.batch_in_epoch, trainer.batches_per_epoch
+            rate = done / max(now - self._epoch_start, 1e-9)
+            left = (total - done) / rate if rate > 0 else 0.0
+            self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs}: batch {done}/{total}"
+                       f" ({100 * done / max(total, 1):.0f}%), loss {trainer.last_loss:.4f}, "
+                       f"lr {lr:.2e}, {rate:.2f} batch/s, {_duration(left)} left in the epoch")
 
-    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
-        line = (f"eval at step {trainer.global_step}: {trainer.kind.summary(metrics)}"
-                f"{'  (best so far)' if is_best else ''}")
-        (self.bar.write if self.bar is not None else print)(line)
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
+        self._line(f"eval at step {trainer.global_step}: {trainer.kind.summary(metrics)}"
+                   f"{'  (best so far)' if is_best else ''}")
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        if self._is_plain() and self._epoch_start is not None:
+            self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs} done: "
+                       f"{trainer.batch_in_epoch} batches in "
+                       f"{_duration(self.clock() - self._epoch_start)}, step {trainer.global_step}")
+
+    def on_train_end(self, trainer: Trainer) -> None:
         self._close()
+
+    def _line(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self._out())
+        else:
+            print(text, file=self._out(), flush=True)
 
     def _close(self) -> None:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"

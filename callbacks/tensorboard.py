@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger("nlptrain")
 
@@ -25,7 +28,7 @@ class TensorBoardLogger(Callback):
         self.writer: Any = None
         self._window = (0.0, 0)  # (time, samples) at the previous logged step
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, trainer: Trainer) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -36,10 +39,10 @@ class TensorBoardLogger(Callback):
         self.writer = SummaryWriter(str(self.log_dir), purge_step=trainer.global_step or None)
         self._window = (time.perf_counter(), trainer.samples_in_epoch)
 
-    def on_epoch_start(self, trainer: Any) -> None:
+    def on_epoch_start(self, trainer: Trainer) -> None:
         self._window = (time.perf_counter(), trainer.samples_in_epoch)
 
-    def on_batch_end(self, trainer: Any) -> None:
+    def on_batch_end(self, trainer: Trainer) -> None:
         step = trainer.global_step
         if self.writer is None or not trainer.is_update_step or step % trainer.config.log_every:
             return
@@ -52,7 +55,7 @@ class TensorBoardLogger(Callback):
                                    step)
         self._window = (now, samples)
 
-    def on_valid_end(self, trainer: Any, metrics: dict, is_best: bool) -> None:
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         if self.writer is None:
             return
         for key, value in metrics.items():  # every scalar metric of the task's kind
@@ -60,7 +63,7 @@ class TensorBoardLogger(Callback):
                 self.writer.add_scalar(f"eval/{key}", value, trainer.global_step)
         self.writer.flush()
 
-    def on_train_end(self, trainer: Any) -> None:
+    def on_train_end(self, trainer: Trainer) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -2,15 +2,16 @@
 
 A checkpoint is a folder `step-NNNNNNNN/` holding `model.safetensors` (weights), `state.pt`
 (optimizer, scaler, progress, every rank's RNG states, callback states; tensors and plain values
-only, read with `torch.load(weights_only=True)`) and `meta.json`. It is written under a temporary
-name and renamed, so a crash mid-write leaves the previous checkpoint whole.
+only, read with `torch.load(weights_only=True)`) and `meta.json` (with the size and checksum of
+each file, see integrity.py). It is written under a temporary name, fsynced and renamed, so a
+crash or power loss mid-write leaves the previous checkpoint whole; a resume takes the newest
+checkpoint whose files all match their checksums.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import pickle
 import random
 import shutil
@@ -21,7 +22,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from nlptrain.durable import replace_folder
 from nlptrain.errors import CheckpointError
+from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,7 @@ def identity(trainer: Any) -> dict[str, Any]:
 def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
     rngs = trainer.dist.gather_objects(rng_state())
-    callbacks: dict[str, Any] = {}
-    trainer.callbacks.fire("on_save_checkpoint", trainer, callbacks)
+    callbacks = trainer.callback_states()
     state = {"progress": trainer.progress_state(), "optimizer": trainer.optimizer.state_dict(),
              "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
@@ -73,9 +75,9 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
         staging.mkdir()
         save_model(trainer.unwrapped_model, str(staging / "model.safetensors"))
         torch.save(state, staging / "state.pt")
-        (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(staging, folder)
+        files = file_checksums(staging)  # meta.json last: its presence means "complete"
+        (staging / "meta.json").write_text(json.dumps({**meta, "files": files}, indent=1))
+        replace_folder(staging, folder)
         if keep:
             for old in list_checkpoints(folder.parent)[:-keep]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -90,6 +92,33 @@ def list_checkpoints(folder: Path) -> list[Path]:
         return []
     found = [p for p in folder.glob(f"{PREFIX}*") if (p / "meta.json").is_file()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def step_folders(folder: Path) -> list[Path]:
+    """Every `step-*` folder in `folder`, complete or not, oldest first."""
+    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir()] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+
+
+def latest_whole_checkpoint(folder: Path, dist: Any) -> Path | None:
+    """The checkpoint to resume from: rank 0 checks the files of each, newest first, and every
+    rank gets its choice. Damaged ones are named and skipped; none whole left is an error."""
+
+    def pick() -> str | None:
+        candidates = step_folders(folder)
+        chosen, problems = pick_checkpoint(candidates)
+        for problem in problems:
+            log.warning("%s: checkpoint skipped", problem)
+        if candidates and chosen is None:
+            raise CheckpointError(f"{folder}: no whole checkpoint left to resume from "
+                                  f"({len(problems)} damaged; the newest: {problems[0]}); "
+                                  "start again with --overwrite")
+        if problems:
+            log.warning("resuming from %s, the newest whole checkpoint", chosen)
+        return None if chosen is None else str(chosen)
+
+    found = dist.on_main(pick)
+    return None if found is None else Path(found)
 
 
 def checkpoint_name(step: int) -> str:
@@ -108,10 +137,12 @@ def read_state(path: Path) -> dict[str, Any]:
 
 def load_checkpoint(trainer: Any, folder: Path) -> None:
     """Restore weights, optimizer, progress, this rank's RNG and callback states."""
-    meta_path = folder / "meta.json"
-    if not meta_path.is_file():
+    if not (folder / "meta.json").is_file():
         raise CheckpointError(f"{folder}: not a complete checkpoint (no meta.json)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = read_meta(folder)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{folder / 'meta.json'}: damaged ({err})") from None
     for key, value in identity(trainer).items():
         if meta.get(key, "single_label" if key == "kind" else None) != value:  # older: single
             raise CheckpointError(f"{folder}: made for another model or task ({key} is "
@@ -132,7 +163,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         log.warning("%s was written by %d ranks, this job has %d: data order resumes exactly, "
                     "dropout randomness does not", folder, meta["world_size"],
                     trainer.dist.world_size)
-    trainer.callbacks.fire("on_load_checkpoint", trainer, state["callbacks"])
+    trainer.load_callback_states(state["callbacks"])
     log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1, trainer.global_step)
 
 
@@ -147,5 +178,4 @@ def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
         save_model(model, str(staging / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save_pretrained(staging)
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(staging, folder)
+    replace_folder(staging, folder)

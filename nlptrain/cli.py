@@ -125,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable")
     train.add_argument("--tensorboard", action="store_true",
                        help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
+    train.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                       help="when stderr is not a terminal (a log file), one progress line this "
+                            "often instead of a progress bar (default: 30)")
     _task_options(train)
     train.set_defaults(handler=cmd_train)
 
@@ -256,7 +259,7 @@ def run_options(args: argparse.Namespace) -> Any:
 
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
-                             tensorboard=args.tensorboard,
+                             tensorboard=args.tensorboard, progress_every_s=args.progress_every,
                              callbacks=[load_object(spec)() for spec in args.callback])
 
 
@@ -310,21 +313,53 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)
+        tell_launcher(f"stopped: {str(err).split(':')[0]} (see the root cause)", follows=True)
         return 1
     except NlptrainError as err:
-        if not (err.raised_on_every_rank and _rank_prefix()):
+        if err.raised_on_every_rank and _rank_prefix():
+            tell_launcher("stopped with rank 0 (see the root cause)", follows=True)
+        else:
             print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
+            tell_launcher(f"error: {err}")
         return err.exit_code
     except RuntimeError as err:
         from nlptrain.distributed import is_peer_failure
 
         if not is_peer_failure(err):
+            tell_launcher(None)
             raise
         print(f"{_rank_prefix()}stopping: another rank failed (see its error); "
               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+        tell_launcher("stopped: another rank failed (see its error)", follows=True)
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception:
+        tell_launcher(None)
+        raise
+
+
+def tell_launcher(message: str | None, follows: bool = False) -> None:
+    """Write torchelastic's error file (torchrun sets TORCHELASTIC_ERROR_FILE), so that the
+    launcher's summary shows nlptrain's one-line message as the root cause, or the traceback
+    of an unexpected error (`message` None, called while handling it). A rank that only
+    follows another's failure dates its record a second later: the launcher names the earliest
+    record as the root cause."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+    import traceback
+
+    when = int(time.time()) + int(follows)
+    text = message or traceback.format_exc()
+    record = {"message": {"message": (message or traceback.format_exc(limit=0)).strip(),
+                          "extraInfo": {"py_callstack": text, "timestamp": str(when)}}}
+    try:
+        Path(path).write_text(json.dumps(record))
+    except OSError:  # never hide the error itself
+        pass
 
 
 if __name__ == "__main__":

@@ -91,6 +91,12 @@ class TaskKind:
         raise NotImplementedError
 
 
+def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
+    """The numbers among `metrics` (not counts, per-class tables or matrices), in their order."""
+    return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float)
+            and not isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch")}
+
+
 def metric_label(key: str) -> str:
     return {"macro_f1": "macro-F1", "micro_f1": "micro-F1", "f1": "F1", "mcc": "MCC",
             "subset_accuracy": "subset accuracy", "mse": "MSE", "mae": "MAE", "pearson": "Pearson",

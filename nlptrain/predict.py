@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 
@@ -103,10 +103,8 @@ def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list
         return
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.parent / f".{path.name}.tmp"  # a reader never sees half a file
-    with open(staging, "w", encoding="utf-8", newline="\n") as handle:
+    with open_durably(path, "w", encoding="utf-8", newline="\n") as handle:  # never half a file
         write_rows(rows, handle, fmt, names, all_probs)
-    os.replace(staging, path)
     log.info("%s: predictions written", path)
 
 

@@ -21,9 +21,10 @@ import torch
 
 from nlptrain import distributed, kinds
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import export_model, list_checkpoints, load_checkpoint
+from nlptrain.checkpoint import export_model, latest_whole_checkpoint, load_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
+from nlptrain.durable import write_text
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
@@ -43,6 +44,7 @@ class RunOptions:
     overwrite: bool = False
     use_cache: bool = True
     tensorboard: bool = False  # also log to RUN_DIR/tensorboard (when the package is installed)
+    progress_every_s: float = 30.0  # a progress line this often when stderr is not a terminal
     callbacks: list[Callback] = field(default_factory=list)
 
 
@@ -89,9 +91,10 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
                           kind=kind)
     try:
-        checkpoints = list_checkpoints(run_dir / "checkpoints") if has_run else []
-        if checkpoints:
-            load_checkpoint(trainer, checkpoints[-1])
+        # Checked before anything is loaded; every rank takes rank 0's choice.
+        checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
+        if checkpoint is not None:
+            load_checkpoint(trainer, checkpoint)
         elif opts.resume:
             log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
         trainer.fit()
@@ -129,7 +132,8 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
                   run_dir: Path) -> tuple[list[Callback], SaveBestModel | None]:
     """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
     callbacks: list[Callback] = [
-        ProgressBar(), MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
+        ProgressBar(log_every_s=opts.progress_every_s),
+        MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
                      task.train.keep_checkpoints)]
     best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
@@ -168,9 +172,11 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
 def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets: Any,
                   found: Any = None) -> None:
     """What a finished run leaves for people, beside config.json, metrics.jsonl and model/:
-    results.json (with the data sizes), predictions.npz (the final set's outputs and targets),
-    plots/*.png and report.md (both rebuilt from files)."""
+    results.json (with the data sizes), predictions.npz (the test set's outputs and targets),
+    plots/*.png, report.md and model/README.md (the model card), the last three rebuilt from
+    files."""
     from nlptrain.config import file_spec
+    from nlptrain.model_card import write_model_card
     from nlptrain.plots import PREDICTIONS_FILE, plot_run
     from nlptrain.report import write_report
 
@@ -182,11 +188,12 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
             if name == "train" and sets.sources:
                 source += " (less the held-out rows)"
             data[name] = {"rows": len(getattr(sets, name)), "source": source}
-    (run_dir / "results.json").write_text(json.dumps({**results, "data": data}, indent=1))
+    write_text(run_dir / "results.json", json.dumps({**results, "data": data}, indent=1))
     if found is not None:
         np.savez_compressed(run_dir / PREDICTIONS_FILE, outputs=found.outputs, targets=found.labels)
     plot_run(run_dir)
     write_report(run_dir)
+    write_model_card(run_dir)
 
 
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:

@@ -8,6 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from nlptrain.durable import write_text
+
 REPORT_FILE = "report.md"
 # The settings a reader needs to compare runs; every other key is in config.json.
 SETTINGS = ("epochs", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler", "warmup_ratio",
@@ -20,16 +22,10 @@ PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
                  "scatter.png": "Predicted against true score"}
 
 
-def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
-    """The numbers among `metrics` (not rows, per-class tables or matrices), in their order."""
-    return {k: v for k, v in metrics.items() if isinstance(v, (int, float))
-            and not isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch")}
-
-
 def metrics_text(metrics: dict[str, Any]) -> str:
     """Every scalar metric, then (classification) per-class precision/recall/F1 and the
     confusion matrix, as text tables."""
-    from nlptrain.kinds import metric_label
+    from nlptrain.kinds import metric_label, scalar_metrics
 
     scalars = "  ".join(f"{metric_label(k)} {v:.4f}" for k, v in scalar_metrics(metrics).items())
     lines = [f"rows {metrics['rows']}  {scalars}"]
@@ -169,5 +165,5 @@ def report_markdown(run_dir: Path) -> str:
 def write_report(run_dir: str | Path) -> Path:
     run_dir = Path(run_dir)
     path = run_dir / REPORT_FILE
-    path.write_text(report_markdown(run_dir), encoding="utf-8")
+    write_text(path, report_markdown(run_dir))
     return path

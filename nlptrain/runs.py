@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nlptrain.durable import write_text
 from nlptrain.errors import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -71,7 +72,5 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "launcher_run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
-    staging = folder / f".{CONFIG_FILE}.tmp"
-    staging.write_text(json.dumps(record, indent=2))
-    os.replace(staging, folder / CONFIG_FILE)
+    write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False

@@ -26,6 +26,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
+from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler
 
 log = logging.getLogger(__name__)
@@ -45,11 +46,25 @@ def builtin_callbacks(config: TrainConfig) -> list[Callback]:
     return made
 
 
+def _counter(name: str) -> property:
+    return property(lambda self: getattr(self.progress, name),
+                    doc=f"`trainer.progress.{name}` (read-only here)")
+
+
 class Trainer:
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
     tensor, or an object/dict with `logits`). The loss is `loss_fn(logits, batch["labels"])`,
     the task kind's by default (cross-entropy, BCE or MSE)."""
+
+    # The loop's counters live in `self.progress`; callbacks read them under these names.
+    epoch = _counter("epoch")
+    global_step = _counter("global_step")
+    batch_in_epoch = _counter("batch_in_epoch")
+    samples_in_epoch = _counter("samples_in_epoch")
+    batches_per_epoch = _counter("batches_per_epoch")
+    steps_per_epoch = _counter("steps_per_epoch")
+    best_metric = _counter("best_metric")
 
     def __init__(
         self,
@@ -86,18 +101,11 @@ class Trainer:
         given = {type(c) for c in callbacks}
         builtins = [c for c in builtin_callbacks(self.config) if type(c) not in given]
         self.callbacks = CallbackList([*builtins, *callbacks], self.dist.is_main)
-        # Progress; callbacks read these, checkpoints save them.
-        self.epoch = 0               # current epoch, from 0
-        self.global_step = 0         # optimizer steps so far
-        self.batch_in_epoch = 0      # micro-batches done in this epoch (this rank)
-        self.samples_in_epoch = 0    # samples done in this epoch, all ranks together
-        self.batches_per_epoch = 0   # micro-batches this epoch, agreed by all ranks
-        self.steps_per_epoch = 0     # optimizer steps this epoch
+        self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
-        self.best_metric: float | None = None
         self.should_stop = False
         self.interrupted = False
         self._resume_samples = 0
@@ -162,7 +170,7 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-            self.global_step += 1
+            self.progress.global_step += 1
             self.callbacks.fire("on_step_end", self)
         self.callbacks.fire("on_batch_end", self)
         if self.is_update_step and cfg.eval_every and self.global_step % cfg.eval_every == 0:
@@ -178,7 +186,7 @@ class Trainer:
         # Metrics are gathered, hence equal on every rank: so is this decision.
         is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric)
         if is_best:
-            self.best_metric = score
+            self.progress.best_metric = score
         self.metrics = {**metrics, "epoch": self.epoch, "step": self.global_step}
         self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
         return self.metrics
@@ -223,8 +231,9 @@ class Trainer:
             log.warning("resuming inside a user sampler: reading past %d batches", skip)
         if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
             local = len(loader) - skip
-            if self.config.steps_per_epoch:
-                local = min(local, self.config.steps_per_epoch * self.config.grad_accum)
+            if self.config.steps_per_epoch:  # counted from the epoch's start, also on resume
+                local = min(local, self.config.steps_per_epoch * self.config.grad_accum
+                            - self.batch_in_epoch)
         elif self.config.steps_per_epoch:
             local = self.config.steps_per_epoch * self.config.grad_accum
             loader = _repeat(loader)  # a stream too short for the agreed steps starts again
@@ -236,8 +245,8 @@ class Trainer:
             log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
                         "takes %d (the shortest shard's count)", self.dist.rank, local - agreed,
                         local, agreed)
-        self.batches_per_epoch = self.batch_in_epoch + agreed
-        self.steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.grad_accum)
+        self.progress.batches_per_epoch = self.batch_in_epoch + agreed
+        self.progress.steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.grad_accum)
         return itertools.islice(iter(loader), skip, skip + agreed)
 
     def _loader(self, data: Any) -> Any:
@@ -279,12 +288,11 @@ class Trainer:
                 f" (optimizer step {self.global_step + 1}) on {int(bad)} rank(s); the weights "
                 "were not updated. Lower the lr or use fp32; resume from the last checkpoint.")
         self.last_loss = total / self.dist.world_size
-        self.batch_in_epoch += 1
-        self.samples_in_epoch += int(rows)
+        self.progress.batch_in_epoch += 1
+        self.progress.samples_in_epoch += int(rows)
 
     def _next_epoch(self) -> None:
-        self.epoch += 1
-        self.batch_in_epoch = self.samples_in_epoch = 0
+        self.progress.next_epoch()
 
     def _make_optimizer(self) -> torch.optim.Optimizer:
         cfg = self.config
@@ -322,19 +330,26 @@ class Trainer:
     # -- state for checkpoints ----------------------------------------------------------------
 
     def progress_state(self) -> dict[str, int | float | None]:
-        return {"epoch": self.epoch, "global_step": self.global_step,
-                "batch_in_epoch": self.batch_in_epoch, "samples_in_epoch": self.samples_in_epoch,
-                "batches_per_epoch": self.batches_per_epoch, "best_metric": self.best_metric}
+        return self.progress.state_dict()
 
     def load_progress_state(self, state: dict) -> None:
-        self.epoch = int(state["epoch"])
-        self.global_step = int(state["global_step"])
-        self.batch_in_epoch = int(state["batch_in_epoch"])
-        self.samples_in_epoch = self._resume_samples = int(state["samples_in_epoch"])
-        self.best_metric = state.get("best_metric")
-        if 0 < state["batches_per_epoch"] <= self.batch_in_epoch:  # saved at an epoch's end
+        self.progress.load_state_dict(state)
+        self._resume_samples = self.samples_in_epoch  # the sampler starts after these
+        if self.progress.ended_epoch():  # saved at an epoch's end
             self._next_epoch()
             self._resume_samples = 0
+
+    # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
+
+    def callback_states(self) -> dict[str, Any]:
+        """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
+        states: dict[str, Any] = {}
+        self.callbacks.fire("on_save_checkpoint", self, states)
+        return states
+
+    def load_callback_states(self, states: dict[str, Any]) -> None:
+        """Give the callbacks their state back from a loaded checkpoint (on_load_checkpoint)."""
+        self.callbacks.fire("on_load_checkpoint", self, states)
 
     def close(self) -> None:
         """Drop the DDP wrapper (cures a gloo exit hang); end the process group if ours."""

@@ -81,3 +81,20 @@ class RecordRows(Callback):
                         for i in batch["index"])
         with open(os.environ["ROWS_FILE"], "a") as handle:
             handle.write(lines)
+
+
+class DamageLatestCheckpointThenDie(Callback):
+    """On the first attempt, at AT_STEP: rank 0 cuts the latest checkpoint's weights file to half
+    (a copy cut short, a full disk), then SIGKILLs itself; torchrun restarts the job."""
+
+    def on_step_end(self, trainer) -> None:
+        if first_attempt() and trainer.dist.rank == 0 and trainer.global_step == at_step():
+            from nlptrain.callbacks import Checkpointer
+
+            from nlptrain.checkpoint import list_checkpoints
+
+            folder = trainer.callbacks.find(Checkpointer)[0].folder
+            weights = list_checkpoints(folder)[-1] / "model.safetensors"
+            with open(weights, "r+b") as handle:
+                handle.truncate(weights.stat().st_size // 2)
+            os.kill(os.getpid(), signal.SIGKILL)

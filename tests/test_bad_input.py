@@ -95,3 +95,20 @@ def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, run, "--resume")
     assert code == 1 and "holds a run with another data" in err
     assert train(capsys, toy_task, run, "--overwrite", "--epochs", "1")[0] == 0
+
+
+def test_torchruns_summary_names_nlptrains_error_as_the_root_cause(toy_task, tmp_path):
+    from conftest import run_cli
+
+    DATA_ERRORS["unknown label"][0](toy_task.parent)
+    out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run")],
+                  tmp_path, nproc=2)
+    assert out.returncode == 1
+    root_cause = out.stderr[out.stderr.index("Root Cause (first observed failure):"):]
+    assert "rank      : 0 (local_rank: 0)" in root_cause
+    assert re.search(r"traceback : error: \S*test\.tsv:3: label 'meh' is not one of the task's "
+                     r"labels", root_cause), root_cause
+    assert "error_file: <N/A>" not in out.stderr and "To enable traceback" not in out.stderr
+    # No worker traceback (torchrun still prints its own, ending in ChildFailedError).
+    assert not re.search(r'File ".*/nlptrain/', out.stderr), out.stderr
+    assert "traceback : stopped: rank 0 failed (see the root cause)" in out.stderr  # rank 1's

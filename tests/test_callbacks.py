@@ -61,3 +61,25 @@ def test_best_model_is_saved_when_the_metric_improves(tmp_path, tiny_model_dir):
     assert best.saved_metrics["accuracy"] == 0.7 and best.saved_metrics["step"] == 6
     assert (tmp_path / "best" / "model.safetensors").is_file()
     assert trainer.best_metric == 0.7
+
+
+def test_progress_in_a_log_file_is_a_plain_line_every_n_seconds(tmp_path, tiny_model_dir, capsys):
+    from nlptrain.callbacks import ProgressBar
+
+    now = [0.0]
+
+    class TenSecondsABatch(Callback):
+        def on_batch_end(self, trainer):
+            now[0] += 10.0
+
+    bar = ProgressBar(log_every_s=30, clock=lambda: now[0])  # stderr is captured: not a terminal
+    make_trainer(tmp_path, tiny_model_dir, [TenSecondsABatch(), bar], epochs=1,
+                 batch_size=4).fit()  # 24 rows: 6 batches, 60 s
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line for line in err.splitlines() if line.startswith(("epoch", "eval"))]
+    assert [line.split(",")[0] for line in lines[:2]] == ["epoch 1/1: batch 3/6 (50%)",
+                                                          "epoch 1/1: batch 6/6 (100%)"]
+    assert lines[2].startswith("eval at step 6: accuracy ")
+    assert lines[3] == "epoch 1/1 done: 6 batches in 1 min 00 s, step 6"
+    assert "0.10 batch/s, 30 s left in the epoch" in lines[0]

@@ -125,3 +125,15 @@ def test_an_error_fires_on_exception_then_on_train_end(tmp_path, tiny_model_dir)
         make_trainer(tmp_path, tiny_model_dir, [recorder, Boom(), Seen()]).fit()
     assert recorder.events[-2:] == ["on_exception", "on_train_end"]
     assert isinstance(Seen.error, RuntimeError)
+
+
+def test_each_event_is_fired_from_one_line_of_the_trainer_and_callbacks_are_typed():
+    sources = {p: p.read_text() for p in [*(REPO / "nlptrain").rglob("*.py"),
+                                          *(REPO / "callbacks").glob("*.py")]}
+    for event in EVENTS:
+        places = [(p.name, n) for p, text in sources.items()
+                  for n, line in enumerate(text.splitlines()) if f'fire("{event}"' in line]
+        assert len(places) == 1 and places[0][0] == "trainer.py", (event, places)
+    untyped = [p.name for p, text in sources.items() if "callbacks" in p.parts
+               and re.search(r"trainer: Any\b", text)]
+    assert untyped == []

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.cli import main
 from nlptrain.errors import CheckpointError
+from nlptrain.integrity import file_checksums
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 
@@ -102,7 +103,9 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(toy_task, tmp_path):
     out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run),
                    "--callback", f"{SCAFFOLD}:SigtermRank0"], tmp_path, nproc=2, AT_STEP="3")
     assert out.returncode != 0
-    assert out.stderr.count("stopped by a signal after step 3") == 1  # rank 0 reports, once
+    told = [line for line in out.stderr.splitlines() if "stopped by a signal after step 3" in line]
+    assert len(told) == 2, told  # rank 0 reports, once; torchrun's root cause quotes it
+    assert told[0].startswith("error: ") and "traceback : error: " in told[1]
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000003"
 
 
@@ -131,6 +134,9 @@ def test_a_checkpoint_that_would_run_code_is_refused(toy_task, tmp_path, capsys,
     marker = tmp_path / "pwned"
     monkeypatch.setenv("MARKER", str(marker))
     torch.save({"progress": Payload()}, last / "state.pt")
+    # Whoever swapped the file also recorded its checksum: the load itself must refuse it.
+    meta = json.loads((last / "meta.json").read_text())
+    (last / "meta.json").write_text(json.dumps({**meta, "files": file_checksums(last)}))
     capsys.readouterr()
     assert main([*args, "--resume"]) == 1
     assert "state.pt: refused: it holds Python objects that could run code" in capsys.readouterr().err

@@ -137,3 +137,32 @@ def test_tensorboard_absent_is_a_warning_not_an_error(monkeypatch: pytest.Monkey
     assert any("tensorboard package is not installed" in m for m in messages), messages
     assert not (tmp_path / "run" / "tensorboard").exists()
     assert (tmp_path / "run" / "report.md").is_file()
+
+
+def test_model_card_follows_the_hub_convention_and_lists_every_metric(
+        finished_run: tuple[Path, str]) -> None:
+    run, _ = finished_run
+    card = (run / "model" / "README.md").read_text()
+    front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
+    assert front.splitlines()[:3] == ["library_name: transformers",
+                                      "pipeline_tag: text-classification", "tags:"]
+    assert "- toy" in front.splitlines()
+    results = json.loads((run / "results.json").read_text())
+    for split in ("valid", "test"):
+        assert f"| {split} | {results['data'][split]['rows']} |" in body
+    assert "| metric | validation | test |" in body
+    for name in ("accuracy", "macro_f1", "loss"):
+        row = f"| {name} | {results['valid'][name]:.4f} | {results['test'][name]:.4f} |"
+        assert row in body
+    assert "`0`: neg, `1`: pos" in body and "| lr | 0.001 |" in body
+    assert 'pipeline("text-classification", model=' in body
+
+
+def test_model_card_metrics_table_takes_any_scalar_metric() -> None:
+    from nlptrain.model_card import metrics_table
+
+    results = {"valid": {"pearson": 0.91, "spearman": 0.9, "rows": 10, "per_class": {}},
+               "test": {"mcc": 0.5, "pearson": 0.8, "confusion_matrix": [[1]]}}
+    assert metrics_table(results) == ["| metric | validation | test |", "| --- | ---: | ---: |",
+                                      "| pearson | 0.9100 | 0.8000 |", "| spearman | 0.9000 |  |",
+                                      "| mcc |  | 0.5000 |"]

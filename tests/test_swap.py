@@ -74,3 +74,75 @@ def test_swap_each_epoch_keeps_the_users_sampler_and_recounts(tmp_path, tiny_mod
     assert epoch0 == [(id(sets[0]), i) for i in range(12)]
     assert epoch1 == [(id(sets[1]), i) for i in range(23)]
     assert swap.batches_per_epoch == [3, 5]  # batch size 5 from the user's loader
+
+
+class LrPerStep(Callback):
+    """The lr each optimizer step used (read before the step), and checkpoint at `save_at`."""
+
+    def __init__(self, save_at: int = 0, folder=None) -> None:
+        self.lrs: dict[int, float] = {}
+        self.save_at, self.folder = save_at, folder
+
+    def on_batch_start(self, trainer, batch) -> None:
+        self.lrs[trainer.global_step] = trainer.optimizer.param_groups[0]["lr"]
+
+    def on_step_end(self, trainer) -> None:
+        if self.save_at and trainer.global_step == self.save_at:
+            from nlptrain.checkpoint import save_checkpoint
+
+            save_checkpoint(trainer, self.folder)
+
+
+def sets_of(tmp_path, tiny_model_dir, sizes):
+    sets = []
+    for name, rows in zip("ab", sizes, strict=True):
+        (tmp_path / name).mkdir(exist_ok=True)
+        sets.append(toy_datasets(tmp_path / name, tiny_model_dir, rows=rows)[0])
+    return sets
+
+
+def assert_linear_to_zero_from(lrs: dict[int, float], swap_step: int, end_step: int) -> None:
+    """From the swap on, the lr falls in equal steps from where it was to 0 at the last step."""
+    start = lrs[swap_step]
+    for step in range(swap_step, end_step):
+        expected = start * (end_step - step) / (end_step - swap_step)
+        assert math.isclose(lrs[step], expected, rel_tol=1e-6), (step, lrs[step], expected)
+
+
+def test_a_larger_set_swapped_in_at_epoch_2_stretches_the_schedule(tmp_path, tiny_model_dir):
+    small, large = sets_of(tmp_path, tiny_model_dir, (10, 40))
+    seen = LrPerStep()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [Swap([small, large]), seen], epochs=3,
+                           batch_size=4)
+    trainer.fit()
+    assert trainer.global_step == 3 + 10 + 10  # planned from epoch 1 alone it was 9
+    assert all(lr > 0 for step, lr in seen.lrs.items() if step > 0)  # never stuck at 0
+    assert_linear_to_zero_from(seen.lrs, 3, 23)
+    assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)
+
+
+def test_a_smaller_set_swapped_in_at_epoch_2_still_decays_to_zero(tmp_path, tiny_model_dir):
+    large, small = sets_of(tmp_path, tiny_model_dir, (40, 10))
+    seen = LrPerStep()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [Swap([large, small]), seen], epochs=3,
+                           batch_size=4)
+    trainer.fit()
+    assert trainer.global_step == 10 + 3 + 3  # planned from epoch 1 alone it was 30
+    assert_linear_to_zero_from(seen.lrs, 10, 16)
+    assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)
+
+
+def test_a_replanned_schedule_resumes_exactly(tmp_path, tiny_model_dir):
+    from nlptrain.checkpoint import load_checkpoint
+
+    small, large = sets_of(tmp_path, tiny_model_dir, (10, 40))
+    whole = LrPerStep(save_at=8, folder=tmp_path / "step-8")  # after the re-plan at step 3
+    make_trainer(tmp_path, tiny_model_dir, [Swap([small, large]), whole], epochs=3,
+                 batch_size=4).fit()
+    resumed = LrPerStep()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [Swap([small, large]), resumed], epochs=3,
+                           batch_size=4)
+    load_checkpoint(trainer, tmp_path / "step-8")
+    trainer.fit()
+    assert sorted(resumed.lrs) == list(range(8, 23))
+    assert resumed.lrs == {s: lr for s, lr in whole.lrs.items() if s >= 8}

@@ -108,6 +108,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
             yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
 
     quoting = csv.QUOTE_NONE if delimiter == "\t" and not spec.quoted else csv.QUOTE_MINIMAL
+    csv.field_size_limit(2**31 - 1)  # long documents are rows too (the default refuses > 128 KiB)
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
     columns: dict[str, int] = {}  # role -> column

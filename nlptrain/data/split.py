@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from nlptrain.durable import replace_folder
 from nlptrain.errors import ConfigError, DataError
 
 MANIFEST = "manifest.json"
@@ -228,7 +229,7 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
         _check_out(out, overwrite)
         if out.exists():
             shutil.rmtree(out) if (out / MANIFEST).is_file() else out.rmdir()
-        os.replace(staging, out)
+        replace_folder(staging, out, replace_existing=False)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nlptrain.durable import replace_folder
+
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2  # 2: targets of any kind, type ids of pairs
@@ -75,7 +77,7 @@ class TokenizedDataset(Dataset):
         With `pairs`, each row is encoded as a real pair (`tokenizer(text, text_pair)`): the
         longer side is truncated first, and each token's segment is kept as its type id (for
         models that read type ids)."""
-        pieces, type_pieces, lengths = [], [], []
+        pieces, type_pieces, lengths, truncated = [], [], [], 0
         typed = pairs is not None and uses_type_ids(tokenizer)
         for begin in range(0, len(texts), chunk):
             second = None if pairs is None else list(pairs[begin:begin + chunk])
@@ -83,6 +85,7 @@ class TokenizedDataset(Dataset):
                                 max_length=max_length, return_attention_mask=False,
                                 return_token_type_ids=typed)
             rows = encoded["input_ids"]
+            truncated += sum(bool(e.overflowing) for e in encoded.encodings or ())
             lengths += [len(row) for row in rows]
             pieces.append(np.fromiter((t for row in rows for t in row), dtype=np.int32))
             if typed:
@@ -94,6 +97,9 @@ class TokenizedDataset(Dataset):
         type_ids = None
         if typed:
             type_ids = np.concatenate(type_pieces) if type_pieces else np.zeros(0, dtype=np.int8)
+        if truncated:
+            log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
+                     truncated, len(lengths), max_length)
         targets = labels if isinstance(labels, np.ndarray) else np.asarray(labels, dtype=np.int64)
         return cls(ids, offsets, targets, type_ids=type_ids)
 
@@ -196,7 +202,8 @@ def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDatas
     try:
         dataset.save(staging)
         (staging / "meta.json").write_text(json.dumps(meta))
-        os.replace(staging, folder)  # whole entry appears at once; a crash leaves only .tmp-*
+        # The whole entry appears at once (a crash leaves only .tmp-*); the first writer wins.
+        replace_folder(staging, folder, replace_existing=False)
     except OSError:
         if not (folder / "meta.json").is_file():
             raise

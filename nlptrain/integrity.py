@@ -1,0 +1,70 @@
+"""Is a checkpoint whole? Sizes and checksums of its files, checked before anything is loaded.
+
+At save, `meta.json` records the size and SHA-256 of every other file in the checkpoint folder
+(whatever files a checkpoint format writes, in subfolders too). On resume, the newest checkpoint
+whose files all match is taken; a damaged one (a full disk, a copy cut short, a bad sector) is
+named in one line and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+META = "meta.json"
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def file_checksums(folder: Path) -> dict[str, dict[str, int | str]]:
+    """{relative path: {"bytes", "sha256"}} of every file under `folder` but meta.json."""
+    found = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            for p in found if p.relative_to(folder).as_posix() != META}
+
+
+def read_meta(folder: Path) -> dict:
+    """meta.json of a checkpoint (ValueError when it is not a JSON object)."""
+    meta = json.loads((Path(folder) / META).read_text(encoding="utf-8"))
+    if not isinstance(meta, dict):
+        raise ValueError("not a JSON object")
+    return meta
+
+
+def verify_checkpoint(folder: Path) -> str | None:
+    """None when every file of the checkpoint is whole, else one line naming the first damage.
+
+    Checkpoints written before checksums were recorded have only their meta.json checked."""
+    folder = Path(folder)
+    if not (folder / META).is_file():
+        return f"{folder / META}: missing (an incomplete checkpoint)"
+    try:
+        meta = read_meta(folder)
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"{folder / META}: damaged (not valid JSON: {str(err)[:80]})"
+    for name, expected in meta.get("files", {}).items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path}: missing"
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return f"{path}: damaged (size {size} of {expected['bytes']} bytes)"
+        if _sha256(path) != expected["sha256"]:
+            return f"{path}: damaged (checksum mismatch)"
+    return None
+
+
+def pick_checkpoint(folders: Sequence[Path]) -> tuple[Path | None, list[str]]:
+    """The newest whole checkpoint of `folders` (oldest first), and the damage found in newer ones."""
+    problems = []
+    for folder in reversed(folders):
+        problem = verify_checkpoint(folder)
+        if problem is None:
+            return folder, problems
+        problems.append(problem)
+    return None, problems

@@ -1,0 +1,99 @@
+"""`model/README.md`: a Hugging Face model card for the exported model, built from the run's files.
+
+YAML front matter (library_name, pipeline_tag, tags) as the Hub reads it, then the task, data,
+labels, settings, every scalar metric of results.json, and how to load the model with `pipeline`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nlptrain.durable import write_text
+from nlptrain.kinds import from_run_config, scalar_metrics
+
+CARD_FILE = "README.md"
+SETTINGS = ("epochs", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",
+            "max_grad_norm", "grad_accum", "precision", "seed", "metric_for_best")
+
+
+def _read(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def metrics_table(results: dict[str, Any]) -> list[str]:
+    splits = [s for s in ("valid", "test") if results.get(s)]
+    found = {s: scalar_metrics(results[s]) for s in splits}
+    names = list(dict.fromkeys(name for s in splits for name in found[s]))
+    if not names:
+        return ["No evaluation set: no metrics."]
+    title = {"valid": "validation", "test": "test"}
+    lines = ["| metric | " + " | ".join(title[s] for s in splits) + " |",
+             "| --- |" + " ---: |" * len(splits)]
+    for name in names:
+        cells = [_number(found[s][name]) if name in found[s] else "" for s in splits]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.4f}"  # counts stay counts
+
+
+def model_card(run_dir: Path) -> str:
+    results = _read(run_dir / "results.json")
+    run = _read(run_dir / "config.json")
+    task = run.get("task", {})
+    model_config = _read(run_dir / "model" / "config.json")
+    id2label = model_config.get("id2label", {})
+    labels = [id2label[k] for k in sorted(id2label, key=int)]
+    name, base = task.get("name", "task"), task.get("model", {}).get("name", "?")
+    train = task.get("train", {})
+    versions = run.get("versions", {})
+
+    out = ["---", "library_name: transformers", "pipeline_tag: text-classification", "tags:",
+           "- nlptrain", "- text-classification", f"- {name}", "---", "",
+           f"# {name}: a text classifier fine-tuned with nlptrain", ""]
+    if task.get("description"):
+        out += [task["description"], ""]
+    out += [f"Fine-tuned from `{base}` ({model_config.get('model_type', '?')}, "
+            f"max length {task.get('model', {}).get('max_length', '?')} tokens) on the "
+            f"`{name}` task, with {run.get('world_size', 1)} process(es); nlptrain "
+            f"{versions.get('nlptrain', '?')}, torch {versions.get('torch', '?')}, transformers "
+            f"{versions.get('transformers', '?')}.", "", "## Data", "",
+            "| split | rows | source |", "| --- | ---: | --- |"]
+    for split, info in results.get("data", {}).items():
+        out.append(f"| {split} | {info.get('rows', '')} | {info.get('source', '')} |")
+    out += ["", "## Labels", "", ", ".join(f"`{i}`: {label}" for i, label in enumerate(labels)),
+            "", "## Training settings", "", "| setting | value |", "| --- | --- |"]
+    out += [f"| {key} | {train[key]} |" for key in SETTINGS if key in train]
+    kind = from_run_config(run)
+    pairs = task.get("data", {}).get("text_pair_column", "") != ""
+    out += ["", "## Metrics", "", *metrics_table(results), "", "## Use", "",
+            f"A {kind.name.replace('_', '-')} model" + (" of sentence pairs" if pairs else "") + ".",
+            "", "```python", "from transformers import pipeline", "",
+            'classify = pipeline("text-classification", model="path/to/this/folder")',
+            *_usage(kind.name, pairs, labels), "```", ""]
+    return "\n".join(out)
+
+
+def _usage(kind: str, pairs: bool, labels: list[str]) -> list[str]:
+    text = '{"text": "first sentence", "text_pair": "second sentence"}' if pairs \
+        else '"a text to classify"'
+    if kind == "multi_label":  # independent labels: a sigmoid each, every label over the threshold
+        return [f'classify({text}, top_k=None, function_to_apply="sigmoid")',
+                "# [{'label': ..., 'score': ...}, ...] for every label; keep those over the "
+                "threshold"]
+    if kind == "regression":  # one output, the score itself
+        return [f'classify({text}, function_to_apply="none")   # [{{"label": "score", '
+                '"score": 3.8}]']
+    return [f'classify({text})   # [{{"label": "{labels[0] if labels else "..."}", "score": ...}}]']
+
+
+def write_model_card(run_dir: str | Path) -> Path:
+    """Write `RUN_DIR/model/README.md` from results.json, config.json and model/config.json."""
+    run_dir = Path(run_dir)
+    path = run_dir / "model" / CARD_FILE
+    write_text(path, model_card(run_dir))
+    return path

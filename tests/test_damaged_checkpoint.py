@@ -1,0 +1,114 @@
+"""A damaged checkpoint is found before anything is loaded, named in one line, and skipped for the
+newest whole one: in one process, and on 2 ranks restarted by torchrun --max-restarts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import REPO, run_cli
+
+from nlptrain.checkpoint import list_checkpoints
+from nlptrain.cli import main
+from nlptrain.integrity import file_checksums, pick_checkpoint, verify_checkpoint
+
+SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
+
+
+def fake_checkpoint(folder: Path) -> Path:
+    (folder / "shards").mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(b"w" * 1000)
+    (folder / "state.pt").write_bytes(b"s" * 300)
+    (folder / "shards" / "0.distcp").write_bytes(b"d" * 10)  # any file of any checkpoint format
+    (folder / "meta.json").write_text(json.dumps({"global_step": 4, "files": file_checksums(folder)}))
+    return folder
+
+
+def test_each_kind_of_damage_is_named_in_one_line(tmp_path):
+    ok = fake_checkpoint(tmp_path / "step-00000004")
+    assert set(json.loads((ok / "meta.json").read_text())["files"]) == {
+        "model.safetensors", "state.pt", "shards/0.distcp"}
+    assert verify_checkpoint(ok) is None
+
+    cut = fake_checkpoint(tmp_path / "cut")
+    (cut / "model.safetensors").write_bytes(b"w" * 123)
+    assert verify_checkpoint(cut) == f"{cut}/model.safetensors: damaged (size 123 of 1000 bytes)"
+
+    flipped = fake_checkpoint(tmp_path / "flipped")
+    (flipped / "state.pt").write_bytes(b"s" * 299 + b"x")
+    assert verify_checkpoint(flipped) == f"{flipped}/state.pt: damaged (checksum mismatch)"
+
+    lost = fake_checkpoint(tmp_path / "lost")
+    (lost / "shards" / "0.distcp").unlink()
+    assert verify_checkpoint(lost) == f"{lost}/shards/0.distcp: missing"
+
+    bad_meta = fake_checkpoint(tmp_path / "bad-meta")
+    text = (bad_meta / "meta.json").read_text()
+    (bad_meta / "meta.json").write_text(text[: len(text) // 2])
+    assert verify_checkpoint(bad_meta).startswith(f"{bad_meta}/meta.json: damaged (not valid JSON")
+
+    assert pick_checkpoint([ok, cut, flipped]) == (ok, [verify_checkpoint(flipped),
+                                                        verify_checkpoint(cut)])
+    assert pick_checkpoint([cut]) == (None, [verify_checkpoint(cut)])
+
+
+def truncate(path: Path) -> int:
+    size = path.stat().st_size
+    path.write_bytes(path.read_bytes()[: size // 2])
+    return size
+
+
+def test_resume_skips_a_damaged_latest_checkpoint_and_fails_cleanly_when_none_is_left(
+        toy_task, tmp_path, capsys):
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+            "--steps-per-epoch", "10", "--checkpoint-every", "5"]
+    assert main(args) == 0
+    older, latest = list_checkpoints(run / "checkpoints")
+    assert (older.name, latest.name) == ("step-00000005", "step-00000010")
+    size = truncate(latest / "model.safetensors")
+    capsys.readouterr()
+
+    assert main([*args, "--resume"]) == 0  # trains steps 6-10 again from step-5
+    err = capsys.readouterr().err
+    assert (f"{latest}/model.safetensors: damaged (size {size // 2} of {size} bytes): "
+            "checkpoint skipped") in err
+    assert f"resuming from {older}, the newest whole checkpoint" in err
+    assert "resumed from" in err and "step-00000005" in err
+    assert verify_checkpoint(latest) is None  # rewritten whole at step 10
+
+    # Both damaged now (a state file and a meta.json): one line, exit code 1, nothing loaded.
+    state = (latest / "state.pt").read_bytes()
+    (latest / "state.pt").write_bytes(state[:-1] + bytes([state[-1] ^ 1]))
+    truncate(older / "meta.json")
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 1
+    err = capsys.readouterr().err
+    assert f"{latest}/state.pt: damaged (checksum mismatch): checkpoint skipped" in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {run / 'checkpoints'}: no whole checkpoint left to resume from (2 "
+                      f"damaged; the newest: {latest}/state.pt: damaged (checksum mismatch)); "
+                      "start again with --overwrite"]
+    assert "Traceback" not in err
+
+
+def test_two_ranks_restarted_by_torchrun_all_resume_from_the_newest_whole_checkpoint(toy_task,
+                                                                                   tmp_path):
+    """Rank 0 cuts step-4's weights short and dies at step 5; after the restart both ranks train
+    from step-2 (each rank's rows of step 3 are trained twice: before and after the restart)."""
+    run, rows_file = tmp_path / "run", tmp_path / "rows.txt"
+    out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                   "--steps-per-epoch", "6", "--checkpoint-every", "2",
+                   "--callback", f"{SCAFFOLD}:RecordRows",
+                   "--callback", f"{SCAFFOLD}:DamageLatestCheckpointThenDie"], tmp_path,
+                  torchrun_args=["--standalone", "--nproc_per_node=2", "--max-restarts=1"],
+                  AT_STEP="5", ROWS_FILE=str(rows_file))
+    assert out.returncode == 0, out.stderr[-3000:]
+    step4 = run / "checkpoints" / "step-00000004"
+    assert out.stderr.count(f"{step4}/model.safetensors: damaged (size") == 1  # rank 0 says it
+    assert "resumed from" in out.stderr and "step-00000002" in out.stderr
+    rows = [line.split() for line in rows_file.read_text().splitlines()]
+    for rank in ("0", "1"):
+        trained = [int(step) for r, _, step, _ in rows if r == rank]
+        assert trained.count(3) == 2 * 8 and trained.count(2) == 8, rank  # batch size 8
+    assert (run / "model" / "model.safetensors").is_file()

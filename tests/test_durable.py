@@ -1,0 +1,84 @@
+"""Durable writes: the staged data are fsynced before the rename, the folder after it, and a crash
+before the rename leaves the old file or folder whole."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nlptrain import durable
+
+
+@pytest.fixture()
+def fsynced(monkeypatch) -> list[str]:
+    """The paths os.fsync was called on, in order."""
+    seen: list[str] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        seen.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(durable.os, "fsync", spy)
+    return seen
+
+
+def crash_on_rename(monkeypatch, source_name: str) -> None:
+    """os.replace raises when it would move `source_name` into place: a crash at that moment."""
+    real = os.replace
+
+    def replace(src, dst) -> None:
+        if Path(src).name == source_name:
+            raise OSError("power lost")
+        real(src, dst)
+
+    monkeypatch.setattr(durable.os, "replace", replace)
+
+
+def test_a_file_is_fsynced_before_the_rename_and_its_folder_after(tmp_path, fsynced):
+    target = tmp_path / "results.json"
+    durable.write_text(target, '{"accuracy": 1.0}')
+    assert target.read_text() == '{"accuracy": 1.0}'
+    assert fsynced == [str(tmp_path / ".results.json.tmp"), str(tmp_path)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_a_crash_before_the_rename_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    crash_on_rename(monkeypatch, ".config.json.tmp")
+    with pytest.raises(OSError, match="power lost"):
+        durable.write_text(target, "new")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]  # no staging left
+
+
+def staged_folder(parent: Path, name: str, text: str) -> Path:
+    folder = parent / name
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.safetensors").write_text(text)
+    (folder / "sub" / "part").write_text(text)
+    return folder
+
+
+def test_a_folder_has_every_file_and_folder_fsynced_then_its_parent(tmp_path, fsynced):
+    staging = staged_folder(tmp_path, ".tmp-model", "new")
+    target = staged_folder(tmp_path, "model", "old")
+    durable.replace_folder(staging, target)
+    assert (target / "model.safetensors").read_text() == "new"
+    assert sorted(fsynced[:-1]) == sorted(str(staging / p) for p in
+                                          ("model.safetensors", "sub/part", "sub", "."))
+    assert fsynced[-1] == str(tmp_path)  # the rename itself, last
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_crash_before_a_folder_rename_leaves_the_old_folder_whole(tmp_path, monkeypatch):
+    staging = staged_folder(tmp_path, ".tmp-model", "new")
+    target = staged_folder(tmp_path, "model", "old")
+    crash_on_rename(monkeypatch, ".tmp-model")
+    with pytest.raises(OSError, match="power lost"):
+        durable.replace_folder(staging, target)
+    assert (target / "model.safetensors").read_text() == "old"
+    assert (target / "sub" / "part").read_text() == "old"
