@@ -1,14 +1,17 @@
 """Distributed evaluation that equals single-process evaluation exactly.
 
 Each rank scores a disjoint share (`EvalSampler`: no padding duplicates) on the unwrapped model,
-so uneven shares touch no DDP collective. `(row index, probabilities, label)` are gathered from
-every rank and put back in row order before any metric is computed, so accuracy, macro-F1 and the
-confusion matrix are those of one process on the whole set, for any world size.
+so uneven shares touch no DDP collective; under FSDP2 (every forward a collective) the short
+shares add uncounted batches so that all ranks take the same number. `(row index, probabilities,
+label)` are gathered from every rank and put back in row order before any metric is computed, so
+accuracy, macro-F1 and the confusion matrix are those of one process on the whole set, for any
+world size.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,19 +45,27 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: SingleProcess,
-            collate: Collator, batch_size: int = 64, precision: str = "fp32") -> Predictions:
-    """Score this rank's share of `dataset`, gather all shares, return them in row order."""
-    model = dist.unwrap(model)
+            collate: Collator, batch_size: int = 64, precision: str = "fp32",
+            equal_steps: bool = False) -> Predictions:
+    """Score this rank's share of `dataset`, gather all shares, return them in row order.
+
+    `model` unwrapped (a DDP wrapper's module; an FSDP2 model as it is). `equal_steps`: every
+    forward is a collective (FSDP2), so every rank takes as many batches as the longest share.
+    """
     was_training = model.training
     model.eval()
     sampler = EvalSampler(len(dataset), dist.rank, dist.world_size, dataset.lengths)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+    counted = len(loader)  # the short shares then pad with batches that are not counted
+    padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
     index, probs, labels = [], [], []
-    for batch in loader:
+    for step, batch in enumerate(itertools.chain(loader, (collate([dataset[0]]) for _ in range(padding)))):
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in batch.items()
                   if k in ("input_ids", "attention_mask")}
         with autocast(dist.device, precision):
             logits = model(**inputs).logits
+        if step >= counted:
+            continue
         probs.append(torch.softmax(logits.float(), dim=-1).cpu())
         index.append(batch["index"])
         labels.append(batch["labels"])

@@ -21,7 +21,7 @@ import torch
 
 from nlptrain import distributed
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import export_model, list_checkpoints, load_checkpoint
+from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.errors import ConfigError
@@ -94,7 +94,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
             log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
         trainer.fit()
         results = final_metrics(trainer, sets, best, run_dir)
-        dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
+        trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
         dist.on_main(lambda: write_outputs(run_dir, results, task, sets))
     finally:
         trainer.close()
@@ -152,9 +152,7 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
     if sets.valid is not None:
         results["valid"] = latest
         if best is not None and best.saved_metrics is not None:
-            from safetensors.torch import load_model as load_weights
-
-            load_weights(trainer.unwrapped_model, str(run_dir / "best" / "model.safetensors"))
+            trainer.strategy.load_full_weights(trainer.model, run_dir / "best" / "model.safetensors")
             results["valid"] = best.saved_metrics
     if sets.test is not None:
         # Without a validation set the loop evaluated on the test set: reuse it if it is current.

@@ -1,9 +1,10 @@
 """The training loop: one loop, fired events, two ways to run it.
 
 `fit`, `_train_epochs` and `_train_batch` below are the whole loop, on one screen; each event is
-fired from one line of them. `DistTrainer` is the same class with the DDP backend from
-`nlptrain.distributed`: the loop only calls the backend's methods (`wrap_model`, `no_sync`,
-`all_sum`, `agree_min`, `any`) and never tests ranks.
+fired from one line of them. `DistTrainer` is the same class with the distributed backend from
+`nlptrain.distributed`: the loop only calls the backend's methods (`all_sum`, `agree_min`, `any`)
+and its strategy's (`wrap_model`, `no_sync`; `nlptrain.strategies`: one device, DDP, FSDP2) and
+never tests ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from nlptrain import distributed
+from nlptrain import distributed, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
@@ -56,11 +57,13 @@ class Trainer:
         tokenizer: Any = None,
         collate: Collator | None = None,
         dist: distributed.SingleProcess | None = None,
+        strategy: strategies.Strategy | None = None,
     ) -> None:
         self.config = config or TrainConfig()
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
-        self.model = self.dist.wrap_model(model)
+        self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
+        self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.tokenizer = tokenizer
         self.label_names = [model.config.id2label[i] for i in range(model.config.num_labels)]
         self.train_data, self.eval_data = train_data, eval_data
@@ -92,7 +95,7 @@ class Trainer:
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
-        return self.dist.unwrap(self.model)
+        return self.strategy.unwrap(self.model)
 
     @property
     def is_main(self) -> bool:
@@ -134,7 +137,7 @@ class Trainer:
         self.is_update_step = self._ends_accumulation()
         self.callbacks.fire("on_batch_start", self, batch)
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
+        with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
             with autocast(self.device, cfg.precision):
                 loss = self.model(**_model_inputs(batch)).loss
             self.callbacks.fire("on_loss", self, loss)
@@ -169,8 +172,9 @@ class Trainer:
 
     def evaluate(self, data: Dataset) -> dict[str, Any]:
         """Metrics on `data`, computed from every rank's predictions, duplicates excluded."""
-        found = predict(self.model, data, self.dist, self.collate, self.config.eval_batch_size,
-                        self.config.precision)
+        found = predict(self.unwrapped_model, data, self.dist, self.collate,
+                        self.config.eval_batch_size, self.config.precision,
+                        equal_steps=self.strategy.eval_needs_equal_steps)
         return compute_metrics(found, self.label_names)
 
     # -- the pieces of the loop ------------------------------------------------------------
