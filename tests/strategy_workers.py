@@ -118,3 +118,31 @@ def checkpoint_worker(rank: int, world: int, folder: str, model_dir: str, strate
         resumed.close()
     dist.close()
     return out
+
+
+def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by: str = "",
+                 eval_rows: int = 0) -> dict:
+    """DDP then FSDP2: one short epoch with a checkpoint at step 2 into FOLDER/<strategy>-<world>/,
+    or first a resume from `written_by`'s step-2 checkpoint; then evaluate `eval_rows` rows."""
+    dist = distributed.from_env(120)
+    own = Path(folder) / f"w{world}-rank{rank}"
+    train = toy_set(own, model_dir, "train", 48, seed=1)
+    big = toy_set(own, model_dir, "big", eval_rows, seed=3) if eval_rows else None
+    out: dict[str, Any] = {}
+    for strategy in ("ddp", "fsdp"):
+        record = RecordSteps(at=(2,))
+        saver = Checkpointer(Path(folder) / f"{strategy}-{world}", every=2, keep=0)
+        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver],
+                               batch_size=2, eval_batch_size=13)
+        got: dict[str, Any] = {"kind": type(trainer.strategy).__name__}
+        if written_by:
+            load_checkpoint(trainer, Path(written_by) / f"{strategy}-8" / checkpoint_name(2))
+            got["loaded"] = trainer.strategy.full_state_dict(trainer.model)
+        trainer.fit()
+        got.update(steps=trainer.global_step, batches=trainer.batch_in_epoch, at=record.weights)
+        if big is not None:
+            got["eval"] = trainer.evaluate(big) if strategy == "fsdp" else None
+        trainer.close()
+        out[strategy] = got
+    dist.close()
+    return out

@@ -10,7 +10,13 @@ import pytest
 import torch
 from conftest import run_cli
 from ddp import run_ranks
-from strategy_workers import checkpoint_worker, equivalence_worker, make_trainer, toy_set
+from strategy_workers import (
+    checkpoint_worker,
+    equivalence_worker,
+    make_trainer,
+    scale_worker,
+    toy_set,
+)
 
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.evaluate import compute_metrics, predict
@@ -115,3 +121,25 @@ def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_tas
         found = classify([text for text, _ in rows], truncation=True, max_length=32, batch_size=16)
         correct = sum(f["label"] == label for f, (_, label) in zip(found, rows, strict=True))
         assert correct == ours["test"]["correct"], folder  # best is model: one evaluation
+
+
+@pytest.mark.slow
+def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir, one_process_eval):
+    """8 ranks (1 thread each): exact evaluation, agreed step counts, and a checkpoint written by 8
+    that 4 ranks resume, under DDP and FSDP2."""
+    eight = run_ranks(scale_worker, 8, tmp_path, str(tmp_path), str(tiny_model_dir), "", EVAL_ROWS,
+                      timeout=600)
+    for strategy, kind in (("ddp", "DDP"), ("fsdp", "FSDP2")):
+        assert {r[strategy]["kind"] for r in eight} == {kind}
+        assert {(r[strategy]["steps"], r[strategy]["batches"]) for r in eight} == {(3, 3)}
+        shards = tmp_path / f"{strategy}-8" / "step-00000002"
+        assert (shards / "shards").is_dir() == (strategy == "fsdp")
+    four = run_ranks(scale_worker, 4, tmp_path / "four", str(tmp_path / "four"),
+                     str(tiny_model_dir), str(tmp_path), 0, timeout=600)
+    for strategy in ("ddp", "fsdp"):
+        assert max_gap(four[0][strategy]["loaded"], eight[0][strategy]["at"][2]) == 0
+        # 48 rows, 32 read by 8 ranks at step 2: 16 remain, 2 steps of 4 ranks x 2 rows.
+        assert {r[strategy]["steps"] for r in four} == {2 + 2}
+    for rank in eight:
+        for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
+            assert rank["fsdp"]["eval"][key] == one_process_eval[key], key
