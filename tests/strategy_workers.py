@@ -139,7 +139,7 @@ def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by:
             load_checkpoint(trainer, Path(written_by) / f"{strategy}-8" / checkpoint_name(2))
             got["loaded"] = trainer.strategy.full_state_dict(trainer.model)
         trainer.fit()
-        got.update(steps=trainer.global_step, batches=trainer.batch_in_epoch, at=record.weights)
+        got.update(steps=trainer.global_step, batches=trainer.batches_per_epoch, at=record.weights)
         if big is not None:
             got["eval"] = trainer.evaluate(big) if strategy == "fsdp" else None
         trainer.close()
