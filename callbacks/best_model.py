@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nlptrain.checkpoint import export_model
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -13,8 +12,8 @@ if TYPE_CHECKING:
 
 
 class SaveBestModel(Callback):
-    # Every rank runs it: `on_main` writes on rank 0 and holds the others until the folder is
-    # complete, so no rank ever reads a half-written model.
+    # Every rank runs it: the strategy gathers the weights (FSDP2: from every rank), rank 0
+    # writes and holds the others until the folder is complete, so none reads a half-written model.
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
@@ -22,6 +21,5 @@ class SaveBestModel(Callback):
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         if is_best:
-            trainer.dist.on_main(lambda: export_model(trainer.unwrapped_model, trainer.tokenizer,
-                                                      self.folder))
+            trainer.strategy.export(trainer.model, trainer.tokenizer, self.folder)
             self.saved_metrics = metrics

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -21,5 +19,5 @@ class GradClip(Callback):
         if not trainer.is_update_step:  # gradients are complete on the update step only
             return
         trainer.scaler.unscale_(trainer.optimizer)  # fp16: clip the true gradients
-        norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), self.max_norm)
-        self.last_norm = float(norm)
+        # The global norm, equal on every rank (under FSDP2 a collective over the shards).
+        self.last_norm = trainer.strategy.clip_grad_norm(trainer.model, self.max_norm)

@@ -1,6 +1,7 @@
 """Checkpoints: written atomically by rank 0, loaded without unpickling code, resumable exactly.
 
-A checkpoint is a folder `step-NNNNNNNN/` holding `model.safetensors` (weights), `state.pt`
+A checkpoint is a folder `step-NNNNNNNN/` holding `model.safetensors` (weights; under FSDP2
+`shards/` instead, model and optimizer, see sharded_checkpoint.py), `state.pt`
 (optimizer, scaler, progress, every rank's RNG states, callback states; tensors and plain values
 only, read with `torch.load(weights_only=True)`) and `meta.json` (with the size and checksum of
 each file, see integrity.py). It is written under a temporary name, fsynced and renamed, so a
@@ -20,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
 
 from nlptrain.durable import replace_folder
 from nlptrain.errors import CheckpointError
@@ -63,7 +63,9 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
     rngs = trainer.dist.gather_objects(rng_state())
     callbacks = trainer.callback_states()
-    state = {"progress": trainer.progress_state(), "optimizer": trainer.optimizer.state_dict(),
+    # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.
+    weights = trainer.strategy.checkpoint_weights(trainer.model, trainer.optimizer, folder)
+    state = {"progress": trainer.progress_state(), "optimizer": weights.optimizer_state,
              "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
             "world_size": trainer.dist.world_size}
@@ -73,7 +75,7 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
         staging = folder.parent / f".tmp-{folder.name}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
-        save_model(trainer.unwrapped_model, str(staging / "model.safetensors"))
+        weights.write(staging)
         torch.save(state, staging / "state.pt")
         files = file_checksums(staging)  # meta.json last: its presence means "complete"
         (staging / "meta.json").write_text(json.dumps({**meta, "files": files}, indent=1))
@@ -148,12 +150,8 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
             raise CheckpointError(f"{folder}: made for another model or task ({key} is "
                                   f"{meta.get(key)!r} there, {value!r} here)")
     state = read_state(folder / "state.pt")
-    missing, unexpected = load_model(trainer.unwrapped_model, str(folder / "model.safetensors"),
-                                     strict=False, device=str(trainer.device))
-    if missing or unexpected:
-        raise CheckpointError(f"{folder}: weights do not fit this model "
-                              f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
+                                             state["optimizer"])
     trainer.scaler.load_state_dict(state["scaler"])
     trainer.load_progress_state(state["progress"])
     rngs = state["rng"]
@@ -167,15 +165,22 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
     log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1, trainer.global_step)
 
 
-def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
-    """`save_pretrained` of model and tokenizer (label names in config), replaced atomically."""
+def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """`save_pretrained` of model and tokenizer (label names in config), replaced atomically;
+    `state_dict`: whole weights gathered from a sharded model."""
     staging = folder.parent / f".tmp-{folder.name}"
     shutil.rmtree(staging, ignore_errors=True)
     if hasattr(model, "save_pretrained"):
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, state_dict=state_dict)
     else:  # a user's own module: its weights; it is rebuilt by the user's code
+        from safetensors.torch import save_file, save_model
+
         staging.mkdir(parents=True)
-        save_model(model, str(staging / "model.safetensors"))
+        if state_dict is None:
+            save_model(model, str(staging / "model.safetensors"))
+        else:
+            save_file(state_dict, str(staging / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save_pretrained(staging)
     replace_folder(staging, folder)

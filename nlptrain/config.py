@@ -112,6 +112,11 @@ class TrainConfig:
     steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
     timeout: int = opt(600, "seconds a rank waits for the others in a collective before failing")
+    strategy: str = opt("auto", "auto (ddp when more than one rank) | ddp (a full replica per rank) "
+                        "| fsdp (FSDP2: weights, gradients, Adam state sharded across ranks)")
+    reshard_after_forward: bool = opt(True, "fsdp: free each layer's gathered weights after its "
+                                      "forward (like ZeRO-3; false: keep them to the backward, "
+                                      "like ZeRO-2)")
 
 
 @dataclass
@@ -201,6 +206,7 @@ CHOICES = {
     ("train", "padding"): {"dynamic", "max_length"},
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
     ("data", "kind"): {"single_label", "multi_label", "regression"},
+    ("train", "strategy"): {"auto", "ddp", "fsdp"},
 }
 
 

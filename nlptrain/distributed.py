@@ -1,25 +1,24 @@
 """Distributed plumbing: process group, collectives, rank-0 duties. All of it lives here.
 
-`SingleProcess` is the backend of `Trainer`; `Distributed` (DDP over torchrun's `env://`) is the
-backend of `DistTrainer`. They have the same methods, so the training loop never asks which one it
-has and never tests `rank == 0` itself. Every collective here is called by every rank, in the
-same order, from the same place in the loop.
+`SingleProcess` is the backend of `Trainer`; `Distributed` (a process group over torchrun's
+`env://`) is the backend of `DistTrainer`. They have the same methods, so the training loop never
+asks which one it has and never tests `rank == 0` itself. Every collective here is called by every
+rank, in the same order, from the same place in the loop. How the model is placed on them (DDP,
+FSDP2) is the strategy's business: `nlptrain.strategies`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from nlptrain.errors import RemoteRankError
 
@@ -46,17 +45,6 @@ class SingleProcess:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
-
-    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return model.to(self.device)
-
-    @staticmethod
-    def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
-        yield
 
     def all_sum(self, values: list[float]) -> list[float]:
         return list(values)
@@ -89,7 +77,7 @@ class SingleProcess:
 
 
 class Distributed(SingleProcess):
-    """One process per device under DDP; the process group comes from torchrun's environment."""
+    """One process per device; the process group comes from torchrun's environment."""
 
     def __init__(self, timeout_s: float = 600.0, device: torch.device | None = None) -> None:
         self.rank = int(os.environ["RANK"])
@@ -110,18 +98,6 @@ class Distributed(SingleProcess):
                                         world_size=self.world_size, timeout=timeout)
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
-
-    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        model = model.to(self.device)
-        ids = [self.device.index] if self.device.type == "cuda" else None
-        # Gradients live in the all-reduce buckets: no copy of every gradient each step.
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
-
-    @contextlib.contextmanager
-    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
-        # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
-        with model.no_sync() if skip_sync else contextlib.nullcontext():
-            yield
 
     def _flags(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)

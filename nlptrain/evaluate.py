@@ -1,15 +1,18 @@
 """Distributed evaluation that equals single-process evaluation exactly.
 
 Each rank scores a disjoint share (`EvalSampler`: no padding duplicates) on the unwrapped model,
-so uneven shares touch no DDP collective. `(row index, probabilities, label)` are gathered from
-every rank and put back in row order before any metric is computed, so every metric of the task's
-kind (accuracy, F1, correlations, ...) is that of one process on the whole set, for any world size.
-Training and evaluation give the model the same inputs (`model_inputs`).
+so uneven shares touch no DDP collective; under FSDP2 (every forward a collective) the short
+shares add uncounted batches so that all ranks take the same number. `(row index, outputs,
+label)` are gathered from every rank and put back in row order before any metric is computed, so
+every metric of the task's kind (accuracy, F1, correlations, ...) is that of one process on the
+whole set, for any world size. Training and evaluation give the model the same inputs
+(`model_inputs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,19 +63,27 @@ def logits_of(outputs: Any) -> torch.Tensor:
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: SingleProcess,
             collate: Collator, batch_size: int = 64, precision: str = "fp32",
-            kind: TaskKind | None = None) -> Predictions:
-    """Score this rank's share of `dataset`, gather all shares, return them in row order."""
+            kind: TaskKind | None = None, equal_steps: bool = False) -> Predictions:
+    """Score this rank's share of `dataset`, gather all shares, return them in row order.
+
+    `model` unwrapped (a DDP wrapper's module; an FSDP2 model as it is). `equal_steps`: every
+    forward is a collective (FSDP2), so every rank takes as many batches as the longest share.
+    """
     kind = kind or SingleLabel()
-    model = dist.unwrap(model)
     was_training = model.training
     model.eval()
     sampler = EvalSampler(len(dataset), dist.rank, dist.world_size, dataset.lengths)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+    counted = len(loader)  # the short shares then pad with batches that are not counted
+    padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
+    filler = (collate([dataset[0]]) for _ in range(padding))
     index, outputs, labels = [], [], []
-    for batch in loader:
+    for step, batch in enumerate(itertools.chain(loader, filler)):
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
             logits = logits_of(model(**inputs))
+        if step >= counted:
+            continue
         outputs.append(kind.outputs(logits).cpu())
         index.append(batch["index"])
         labels.append(batch["labels"])

@@ -21,7 +21,7 @@ import torch
 
 from nlptrain import distributed, kinds
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import export_model, latest_whole_checkpoint, load_checkpoint
+from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import write_text
@@ -100,7 +100,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
         trainer.fit()
         results = final_metrics(trainer, sets, best, run_dir)
         found = trainer.predictions if results["test"] else None  # the test set's, if scored
-        dist.on_main(lambda: export_model(trainer.unwrapped_model, tokenizer, run_dir / "model"))
+        trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
         dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
     finally:
         trainer.close()
@@ -158,9 +158,7 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
     if sets.valid is not None:
         results["valid"] = latest
         if best is not None and best.saved_metrics is not None:
-            from safetensors.torch import load_model as load_weights
-
-            load_weights(trainer.unwrapped_model, str(run_dir / "best" / "model.safetensors"))
+            trainer.strategy.load_full_weights(trainer.model, run_dir / "best" / "model.safetensors")
             results["valid"] = best.saved_metrics
     if sets.test is not None:
         # Without a validation set the loop evaluated on the test set: reuse it if it is current.

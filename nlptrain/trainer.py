@@ -1,9 +1,10 @@
 """The training loop: one loop, fired events, two ways to run it.
 
 `fit`, `_train_epochs` and `_train_batch` below are the whole loop, on one screen; each event is
-fired from one line of them. `DistTrainer` is the same class with the DDP backend from
-`nlptrain.distributed`: the loop only calls the backend's methods (`wrap_model`, `no_sync`,
-`all_sum`, `agree_min`, `any`) and never tests ranks.
+fired from one line of them. `DistTrainer` is the same class with the distributed backend from
+`nlptrain.distributed`: the loop only calls the backend's methods (`all_sum`, `agree_min`, `any`)
+and its strategy's (`wrap_model`, `no_sync`; `nlptrain.strategies`: one device, DDP, FSDP2) and
+never tests ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from nlptrain import distributed, kinds
+from nlptrain import distributed, kinds, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
@@ -80,6 +81,7 @@ class Trainer:
         kind: TaskKind | None = None,
         label_names: Sequence[str] | None = None,
         metrics: Sequence[MetricFn] = (),
+        strategy: strategies.Strategy | None = None,
     ) -> None:
         self.config = config or TrainConfig()
         self.dist = dist or distributed.SingleProcess()
@@ -90,7 +92,8 @@ class Trainer:
         self.label_names = list(label_names) if label_names else _label_names(model_config)
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.loss_fn: LossFn = self.kind.loss  # (logits, targets) -> loss; callbacks may replace it
-        self.model = self.dist.wrap_model(model)
+        self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
+        self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.tokenizer = tokenizer
         self.train_data, self.eval_data = train_data, eval_data
         pad_id = getattr(model_config, "pad_token_id", None) or 0
@@ -115,7 +118,7 @@ class Trainer:
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
-        return self.dist.unwrap(self.model)
+        return self.strategy.unwrap(self.model)
 
     @property
     def is_main(self) -> bool:
@@ -157,7 +160,7 @@ class Trainer:
         self.is_update_step = self._ends_accumulation()
         self.callbacks.fire("on_batch_start", self, batch)
         batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
+        with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
             with autocast(self.device, cfg.precision):
                 logits = logits_of(self.model(**model_inputs(batch)))
                 loss = self.loss_fn(logits, batch["labels"])
@@ -198,8 +201,9 @@ class Trainer:
     def evaluate(self, data: Dataset) -> dict[str, Any]:
         """Metrics on `data`, computed from every rank's predictions, duplicates excluded: the
         kind's, then the user's own (`metrics=`), all on the same gathered predictions."""
-        found = predict(self.model, data, self.dist, self.collate, self.config.eval_batch_size,
-                        self.config.precision, self.kind)
+        found = predict(self.unwrapped_model, data, self.dist, self.collate,
+                        self.config.eval_batch_size, self.config.precision, self.kind,
+                        equal_steps=self.strategy.eval_needs_equal_steps)
         self.predictions = found
         metrics = compute_metrics(found, self.label_names, self.kind)
         for metric_fn in self.metric_fns:

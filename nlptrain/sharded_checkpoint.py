@@ -1,0 +1,51 @@
+"""Sharded model + optimizer state with `torch.distributed.checkpoint` (DCP), for FSDP2.
+
+Each rank writes its own shard (`__<rank>_0.distcp`), rank 0 the `.metadata` that says which
+slice of which tensor lies where; a job of another world size reads the slices its shards need
+(DCP reshards on load). The shards go to a temporary folder beside the checkpoint first; rank 0
+moves that folder into the checkpoint's staging folder, which `checkpoint.py` renames into place
+as it does for whole weights, so a crash mid-write leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from nlptrain.distributed import SingleProcess
+from nlptrain.errors import CheckpointError
+
+SHARDS = "shards"  # the folder inside a checkpoint
+
+
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
+                dist: SingleProcess) -> Path:
+    """Every rank: write its shard of model and optimizer state for checkpoint `folder` into a
+    temporary folder beside it, and return that folder (complete on return, on every rank)."""
+    shards = folder.parent / f".tmp-{folder.name}.{SHARDS}"
+
+    def clear() -> None:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(shards, ignore_errors=True)
+
+    dist.on_main(clear)  # also the barrier: nobody writes before the old files are gone
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards))
+    dist.barrier()  # rank 0 wrote .metadata after every rank reported its shard
+    return shards
+
+
+def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards: Path) -> None:
+    """Every rank: read the slices of its own shards (any world size wrote them) and set them."""
+    # The optimizer's state is made (zero steps) so that DCP knows the shapes to read into.
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    try:
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards))
+    except Exception as err:  # DCP wraps a rank's failure in CheckpointException
+        raise CheckpointError(f"{shards}: sharded state cannot be read "
+                              f"({str(err).splitlines()[0][:200]})") from None
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)

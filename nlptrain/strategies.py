@@ -1,0 +1,240 @@
+"""Strategies: how the model is placed, synchronized, clipped, checkpointed and exported.
+
+The loop asks its strategy, never which one it has. `SingleDevice` (one process), `DDP` (a full
+replica per rank, gradients all-reduced) and `FSDP2` (parameters, gradients and optimizer state
+sharded on dim 0 across ranks by `torch.distributed.fsdp.fully_shard`). `[train] strategy` picks
+one; `auto` is DDP when the world has more than one rank.
+
+FSDP2 and DeepSpeed ZeRO: `reshard_after_forward = true` frees each layer's gathered weights
+after its forward and gathers them again for the backward, like ZeRO-3 (stage 3: parameters,
+gradients and optimizer state sharded); `false` keeps them gathered from forward to backward,
+like ZeRO-2 (gradients and optimizer state sharded, parameters whole during the step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from safetensors.torch import load_model, save_model
+from torch.nn.parallel import DistributedDataParallel
+
+from nlptrain.checkpoint import export_model
+from nlptrain.distributed import SingleProcess
+from nlptrain.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class CheckpointWeights:
+    """What a strategy puts in a checkpoint: the optimizer state for `state.pt` (None when it
+    is written apart) and `write(staging)`, run on rank 0 into the checkpoint's staging folder."""
+
+    optimizer_state: dict | None
+    write: Callable[[Path], None]
+
+
+class Strategy(Protocol):
+    name: str
+    eval_needs_equal_steps: bool  # every evaluation forward is a collective: equal batch counts
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager: ...
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float: ...
+    def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           folder: Path) -> CheckpointWeights: ...
+    def load_checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                folder: Path, optimizer_state: dict | None) -> None: ...
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None: ...
+    def load_full_weights(self, model: torch.nn.Module, path: Path) -> None: ...
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]: ...
+
+
+class SingleDevice:
+    """One process: the model on its device; checkpoints hold whole weights written by rank 0."""
+
+    name = "single"
+    eval_needs_equal_steps = False
+
+    def __init__(self, dist: SingleProcess) -> None:
+        self.dist = dist
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.dist.device)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        yield
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+
+    def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           folder: Path) -> CheckpointWeights:
+        unwrapped = self.unwrap(model)
+        return CheckpointWeights(optimizer.state_dict(),
+                                 lambda staging: save_model(unwrapped, str(staging / WEIGHTS_FILE)))
+
+    def load_checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                folder: Path, optimizer_state: dict | None) -> None:
+        from nlptrain.sharded_checkpoint import SHARDS, load_shards
+
+        if (folder / SHARDS).is_dir():  # written by FSDP2: DCP puts the shards together
+            load_shards(self.unwrap(model), optimizer, folder / SHARDS)
+            return
+        missing, unexpected = load_model(self.unwrap(model), str(folder / WEIGHTS_FILE),
+                                         strict=False, device=str(self.dist.device))
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: weights do not fit this model "
+                                  f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+        optimizer.load_state_dict(optimizer_state)
+
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+        """Every rank calls this; rank 0 writes the `save_pretrained` folder."""
+        self.dist.on_main(lambda: export_model(self.unwrap(model), tokenizer, folder))
+
+    def load_full_weights(self, model: torch.nn.Module, path: Path) -> None:
+        load_model(self.unwrap(model), str(path), device=str(self.dist.device))
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Whole weights (every rank calls it; under FSDP2 a collective)."""
+        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+
+
+class DDP(SingleDevice):
+    """A full replica per rank; DDP all-reduces the gradients in buckets during the backward."""
+
+    name = "ddp"
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        model = model.to(self.dist.device)
+        ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
+        # Gradients live in the all-reduce buckets: no copy of every gradient each step.
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
+        with model.no_sync() if skip_sync else contextlib.nullcontext():
+            yield
+
+
+class FSDP2(SingleDevice):
+    """`fully_shard` on each encoder layer, then on the root: each rank holds 1/N of every
+    parameter, gradient and Adam state; a layer's weights are all-gathered for its forward and
+    backward, its gradients reduce-scattered. Every forward is a collective."""
+
+    name = "fsdp"
+    eval_needs_equal_steps = True
+
+    def __init__(self, dist: SingleProcess, reshard_after_forward: bool = True,
+                 precision: str = "fp32") -> None:
+        super().__init__(dist)
+        if precision == "fp16":
+            raise ConfigError("[train] precision = fp16 with strategy fsdp: the loss scaler's "
+                              "overflow check would differ between shards; use bf16")
+        self.reshard_after_forward = reshard_after_forward
+        self.precision = precision
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model = model.to(self.dist.device)
+        mesh = init_device_mesh(self.dist.device.type, (self.dist.world_size,))
+        policy = MixedPrecisionPolicy()  # fp32: parameters and reductions as they are
+        if self.precision == "bf16":  # compute in bf16, reduce gradients and keep masters in fp32
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in shard_units(model):
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                        mp_policy=policy)
+        # The root holds what is left (pooler, classifier head); it stays gathered after forward.
+        return fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward,
+                           mp_policy=policy)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model  # fully_shard works in place: the sharded model is the model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        # No no_sync() in FSDP2: micro-steps keep whole local gradients, the last reduce-scatters.
+        model.set_requires_gradient_sync(not skip_sync)
+        yield
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
+        from torch.distributed.tensor import DTensor
+
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if isinstance(norm, DTensor):  # a partial norm per shard: the global one is a collective
+            norm = norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+        return float(norm)
+
+    def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                           folder: Path) -> CheckpointWeights:
+        from nlptrain.sharded_checkpoint import SHARDS, save_shards
+
+        shards = save_shards(model, optimizer, folder, self.dist)  # every rank writes its shard
+        return CheckpointWeights(None, lambda staging: shards.replace(staging / SHARDS))
+
+    def load_checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                                folder: Path, optimizer_state: dict | None) -> None:
+        from nlptrain.sharded_checkpoint import SHARDS, load_shards
+
+        if not (folder / SHARDS).is_dir():
+            raise CheckpointError(f"{folder}: holds whole weights (strategy ddp); resume it with "
+                                  "[train] strategy = ddp")
+        load_shards(model, optimizer, folder / SHARDS)
+
+    def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Whole weights on rank 0's CPU (empty elsewhere). A collective: every rank calls it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                    cpu_offload=True))
+
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+        full = self.full_state_dict(model)  # gathered on every rank first: rank 0 alone would hang
+        self.dist.on_main(lambda: export_model(model, tokenizer, folder, state_dict=full))
+
+    def load_full_weights(self, model: torch.nn.Module, path: Path) -> None:
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, load_file(str(path)),
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The blocks to shard one by one: the classes a model names in `_no_split_modules`
+    (BertLayer, BertEmbeddings), else the layers of its first ModuleList."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    if units:
+        return units
+    layers = next((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), None)
+    return list(layers) if layers is not None else []
+
+
+def make_strategy(config: Any, dist: SingleProcess) -> Strategy:
+    """The strategy `[train] strategy` names, for this world: one rank needs no DDP or sharding."""
+    if config.strategy == "fsdp" and dist.world_size > 1:
+        return FSDP2(dist, config.reshard_after_forward, config.precision)
+    if config.strategy == "fsdp":
+        log.info("strategy fsdp on one process: nothing to shard, running on one device")
+    if dist.world_size > 1:
+        return DDP(dist)
+    return SingleDevice(dist)

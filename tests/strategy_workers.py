@@ -1,0 +1,148 @@
+"""Workers for the strategy tests: train, evaluate, checkpoint and resume under DDP or FSDP2 on
+real ranks (run through tests/ddp.py's run_ranks), returning whole weights and metrics."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from conftest import write_toy_tsv
+from nlptrain.callbacks import Checkpointer, GradClip
+from transformers import AutoTokenizer
+
+from nlptrain import Callback, DistTrainer, TrainConfig, distributed
+from nlptrain.checkpoint import checkpoint_name, load_checkpoint
+from nlptrain.config import FileSpec
+from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.data.readers import read_examples
+from nlptrain.models import load_model
+
+LABELS = ["neg", "pos"]
+
+
+@functools.cache
+def tokenizer_of(model_dir: str) -> Any:
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def toy_set(folder: Path, model_dir: str, name: str, rows: int, seed: int) -> TokenizedDataset:
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tokenizer_of(model_dir)
+    vocab = LabelVocab.from_config(LABELS)
+    spec = FileSpec(path=str(write_toy_tsv(folder / f"{name}.tsv", rows, seed)))
+    examples = read_examples(spec, folder, vocab.values)
+    return TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), tokenizer, 32)
+
+
+class RecordSteps(Callback):
+    """Clipping norms and the weights at chosen steps (a collective under FSDP2: every rank)."""
+
+    def __init__(self, at: tuple[int, ...] = ()) -> None:
+        self.at, self.norms, self.weights = at, [], {}
+
+    def on_step_end(self, trainer: Any) -> None:
+        clips = trainer.callbacks.find(GradClip)
+        self.norms.append(clips[0].last_norm if clips else None)
+        if trainer.global_step in self.at:
+            self.weights[trainer.global_step] = trainer.strategy.full_state_dict(trainer.model)
+
+
+def make_trainer(dist: Any, model_dir: str, train: Any, test: Any, strategy: str,
+                 callbacks: list, **config: Any) -> DistTrainer:
+    torch.manual_seed(0)  # the same new head on every rank and in every run
+    model = load_model(model_dir, LABELS)
+    settings = {"epochs": 1, "batch_size": 4, "lr": 1e-3, "max_grad_norm": 0.05, "timeout": 60,
+                "strategy": strategy, **config}
+    return DistTrainer(model, train, test, config=TrainConfig(**settings), callbacks=callbacks,
+                       dist=dist)
+
+
+def equivalence_worker(rank: int, world: int, folder: str, model_dir: str, grad_accum: int,
+                       eval_rows: int, eval_batch: int) -> dict:
+    """DDP, then FSDP2, for 10 optimizer steps from the same start; then an FSDP2 evaluation of
+    an untrained model on `eval_rows` rows whose shares take unequal batch counts."""
+    dist = distributed.from_env(60)
+    own = Path(folder) / f"rank{rank}"
+    train = toy_set(own, model_dir, "train", 10 * 4 * world * grad_accum, seed=1)
+    test = toy_set(own, model_dir, "test", 15, seed=2)
+    out: dict[str, Any] = {}
+    for strategy in ("ddp", "fsdp"):
+        record = RecordSteps()
+        trainer = make_trainer(dist, model_dir, train, test, strategy, [record],
+                               grad_accum=grad_accum, eval_batch_size=4)
+        trainer.fit()
+        out[strategy] = {"params": trainer.strategy.full_state_dict(trainer.model),
+                         "metrics": trainer.metrics, "norms": record.norms,
+                         "steps": trainer.global_step, "kind": type(trainer.strategy).__name__}
+        trainer.close()
+    big = toy_set(own, model_dir, "big", eval_rows, seed=3)
+    trainer = make_trainer(dist, model_dir, train, big, "fsdp", [], eval_batch_size=eval_batch)
+    out["eval"] = trainer.evaluate(big)
+    out["eval_batches"] = -(-len(range(rank, eval_rows, world)) // eval_batch)  # this rank's own
+    trainer.close()
+    dist.close()
+    return out
+
+
+def checkpoint_worker(rank: int, world: int, folder: str, model_dir: str, strategy: str,
+                      train_rows: int, resume_from: str = "", record_at: int = 6) -> dict:
+    """Train 2 epochs with a checkpoint every 3 steps into FOLDER/<strategy>-<world>/; resume
+    from `resume_from` (written by any world size), or else resume the run just made from its
+    checkpoint at `record_at`. Whole weights (rank 0) come back: loaded, at `record_at`, final."""
+    dist = distributed.from_env(60)
+    train = toy_set(Path(folder) / f"w{world}-rank{rank}", model_dir, "train", train_rows, seed=1)
+    out: dict[str, Any] = {"kind": [], "steps": []}
+
+    def run(resume: Path | None, record: RecordSteps) -> DistTrainer:
+        saver = Checkpointer(Path(folder) / f"{strategy}-{world}", every=3, keep=0)
+        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver], epochs=2)
+        if resume is not None:
+            load_checkpoint(trainer, resume)
+            out.update(loaded=trainer.strategy.full_state_dict(trainer.model),
+                       loaded_step=trainer.global_step)
+        trainer.fit()
+        out["kind"].append(type(trainer.strategy).__name__)
+        out["steps"].append(trainer.global_step)
+        return trainer
+
+    record = RecordSteps(at=(record_at,))
+    first = run(Path(resume_from) if resume_from else None, record)
+    out.update(final=first.strategy.full_state_dict(first.model), at=record.weights)
+    first.close()
+    if not resume_from:  # the same world resumes its own run
+        resumed = run(Path(folder) / f"{strategy}-{world}" / checkpoint_name(record_at),
+                      RecordSteps())
+        out["resumed_final"] = resumed.strategy.full_state_dict(resumed.model)
+        resumed.close()
+    dist.close()
+    return out
+
+
+def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by: str = "",
+                 eval_rows: int = 0) -> dict:
+    """DDP then FSDP2: one short epoch with a checkpoint at step 2 into FOLDER/<strategy>-<world>/,
+    or first a resume from `written_by`'s step-2 checkpoint; then evaluate `eval_rows` rows."""
+    dist = distributed.from_env(120)
+    own = Path(folder) / f"w{world}-rank{rank}"
+    train = toy_set(own, model_dir, "train", 48, seed=1)
+    big = toy_set(own, model_dir, "big", eval_rows, seed=3) if eval_rows else None
+    out: dict[str, Any] = {}
+    for strategy in ("ddp", "fsdp"):
+        record = RecordSteps(at=(2,))
+        saver = Checkpointer(Path(folder) / f"{strategy}-{world}", every=2, keep=0)
+        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver],
+                               batch_size=2, eval_batch_size=13)
+        got: dict[str, Any] = {"kind": type(trainer.strategy).__name__}
+        if written_by:
+            load_checkpoint(trainer, Path(written_by) / f"{strategy}-8" / checkpoint_name(2))
+            got["loaded"] = trainer.strategy.full_state_dict(trainer.model)
+        trainer.fit()
+        got.update(steps=trainer.global_step, batches=trainer.batches_per_epoch, at=record.weights)
+        if big is not None:
+            got["eval"] = trainer.evaluate(big) if strategy == "fsdp" else None
+        trainer.close()
+        out[strategy] = got
+    dist.close()
+    return out

@@ -1,0 +1,145 @@
+"""FSDP2 against DDP on real ranks (gloo on loopback): same training, exact evaluation with
+unequal shares, sharded checkpoints that resume exactly and with another world size, and whole
+weights in model/ and best/ that transformers.pipeline loads and scores as nlptrain did."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_cli
+from ddp import run_ranks
+from strategy_workers import (
+    checkpoint_worker,
+    equivalence_worker,
+    make_trainer,
+    scale_worker,
+    toy_set,
+)
+
+from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+from nlptrain.evaluate import compute_metrics, predict
+from nlptrain.models import load_model
+
+EVAL_ROWS = 1067  # divisible by neither 2 nor 3
+
+
+def max_gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def one_process_eval(tmp_path_factory, tiny_model_dir) -> dict:
+    """The untrained tiny model's metrics on EVAL_ROWS rows, in this one process."""
+    big = toy_set(tmp_path_factory.mktemp("one"), str(tiny_model_dir), "big", EVAL_ROWS, seed=3)
+    from nlptrain import distributed
+    from nlptrain.data import Collator
+
+    torch.manual_seed(0)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    return compute_metrics(predict(model, big, distributed.SingleProcess(), Collator(0), 13),
+                           ["neg", "pos"])
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp2_trains_like_ddp_and_evaluates_like_one_process(tmp_path, tiny_model_dir, world,
+                                                               one_process_eval):
+    accumulate = 2 if world == 3 else 1  # 3 ranks accumulate: set_requires_gradient_sync
+    eval_batch = {2: 13, 3: 71}[world]   # 533 = 13 x 41, 355 = 71 x 5: the shares' batch counts differ
+    ranks = run_ranks(equivalence_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir),
+                      accumulate, EVAL_ROWS, eval_batch)
+    ddp, fsdp = ranks[0]["ddp"], ranks[0]["fsdp"]
+    assert (ddp["kind"], fsdp["kind"]) == ("DDP", "FSDP2")
+    assert ddp["steps"] == fsdp["steps"] == 10
+    assert max(fsdp["norms"]) > 0.05  # clipping did clip, by the global norm...
+    for other in ranks[1:]:  # ...which every rank saw the same (whole weights are on rank 0)
+        assert other["fsdp"]["norms"] == fsdp["norms"]
+    assert max(abs(a - b) for a, b in zip(ddp["norms"], fsdp["norms"], strict=True)) < 1e-5
+    gap = max_gap(ddp["params"], fsdp["params"])
+    print(f"world {world}: FSDP2 vs DDP max parameter gap after 10 steps {gap:.2e}")
+    assert gap < 1e-5
+    for key in ("rows", "correct", "accuracy", "confusion_matrix"):
+        assert fsdp["metrics"][key] == ddp["metrics"][key], key
+    # Evaluation: unequal batch counts, no hang, the one-process metrics exactly.
+    assert len({r["eval_batches"] for r in ranks}) == 2
+    for rank in ranks:
+        for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
+            assert rank["eval"][key] == one_process_eval[key], key
+        assert abs(rank["eval"]["loss"] - one_process_eval["loss"]) < 1e-6
+
+
+def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path, tiny_model_dir):
+    rows, model_dir = 48, str(tiny_model_dir)  # 2 ranks: 6 steps an epoch, 12 in all
+    two = run_ranks(checkpoint_worker, 2, tmp_path, str(tmp_path), model_dir, "fsdp", rows)[0]
+    assert two["kind"] == ["FSDP2", "FSDP2"] and two["steps"] == [12, 12]
+    saved = list_checkpoints(tmp_path / "fsdp-2")
+    assert [p.name[-2:] for p in saved] == ["03", "06", "09", "12"]
+    step6 = saved[1]
+    assert sorted(p.name for p in (step6 / "shards").iterdir()) == [
+        ".metadata", "__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
+    assert not (step6 / "model.safetensors").exists()
+    assert not [p for p in (tmp_path / "fsdp-2").iterdir() if p.name.startswith(".tmp-")]
+    # The same world resumed exactly: every weight equal to the uninterrupted run's.
+    assert two["loaded_step"] == 6
+    assert max_gap(two["loaded"], two["at"][6]) == 0
+    assert max_gap(two["resumed_final"], two["final"]) == 0
+
+    # 3 ranks read the 2-rank shards (DCP reshards) and train on from step 6.
+    three = run_ranks(checkpoint_worker, 3, tmp_path / "three", str(tmp_path / "three"),
+                      model_dir, "fsdp", rows, str(step6))[0]
+    assert three["kind"] == ["FSDP2"] and three["loaded_step"] == 6
+    assert max_gap(three["loaded"], two["at"][6]) == 0
+    assert three["steps"] == [6 + 4]  # epoch 2, 48 rows on 3 ranks of 4 rows: 4 steps
+
+    # One process reads them too (a plain model, the optimizer state put together whole).
+    train = toy_set(tmp_path / "single", model_dir, "train", rows, seed=1)
+    from nlptrain import distributed
+
+    trainer = make_trainer(distributed.SingleProcess(), model_dir, train, None, "fsdp", [],
+                           epochs=2)
+    load_checkpoint(trainer, step6)
+    assert type(trainer.strategy).__name__ == "SingleDevice"
+    assert max_gap(trainer.strategy.full_state_dict(trainer.model), two["at"][6]) == 0
+    assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
+
+
+def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_task, tmp_path):
+    from transformers import pipeline
+
+    run = tmp_path / "run"
+    out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--strategy", "fsdp",
+                   "--set", "data.valid_size=0.2", "--epochs", "1"], tmp_path, nproc=2)
+    assert out.returncode == 0, out.stderr[-3000:]
+    ours = json.loads((run / "results.json").read_text())
+    rows = [line.split("\t") for line in (toy_task.parent / "test.tsv").read_text().splitlines()[1:]]
+    for folder in ("model", "best"):
+        config = json.loads((run / folder / "config.json").read_text())
+        assert config["architectures"] == ["BertForSequenceClassification"]
+        classify = pipeline("text-classification", model=str(run / folder), device="cpu")
+        found = classify([text for text, _ in rows], truncation=True, max_length=32, batch_size=16)
+        correct = sum(f["label"] == label for f, (_, label) in zip(found, rows, strict=True))
+        assert correct == ours["test"]["correct"], folder  # best is model: one evaluation
+
+
+@pytest.mark.slow
+def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir, one_process_eval):
+    """8 ranks (1 thread each): exact evaluation, agreed step counts, and a checkpoint written by 8
+    that 4 ranks resume, under DDP and FSDP2."""
+    eight = run_ranks(scale_worker, 8, tmp_path, str(tmp_path), str(tiny_model_dir), "", EVAL_ROWS,
+                      timeout=600)
+    for strategy, kind in (("ddp", "DDP"), ("fsdp", "FSDP2")):
+        assert {r[strategy]["kind"] for r in eight} == {kind}
+        assert {(r[strategy]["steps"], r[strategy]["batches"]) for r in eight} == {(3, 3)}
+        shards = tmp_path / f"{strategy}-8" / "step-00000002"
+        assert (shards / "shards").is_dir() == (strategy == "fsdp")
+    four = run_ranks(scale_worker, 4, tmp_path / "four", str(tmp_path / "four"),
+                     str(tiny_model_dir), str(tmp_path), 0, timeout=600)
+    for strategy in ("ddp", "fsdp"):
+        assert max_gap(four[0][strategy]["loaded"], eight[0][strategy]["at"][2]) == 0
+        # 48 rows, 32 read by 8 ranks at step 2: 16 remain, 2 steps of 4 ranks x 2 rows.
+        assert {r[strategy]["steps"] for r in four} == {2 + 2}
+    for rank in eight:
+        for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
+            assert rank["fsdp"]["eval"][key] == one_process_eval[key], key
