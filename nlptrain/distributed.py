@@ -118,8 +118,6 @@ class Distributed(SingleProcess):
             else:
                 dist.init_process_group(backend, store=store, rank=self.rank,
                                         world_size=self.world_size, timeout=timeout)
-            if self.is_main:
-                log.info("%s", self.environment.describe())
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
 
@@ -233,5 +231,9 @@ def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -
     rank, else `SingleProcess`."""
     environment = environment or environments.detect()
     if environment.world_size > 1:
-        return Distributed(timeout_s, environment=environment)
-    return SingleProcess(pick_device(environment.local_rank), environment)
+        backend: SingleProcess = Distributed(timeout_s, environment=environment)
+    else:
+        backend = SingleProcess(pick_device(environment.local_rank), environment)
+    if backend.is_main:
+        log.info("%s", environment.describe())
+    return backend

@@ -31,7 +31,7 @@ DEFAULT_PORT = 29500
 class Environment:
     """A process's place in its job, as one launcher tells it. Subclasses say how to read it."""
 
-    name = "no launcher"
+    name = "a launcher"
 
     def __init__(self, environ: Mapping[str, str] | None = None, local_rank: int | None = None):
         self.environ = dict(os.environ if environ is None else environ)
@@ -75,8 +75,6 @@ class Environment:
 
     def describe(self) -> str:
         """The line rank 0 logs once: "launched by SLURM, 8 ranks on 2 nodes"."""
-        if self.world_size == 1 and isinstance(self, Local):
-            return "launched without a launcher, 1 process"
         ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
         nodes = f" on {self.nodes} node{'s' if self.nodes != 1 else ''}"
         restart = f" (restart {self.restart_count})" if self.restart_count else ""
@@ -94,11 +92,20 @@ class Environment:
 
 
 class Local(Environment):
-    """No launcher: one process."""
+    """No launcher: one process. (`accelerate launch --cpu --num_processes N` without an MPI
+    hostfile also starts one process: it is named, and the world size stays an honest 1.)"""
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
         return True
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in self.environ else "no launcher"
+
+    def describe(self) -> str:
+        return "no launcher: 1 process" if self.name == "no launcher" else \
+            f"launched by {self.name}, 1 process"
 
 
 class TorchElastic(Environment):
@@ -233,10 +240,13 @@ def first_host(nodelist: str) -> str:
                 return out.stdout.split()[0]
         except (OSError, subprocess.SubprocessError):
             pass
+    return _parse_first_host(nodelist)
+
+
+def _parse_first_host(nodelist: str) -> str:
+    """`prefix[01-04,07]` or `a,b`: the first name, its first number with its zeros kept."""
     first = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if first is None:
         raise ValueError(f"SLURM node list {nodelist!r}: cannot read its first host")
     prefix, ranges = first.group(1), first.group(2)
-    if not ranges:
-        return prefix
-    return prefix + ranges.split(",")[0].split("-")[0]
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
