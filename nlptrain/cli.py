@@ -337,6 +337,7 @@ def start_workers(args: argparse.Namespace, argv: list[str]) -> int | None:
                           "or run without the other launcher")
     from nlptrain.launch import launch_command
 
+    resolve_task(args)  # a mistake in the task is reported once, before any worker starts
     return launch_command(argv, args.nproc, args.max_restarts)
 
 

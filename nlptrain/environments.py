@@ -54,12 +54,33 @@ class Environment:
         except ValueError:
             raise ValueError(f"{self.name}: ${name}={value!r} is not a number") from None
 
-    rank = property(lambda self: 0)
-    world_size = property(lambda self: 1)
-    nodes = property(lambda self: 1)
-    restart_count = property(lambda self: 0)
-    run_id = property(lambda self: None)  # the launch's id: a restarted job has the same one
-    uses_agent_store = property(lambda self: False)  # join the launcher's TCPStore as a client
+    # The interface; subclasses override what their launcher tells (some as one-line properties).
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def nodes(self) -> int:
+        return 1
+
+    @property
+    def restart_count(self) -> int:
+        """How often the launcher restarted the job (torchrun's attempts, SLURM's requeues)."""
+        return 0
+
+    @property
+    def run_id(self) -> str | None:
+        """The launch's id: a restarted job has the same one."""
+        return None
+
+    @property
+    def uses_agent_store(self) -> bool:
+        """Join the launcher's TCPStore as a client (torchrun's agent hosts it)."""
+        return False
 
     @property
     def local_rank(self) -> int:

@@ -127,3 +127,14 @@ def test_nproc_inside_another_launcher_is_refused(monkeypatch, capsys):
         monkeypatch.setenv(name, value)
     assert cli.main(["train", "--nproc", "2"]) == 1
     assert "already one of 2 ranks (torchrun); drop --nproc" in capsys.readouterr().err
+
+
+def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
+    from nlptrain.runs import default_run_dir, prepare_run_dir
+
+    first = detect({**SRUN, "SLURM_JOB_ID": "77"})
+    folder = tmp_path / "toy-20250101-000000"
+    prepare_run_dir(folder, {"name": "toy"}, 2, resume=False, overwrite=False, launch=first)
+    requeued = detect({**SRUN, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
+    assert default_run_dir("toy", str(tmp_path), requeued) == folder
+    assert default_run_dir("toy", str(tmp_path), first) != folder  # a new job: a new folder
