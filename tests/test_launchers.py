@@ -18,6 +18,9 @@ from nlptrain.environments import detect
 from nlptrain.launch import launch
 
 TRAIN = ["-m", "nlptrain", "train", "--task", "toy.toml", "--epochs", "1"]
+# The console script of the environment running the tests, else one on PATH.
+ACCELERATE = next((str(path) for path in [Path(sys.executable).with_name("accelerate")]
+                   if path.exists()), None) or shutil.which("accelerate")
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +109,9 @@ def test_torch_distributed_launch_legacy_local_rank_argument(toy, nproc_run):
     assert "launched by torchrun, 2 ranks on 1 node" in log
 
 
-@pytest.mark.skipif(shutil.which("accelerate") is None and not Path(sys.executable).with_name(
-    "accelerate").exists(), reason="accelerate not installed (pip install accelerate)")
+@pytest.mark.skipif(ACCELERATE is None, reason="accelerate not installed (pip install accelerate)")
 def test_accelerate_cpu_launch_is_one_process_and_says_so(toy, nproc_run):
-    accelerate = shutil.which("accelerate") or str(Path(sys.executable).with_name("accelerate"))
-    _, log = evaluate(toy, [accelerate, "launch", "--cpu", "--num_processes", "2",
+    _, log = evaluate(toy, [ACCELERATE, "launch", "--cpu", "--num_processes", "2",
                             "--num_machines", "1", "--mixed_precision", "no",
                             "--dynamo_backend", "no"], nproc_run)
     assert "launched by accelerate launch, 1 process" in log
