@@ -119,7 +119,10 @@ def job_of(args: argparse.Namespace) -> dict[str, Any]:
 # -- rank info, timing, memory ----------------------------------------------------------------------
 
 def rank_info() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    from nlptrain.environments import detect
+
+    launch = detect()
+    return launch.rank, launch.world_size
 
 
 def peak_rss_mb() -> float:

@@ -33,6 +33,7 @@ MORE_COMMANDS: tuple[str, ...] = ("nlptrain.plots", "nlptrain.predict")
 EPILOG = """examples:
   python -m nlptrain train                                  # the default task on data/
   python -m nlptrain train --task rt-polarity --data-dir ../shared/data --epochs 2
+  python -m nlptrain train --nproc 2 --task sst2 --data-dir DATA   # 2 processes (DDP)
   torchrun --nproc_per_node 2 -m nlptrain train --task sst2 --data-dir DATA
   python -m nlptrain train --task my.toml --set train.lr=3e-5 --output-dir runs/mine
   python -m nlptrain eval --model runs/RUN/model --task rt-polarity --data-dir DATA
@@ -99,7 +100,15 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="tokenize in memory, without the memory-mapped token cache")
     parser.add_argument("--log-level", default="info",
                         help="debug | info | warning | error (ranks > 0 show warnings only)")
-    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    # Also after the command; SUPPRESS keeps a value given before it (see build_parser).
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="start N processes on this machine (DDP; torch's elastic agent, as "
+                        "torchrun): no launcher needed")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="with --nproc: restart all processes up to N times after a failure; "
+                        "a restarted training resumes from its latest checkpoint (default: 0)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nlptrain", description="Fine-tune transformer text classifiers, one process or "
         "many (torchrun -m nlptrain ... for DDP).", epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    # torch.distributed.launch (legacy) puts --local-rank=N before the command.
+    # torch.distributed.launch (without --use-env) and the deepspeed launcher put --local_rank=N
+    # right after the program, before the command.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     train = commands.add_parser("train", help="fine-tune a model on a task",
@@ -268,8 +278,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     task = resolve_task(args)
     opts = run_options(args)
-    with recipe.backend(task.train.timeout) as dist:
-        start_logging(args, dist.rank)
+    environment = launch_environment(args)
+    start_logging(args, environment.rank)
+    with recipe.backend(task.train.timeout, environment) as dist:
         recipe.train(task, opts, dist)
     return 0
 
@@ -281,8 +292,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from nlptrain.report import metrics_text
 
     task = resolve_task(args)
-    with recipe.backend(task.train.timeout) as dist:
-        start_logging(args, dist.rank)
+    environment = launch_environment(args)
+    start_logging(args, environment.rank)
+    with recipe.backend(task.train.timeout, environment) as dist:
         metrics = recipe.evaluate(task, args.model, args.split, dist)
         if dist.is_main:
             print(json.dumps(metrics, indent=1) if args.json else metrics_text(metrics))
@@ -295,21 +307,56 @@ def start_logging(args: argparse.Namespace, rank: int) -> None:
     setup_logging(rank, args.log_level)
 
 
+def launch_environment(args: argparse.Namespace) -> Any:
+    """Where this process stands in its job (nlptrain/environments.py); `--local_rank=N`, which
+    torch.distributed.launch (without --use-env) and the deepspeed launcher pass, fills in a
+    local rank the environment lacks."""
+    from nlptrain.environments import detect
+
+    return detect(local_rank=args.local_rank)
+
+
 def _rank_prefix() -> str:
-    rank = os.environ.get("RANK", "0")
-    return "" if rank == "0" else f"[rank {rank}] "
+    from nlptrain.environments import detect
+
+    try:
+        rank = detect().rank
+    except (KeyError, ValueError):
+        rank = 0
+    return "" if rank == 0 else f"[rank {rank}] "
+
+
+def start_workers(args: argparse.Namespace, argv: list[str]) -> int | None:
+    """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
+    process is one of them (then None: run the command)."""
+    from nlptrain.environments import NlptrainLaunch, detect
+
+    environment = detect()
+    if isinstance(environment, NlptrainLaunch):
+        return None
+    if environment.world_size > 1:
+        raise ConfigError(f"--nproc {args.nproc}: this process is already one of "
+                          f"{environment.world_size} ranks ({environment.name}); drop --nproc, "
+                          "or run without the other launcher")
+    from nlptrain.launch import launch_command
+
+    resolve_task(args)  # a mistake in the task is reported once, before any worker starts
+    return launch_command(argv, args.nproc, args.max_restarts)
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    if getattr(args, "local_rank", None) is not None:  # torch.distributed.launch (legacy)
-        os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     try:
+        if getattr(args, "nproc", None):
+            code = start_workers(args, argv)
+            if code is not None:
+                return code
         return args.handler(args)
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)

@@ -1,17 +1,16 @@
 """Distributed plumbing: process group, collectives, rank-0 duties. All of it lives here.
 
-`SingleProcess` is the backend of `Trainer`; `Distributed` (a process group over torchrun's
-`env://`) is the backend of `DistTrainer`. They have the same methods, so the training loop never
-asks which one it has and never tests `rank == 0` itself. Every collective here is called by every
-rank, in the same order, from the same place in the loop. How the model is placed on them (DDP,
-FSDP2) is the strategy's business: `nlptrain.strategies`.
+`SingleProcess` is the backend of `Trainer`; `Distributed` (a process group under any launcher
+that nlptrain/environments.py knows) is the backend of `DistTrainer`. They have the same methods,
+so the training loop never asks which one it has and never tests `rank == 0` itself. Every
+collective here is called by every rank, in the same order, from the same place in the loop. How
+the model is placed on them (DDP, FSDP2) is the strategy's business: `nlptrain.strategies`.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
@@ -20,6 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from nlptrain import environments
+from nlptrain.environments import Environment
 from nlptrain.errors import RemoteRankError
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,10 @@ class SingleProcess:
     local_rank = 0
     world_size = 1
 
-    def __init__(self, device: torch.device | None = None) -> None:
+    def __init__(self, device: torch.device | None = None,
+                 environment: Environment | None = None) -> None:
         self.device = device or pick_device()
+        self.environment = environment or environments.Local()
 
     @property
     def is_main(self) -> bool:
@@ -77,22 +80,29 @@ class SingleProcess:
 
 
 class Distributed(SingleProcess):
-    """One process per device; the process group comes from torchrun's environment."""
+    """One process per device; rank, world and rendezvous come from the launcher's environment
+    (torchrun, SLURM, Open MPI, `--nproc`: see nlptrain/environments.py)."""
 
-    def __init__(self, timeout_s: float = 600.0, device: torch.device | None = None) -> None:
-        self.rank = int(os.environ["RANK"])
-        self.world_size = int(os.environ["WORLD_SIZE"])
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
-        super().__init__(device or pick_device(self.local_rank))
+    def __init__(self, timeout_s: float = 600.0, device: torch.device | None = None,
+                 environment: Environment | None = None) -> None:
+        self.environment = environment or environments.detect()
+        self.rank = self.environment.rank
+        self.world_size = self.environment.world_size
+        self.local_rank = self.environment.local_rank
+        super().__init__(device or pick_device(self.local_rank), self.environment)
         self.owns_group = not dist.is_initialized()
         if self.owns_group:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             timeout = timedelta(seconds=timeout_s)
-            store = _attempt_store(self.world_size, timeout)
-            if store is None:
-                dist.init_process_group(backend, init_method="env://", timeout=timeout)
+            store = _attempt_store(self.environment, timeout)
+            if store is None:  # rank 0 hosts the store at the environment's master address
+                host = self.environment.master_addr
+                host = f"[{host}]" if ":" in host else host
+                dist.init_process_group(backend, init_method=f"tcp://{host}:"
+                                        f"{self.environment.master_port}", rank=self.rank,
+                                        world_size=self.world_size, timeout=timeout)
             else:
                 dist.init_process_group(backend, store=store, rank=self.rank,
                                         world_size=self.world_size, timeout=timeout)
@@ -175,16 +185,15 @@ class Distributed(SingleProcess):
                         FAILED_TEARDOWN_S)
 
 
-def _attempt_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
     """Under torchrun the workers share the launcher's store, and a failed attempt's keys stay in
     it: after `--max-restarts` a new attempt could read the old ranks' addresses and never connect
     (pytorch #135712). Each attempt gets its own key prefix instead."""
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if not environment.uses_agent_store:
         return None
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"nlptrain/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
-                            store)
+    store = dist.TCPStore(environment.master_addr, environment.master_port,
+                          environment.world_size, is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"nlptrain/attempt-{environment.restart_count}", store)
 
 
 def is_peer_failure(error: BaseException) -> bool:
@@ -193,8 +202,14 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or "closed by peer" in text or "reset by peer" in text
 
 
-def from_env(timeout_s: float = 600.0) -> SingleProcess:
-    """`Distributed` under a launcher with WORLD_SIZE > 1, else `SingleProcess`."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return Distributed(timeout_s)
-    return SingleProcess()
+def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -> SingleProcess:
+    """`Distributed` when the launcher's environment (detected, unless given) has more than one
+    rank, else `SingleProcess`."""
+    environment = environment or environments.detect()
+    if environment.world_size > 1:
+        backend: SingleProcess = Distributed(timeout_s, environment=environment)
+    else:
+        backend = SingleProcess(pick_device(environment.local_rank), environment)
+    if backend.is_main:
+        log.info("%s", environment.describe())
+    return backend

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import write_text
+from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
@@ -55,8 +55,10 @@ def seed_everything(seed: int) -> None:
 
 
 @contextmanager
-def backend(timeout: float) -> Iterator[distributed.SingleProcess]:
-    dist = distributed.from_env(timeout)
+def backend(timeout: float, environment: Environment | None = None
+            ) -> Iterator[distributed.SingleProcess]:
+    """The process group of the launcher's environment (detected unless given), torn down after."""
+    dist = distributed.from_env(timeout, environment)
     try:
         yield dist
     except BaseException:
@@ -114,13 +116,15 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
 def open_run_dir(task: TaskConfig, opts: RunOptions,
                  dist: distributed.SingleProcess) -> tuple[Path, bool]:
     """Rank 0 makes (or reopens, to resume) the run directory; every rank learns its path."""
-    # torchrun --max-restarts starts the same command again: it resumes by itself.
-    resume = opts.resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    # A launcher's restart (torchrun/--nproc --max-restarts, a requeued SLURM job) starts the
+    # same command again: it resumes by itself.
+    launch = dist.environment
+    resume = opts.resume or launch.restart_count > 0
 
     def make() -> tuple[str, bool]:
-        folder = Path(opts.output_dir) if opts.output_dir else default_run_dir(task.name)
+        folder = Path(opts.output_dir) if opts.output_dir else default_run_dir(task.name, launch=launch)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
-                                overwrite=opts.overwrite)
+                                overwrite=opts.overwrite, launch=launch)
         return str(folder), found
 
     folder, has_run = dist.on_main(make)

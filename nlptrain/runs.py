@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.durable import write_text
+from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 
 CONFIG_FILE = "config.json"
@@ -36,10 +36,11 @@ def git_commit() -> str | None:
         return None
 
 
-def default_run_dir(task_name: str, root: str = "runs") -> Path:
-    """`runs/<task>-<timestamp>`; under a torchrun restart, the folder of the same launch."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
+    """`runs/<task>-<timestamp>`; when the launcher restarted the job (torchrun --max-restarts,
+    a requeued SLURM job), the folder of the same launch."""
+    run_id = launch.run_id if launch else None
+    if run_id and launch.restart_count > 0:
         for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
             saved = read_config(folder)
             if saved and saved.get("launcher_run_id") == run_id:
@@ -53,7 +54,7 @@ def read_config(folder: Path) -> dict[str, Any] | None:
 
 
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
-                    overwrite: bool) -> bool:
+                    overwrite: bool, launch: Environment | None = None) -> bool:
     """Make `folder` ready and write config.json; returns whether there is a run to resume."""
     saved = read_config(folder)
     if saved is not None and resume:
@@ -71,6 +72,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     folder.mkdir(parents=True, exist_ok=True)
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "launcher_run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
+              "launcher_run_id": launch.run_id if launch else None,
+              "launch": launch.record() if launch else None}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False

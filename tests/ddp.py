@@ -1,35 +1,49 @@
-"""Run a function on N real processes joined by a gloo process group on loopback (no mocks)."""
+"""Run a function on N real processes joined by a gloo process group on loopback (no mocks).
+
+The processes are started by `nlptrain.launch` (torch's elastic agent, as torchrun): its c10d
+rendezvous binds a free port itself, so parallel test runs never race for one.
+"""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import time
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
-from conftest import free_port
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from nlptrain.environments import detect
+from nlptrain.launch import launch
 
 
-def _entry(rank: int, fn: Callable, world_size: int, port: int, out: str, args: tuple) -> None:
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                       "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+def _entry(fn: Callable, args: tuple) -> Any:
+    os.environ.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     torch.set_num_threads(1)
-    result = fn(rank, world_size, *args)
-    torch.save(result, Path(out) / f"rank{rank}.pt")
+    here = detect()
+    return fn(here.rank, here.world_size, *args)
 
 
 def run_ranks(fn: Callable, world_size: int, out: Path, *args: Any, timeout: float = 180) -> list:
-    """fn(rank, world_size, *args) on each rank; returns every rank's return value."""
-    context = mp.start_processes(_entry, args=(fn, world_size, free_port(), str(out), args),
-                                 nprocs=world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=max(deadline - time.monotonic(), 0.1)):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            raise TimeoutError(f"{world_size} ranks did not finish in {timeout} s")
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
+    """fn(rank, world_size, *args) on each rank; returns every rank's return value.
+    (`out` is where fn's callers keep their files; the results come back through the launcher.)"""
+    timed_out = threading.Event()
+
+    def stop_workers() -> None:  # the launcher has no deadline of its own
+        timed_out.set()
+        for worker in multiprocessing.active_children():
+            worker.kill()
+
+    watchdog = threading.Timer(timeout, stop_workers)
+    watchdog.start()
+    try:
+        return launch(_entry, world_size, fn, args)
+    except ChildFailedError:
+        if timed_out.is_set():
+            raise TimeoutError(f"{world_size} ranks did not finish in {timeout} s") from None
+        raise
+    finally:
+        watchdog.cancel()

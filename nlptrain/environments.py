@@ -1,0 +1,273 @@
+"""Where a process learns its place in a job: rank, world size, local rank, master address and
+port, restart count, run id. One class per launcher behind one interface (as Lightning's
+`ClusterEnvironment`), detected in one place, `detect()`; nothing else in nlptrain reads these
+variables.
+
+- `TorchElastic`: torchrun, `torch.distributed.launch`, the deepspeed launcher, `accelerate
+  launch --multi_gpu`, or any launcher that sets `RANK`/`WORLD_SIZE` (+ `MASTER_ADDR`/`_PORT`).
+- `NlptrainLaunch`: `--nproc N` / `nlptrain.launch()`: torch's elastic agent, so TorchElastic's
+  variables, with nlptrain's mark on them.
+- `Slurm`: a task of an `srun` step (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, ...).
+- `OpenMPI`: a rank started by Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+- `Local`: none of them: one process.
+
+Each reads a mapping (`os.environ` by default), so tests can hand it exactly what a launcher sets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import zlib
+from collections.abc import Mapping
+
+# Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
+LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
+DEFAULT_PORT = 29500
+
+
+class Environment:
+    """A process's place in its job, as one launcher tells it. Subclasses say how to read it."""
+
+    name = "a launcher"
+
+    def __init__(self, environ: Mapping[str, str] | None = None, local_rank: int | None = None):
+        self.environ = dict(os.environ if environ is None else environ)
+        # `--local_rank=N` on the command line (torch.distributed.launch without --use-env, the
+        # deepspeed launcher): used where the environment has no local rank of its own.
+        self.local_rank_argument = local_rank
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        raise NotImplementedError
+
+    def _int(self, name: str, default: int | None = None) -> int:
+        value = self.environ.get(name)
+        if value is None or value == "":
+            if default is None:
+                raise KeyError(f"{self.name}: ${name} is not set")
+            return default
+        try:
+            return int(value)
+        except ValueError:
+            raise ValueError(f"{self.name}: ${name}={value!r} is not a number") from None
+
+    # The interface; subclasses override what their launcher tells (some as one-line properties).
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return 1
+
+    @property
+    def nodes(self) -> int:
+        return 1
+
+    @property
+    def restart_count(self) -> int:
+        """How often the launcher restarted the job (torchrun's attempts, SLURM's requeues)."""
+        return 0
+
+    @property
+    def run_id(self) -> str | None:
+        """The launch's id: a restarted job has the same one."""
+        return None
+
+    @property
+    def uses_agent_store(self) -> bool:
+        """Join the launcher's TCPStore as a client (torchrun's agent hosts it)."""
+        return False
+
+    @property
+    def local_rank(self) -> int:
+        return self.local_rank_argument if self.local_rank_argument is not None else 0
+
+    @property
+    def master_addr(self) -> str:
+        return self.environ.get("MASTER_ADDR") or "127.0.0.1"
+
+    @property
+    def master_port(self) -> int:
+        return self._int("MASTER_PORT", DEFAULT_PORT)
+
+    def describe(self) -> str:
+        """The line rank 0 logs once: "launched by SLURM, 8 ranks on 2 nodes"."""
+        ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
+        nodes = f" on {self.nodes} node{'s' if self.nodes != 1 else ''}"
+        restart = f" (restart {self.restart_count})" if self.restart_count else ""
+        where = f", rendezvous at {self.master_addr}:{self.master_port}" if self.world_size > 1 else ""
+        return f"launched by {self.name}, {ranks}{nodes}{restart}{where}"
+
+    def record(self) -> dict[str, object]:
+        """What config.json keeps of the launch."""
+        return {"launcher": self.name, "world_size": self.world_size, "nodes": self.nodes,
+                "run_id": self.run_id, "restart_count": self.restart_count}
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(rank={self.rank}, world_size={self.world_size}, "
+                f"local_rank={self.local_rank}, master={self.master_addr}:{self.master_port})")
+
+
+class Local(Environment):
+    """No launcher: one process. (`accelerate launch --cpu --num_processes N` without an MPI
+    hostfile also starts one process: it is named, and the world size stays an honest 1.)"""
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return True
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "accelerate launch" if "ACCELERATE_MIXED_PRECISION" in self.environ else "no launcher"
+
+    def describe(self) -> str:
+        return "no launcher: 1 process" if self.name == "no launcher" else \
+            f"launched by {self.name}, 1 process"
+
+
+class TorchElastic(Environment):
+    """torchrun (its elastic agent), or any launcher of the `env://` convention."""
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return "RANK" in environ and "WORLD_SIZE" in environ
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "torchrun" if "TORCHELASTIC_RUN_ID" in self.environ else "env:// (RANK, WORLD_SIZE)"
+
+    rank = property(lambda self: self._int("RANK"))
+    world_size = property(lambda self: self._int("WORLD_SIZE"))
+    restart_count = property(lambda self: self._int("TORCHELASTIC_RESTART_COUNT", 0))
+    run_id = property(lambda self: self.environ.get("TORCHELASTIC_RUN_ID"))
+    uses_agent_store = property(lambda self: self.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+    @property
+    def local_rank(self) -> int:
+        fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
+        return self._int("LOCAL_RANK", fallback)
+
+    @property
+    def nodes(self) -> int:
+        if "GROUP_WORLD_SIZE" in self.environ:  # torchrun: the number of agents
+            return self._int("GROUP_WORLD_SIZE")
+        per_node = self._int("LOCAL_WORLD_SIZE", self.world_size)
+        return max(1, -(-self.world_size // max(per_node, 1)))
+
+
+class NlptrainLaunch(TorchElastic):
+    """A worker of `nlptrain ... --nproc N` or `nlptrain.launch()` (torch's elastic agent)."""
+
+    name = "nlptrain --nproc"  # type: ignore[assignment]
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return TorchElastic.detect(environ) and environ.get(LAUNCHER_MARK) == "nproc"
+
+
+class Slurm(Environment):
+    """A task of an `srun` step. A batch script itself (sbatch, no srun) has `SLURM_PROCID=0` and
+    `SLURM_NTASKS=N` but no step id: it is one process, not rank 0 of N, so it is not detected."""
+
+    name = "SLURM"
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return all(k in environ for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID"))
+
+    rank = property(lambda self: self._int("SLURM_PROCID"))
+    world_size = property(lambda self: self._int("SLURM_STEP_NUM_TASKS", self._int("SLURM_NTASKS")))
+    local_rank = property(lambda self: self._int("SLURM_LOCALID", 0))
+    nodes = property(lambda self: self._int("SLURM_STEP_NUM_NODES", self._int("SLURM_NNODES", 1)))
+    # A requeued job (scontrol requeue, --requeue after a node failure) keeps its job id.
+    restart_count = property(lambda self: self._int("SLURM_RESTART_COUNT", 0))
+
+    @property
+    def run_id(self) -> str | None:
+        job = self.environ.get("SLURM_ARRAY_JOB_ID") or self.environ.get("SLURM_JOB_ID")
+        task = self.environ.get("SLURM_ARRAY_TASK_ID")
+        return f"slurm-{job}" + (f"_{task}" if task else "") if job else None
+
+    @property
+    def master_addr(self) -> str:
+        if self.environ.get("MASTER_ADDR"):
+            return self.environ["MASTER_ADDR"]
+        nodelist = self.environ.get("SLURM_STEP_NODELIST") or self.environ.get("SLURM_NODELIST")
+        return first_host(nodelist) if nodelist else "127.0.0.1"
+
+    @property
+    def master_port(self) -> int:
+        # As Lightning: the job id's last 4 digits + 15000, so two jobs sharing a node differ.
+        if self.environ.get("MASTER_PORT"):
+            return self._int("MASTER_PORT")
+        job = self.environ.get("SLURM_JOB_ID", "")
+        return 15000 + int(job[-4:]) if job.isdigit() else 12910
+
+
+class OpenMPI(Environment):
+    """A rank started by Open MPI's `mpirun`. Open MPI knows no rendezvous address for torch:
+    `MASTER_ADDR` (default localhost; set it across machines: `mpirun -x MASTER_ADDR=host0`) and
+    `MASTER_PORT` (default derived from the mpirun's job id, so two mpiruns on a host differ)."""
+
+    name = "Open MPI"
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        return "OMPI_COMM_WORLD_RANK" in environ and "OMPI_COMM_WORLD_SIZE" in environ
+
+    rank = property(lambda self: self._int("OMPI_COMM_WORLD_RANK"))
+    world_size = property(lambda self: self._int("OMPI_COMM_WORLD_SIZE"))
+    local_rank = property(lambda self: self._int("OMPI_COMM_WORLD_LOCAL_RANK", 0))
+    run_id = property(lambda self: self.environ.get("OMPI_MCA_ess_base_jobid"))
+
+    @property
+    def nodes(self) -> int:
+        per_node = self._int("OMPI_COMM_WORLD_LOCAL_SIZE", self.world_size)
+        return max(1, -(-self.world_size // max(per_node, 1)))
+
+    @property
+    def master_port(self) -> int:
+        if self.environ.get("MASTER_PORT"):
+            return self._int("MASTER_PORT")
+        job = self.environ.get("OMPI_MCA_ess_base_jobid") or self.environ.get("PMIX_NAMESPACE")
+        return 15000 + zlib.crc32(job.encode()) % 20000 if job else DEFAULT_PORT
+
+
+# First match wins. torchrun before the others: torchrun inside an srun step or an mpirun sets
+# RANK itself. Open MPI before SLURM: mpirun inside an allocation starts its daemons with srun,
+# so its ranks also see SLURM_PROCID (the daemon's, one per node, not the rank).
+ENVIRONMENTS: tuple[type[Environment], ...] = (NlptrainLaunch, TorchElastic, OpenMPI, Slurm, Local)
+
+
+def detect(environ: Mapping[str, str] | None = None, local_rank: int | None = None) -> Environment:
+    """The environment of this process (from `os.environ` unless `environ` is given)."""
+    values = os.environ if environ is None else environ
+    kind = next(cls for cls in ENVIRONMENTS if cls.detect(values))
+    return kind(values, local_rank)
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: `node[01-04,07],gpu5` -> `node01`. `scontrol show
+    hostnames` knows every form; without it, the common forms are parsed here."""
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                                 text=True, timeout=10)
+            if out.returncode == 0 and out.stdout.split():
+                return out.stdout.split()[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return _parse_first_host(nodelist)
+
+
+def _parse_first_host(nodelist: str) -> str:
+    """`prefix[01-04,07]` or `a,b`: the first name, its first number with its zeros kept."""
+    first = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
+    if first is None:
+        raise ValueError(f"SLURM node list {nodelist!r}: cannot read its first host")
+    prefix, ranges = first.group(1), first.group(2)
+    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix

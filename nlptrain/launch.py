@@ -1,0 +1,94 @@
+"""`--nproc N` and `launch(fn, nproc)`: N workers on this machine, started by torch's elastic
+agent (`torch.distributed.launcher.api.elastic_launch`, what torchrun runs): the same restarts
+(`max_restarts`), the same failure handling (a failed worker stops the others; its error is
+reported), the same variables in each worker. The rendezvous is c10d on port 0, as `torchrun
+--standalone`: the agent binds a free port itself, so no port is picked first and raced for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from nlptrain.environments import LAUNCHER_MARK
+
+log = logging.getLogger(__name__)
+
+
+def cpu_threads(nproc: int) -> int:
+    """Threads per worker when OMP_NUM_THREADS is unset: the cores this process may use, shared
+    (torchrun sets 1, which leaves most cores of a CPU-only machine idle)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // nproc)
+
+
+@contextlib.contextmanager
+def _worker_environment(nproc: int) -> Iterator[None]:
+    """The workers inherit this process's environment: mark it as ours while they start."""
+    added = {LAUNCHER_MARK: "nproc"}
+    if "OMP_NUM_THREADS" not in os.environ:
+        added["OMP_NUM_THREADS"] = str(cpu_threads(nproc))
+    before = {key: os.environ.get(key) for key in added}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _config(nproc: int, max_restarts: int, start_method: str) -> Any:
+    from torch.distributed.launcher.api import LaunchConfig
+
+    if nproc < 1:
+        raise ValueError(f"nproc must be at least 1, not {nproc}")
+    return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+                        run_id=f"nlptrain-{uuid.uuid4().hex[:12]}",
+                        rdzv_backend="c10d", rdzv_endpoint="localhost:0",
+                        max_restarts=max_restarts, monitor_interval=0.1,
+                        start_method=start_method)
+
+
+def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0,
+           start_method: str = "spawn") -> list[Any]:
+    """Run `fn(*args)` on `nproc` workers; returns their return values, by rank.
+
+    In each worker `DistTrainer` (or `nlptrain.environments.detect()`) finds its rank and world
+    size as under torchrun. `fn` and `args` must be picklable (`fn` a module-level function).
+    A failed worker raises `torch.distributed.elastic.multiprocessing.errors.ChildFailedError`
+    here (after `max_restarts` restarts of all workers).
+    """
+    from torch.distributed.launcher.api import elastic_launch
+
+    with _worker_environment(nproc):
+        results = elastic_launch(_config(nproc, max_restarts, start_method), fn)(*args)
+    return [results[rank] for rank in range(nproc)]
+
+
+def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
+    """`python -m nlptrain ARGV` on `nproc` workers (the CLI's `--nproc`); returns the exit code.
+    The workers get the same ARGV: they see that the launch is theirs and run it."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    with _worker_environment(nproc):
+        try:
+            elastic_launch(_config(nproc, max_restarts, "spawn"), sys.executable)(
+                "-m", "nlptrain", *argv)
+        except ChildFailedError as err:
+            rank, failure = err.get_first_failure()
+            code = failure.exitcode
+            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+            restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+            print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
+                  file=sys.stderr)
+            return code if code > 0 else 1
+    return 0

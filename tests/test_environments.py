@@ -1,0 +1,140 @@
+"""Each launcher's environment, from exactly the variables it sets (copied from real srun,
+mpirun, sbatch and torchrun runs): no processes needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from nlptrain import cli
+from nlptrain.environments import (
+    Local,
+    NlptrainLaunch,
+    OpenMPI,
+    Slurm,
+    TorchElastic,
+    _parse_first_host,
+    detect,
+    first_host,
+)
+
+# `srun -n 2 env` on the one-node SLURM of .ci/start-slurm, task 1.
+SRUN = {"SLURM_JOB_ID": "2", "SLURM_JOB_NAME": "env", "SLURM_LOCALID": "1", "SLURM_NNODES": "1",
+        "SLURM_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
+        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_STEP_NUM_TASKS": "2"}
+# `mpirun --allow-run-as-root --oversubscribe -n 2 env`, rank 1.
+MPIRUN = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+          "OMPI_COMM_WORLD_NODE_RANK": "1", "OMPI_COMM_WORLD_RANK": "1",
+          "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_ess_base_jobid": "1953169409",
+          "PMIX_NAMESPACE": "1953169409", "PMIX_RANK": "1"}
+# `torchrun --nproc_per_node 2` worker 1, second attempt.
+TORCHRUN = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+            "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
+            "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "1",
+            "TORCHELASTIC_USE_AGENT_STORE": "True"}
+
+
+def test_srun_tasks_are_ranks_of_one_job():
+    env = detect(SRUN)
+    assert isinstance(env, Slurm)
+    assert (env.rank, env.world_size, env.local_rank, env.nodes) == (1, 2, 1, 1)
+    assert (env.master_addr, env.master_port) == ("localhost", 15002)  # Lightning's rule
+    assert env.run_id == "slurm-2" and env.restart_count == 0 and not env.uses_agent_store
+    assert env.describe().startswith("launched by SLURM, 2 ranks on 1 node")
+
+
+def test_slurm_on_many_nodes_meets_on_the_first_host():
+    env = detect({**SRUN, "SLURM_JOB_ID": "123456", "SLURM_STEP_NUM_TASKS": "8",
+                  "SLURM_NTASKS": "8", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",
+                  "SLURM_STEP_NODELIST": "gpu[07-08]", "SLURM_NODELIST": "gpu[07-08]"})
+    assert env.master_addr == "gpu07" and env.master_port == 15000 + 3456
+    assert env.describe().startswith("launched by SLURM, 8 ranks on 2 nodes")
+    assert detect({**SRUN, "MASTER_ADDR": "head", "MASTER_PORT": "2222"}).master_port == 2222
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [
+    ("localhost", "localhost"), ("node[01-04],other", "node01"), ("a,b[1-2]", "a"),
+    ("gpu[7,9-10]", "gpu7"), ("rack1-n[003-010]", "rack1-n003")])
+def test_first_host_of_a_node_list(nodelist, first):
+    assert _parse_first_host(nodelist) == first
+    assert first_host(nodelist) == first  # scontrol show hostnames, where installed
+
+
+def test_an_sbatch_script_itself_is_one_process():
+    """The batch step has SLURM_PROCID=0 and SLURM_NTASKS=N but is no srun step: rank 0 of N
+    would wait forever for N-1 ranks that never start."""
+    batch = {"SLURM_JOB_ID": "3", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"}
+    assert isinstance(detect(batch), Local) and detect(batch).world_size == 1
+
+
+def test_mpirun_ranks_are_ranks_of_one_job():
+    env = detect(MPIRUN)
+    assert isinstance(env, OpenMPI)
+    assert (env.rank, env.world_size, env.local_rank, env.nodes) == (1, 2, 1, 1)
+    assert env.master_addr == "127.0.0.1"
+    # The port follows the mpirun's job id: the same on every rank, another for another mpirun.
+    assert 15000 <= env.master_port < 35000
+    assert env.master_port == detect({**MPIRUN, "OMPI_COMM_WORLD_RANK": "0"}).master_port
+    assert env.master_port != detect({**MPIRUN, "OMPI_MCA_ess_base_jobid": "42"}).master_port
+    moved = detect({**MPIRUN, "MASTER_ADDR": "host0", "MASTER_PORT": "2345"})
+    assert (moved.master_addr, moved.master_port) == ("host0", 2345)
+
+
+def test_mpirun_inside_a_slurm_allocation_is_open_mpi():
+    """mpirun starts its daemons with srun: its ranks see the daemon's SLURM_PROCID too."""
+    env = detect({**SRUN, "SLURM_PROCID": "0", **MPIRUN})
+    assert isinstance(env, OpenMPI) and env.rank == 1
+
+
+def test_torchrun_and_launchers_of_its_convention():
+    env = detect(TORCHRUN)
+    assert type(env) is TorchElastic and env.name == "torchrun"
+    assert (env.rank, env.world_size, env.local_rank, env.nodes) == (1, 2, 1, 1)
+    assert (env.restart_count, env.run_id, env.uses_agent_store) == (1, "abc", True)
+    # torchrun inside an srun step: torchrun's ranks, not SLURM's tasks.
+    assert type(detect({**SRUN, **TORCHRUN})) is TorchElastic
+    # nlptrain's --nproc: torchrun's agent, marked.
+    assert isinstance(detect({**TORCHRUN, "NLPTRAIN_LAUNCHER": "nproc"}), NlptrainLaunch)
+    # The deepspeed launcher / torch.distributed.launch without --use-env: env:// plus --local_rank.
+    plain = {"RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert detect(plain).name == "env:// (RANK, WORLD_SIZE)"
+    assert detect(plain, local_rank=1).local_rank == 1 and detect(plain).local_rank == 3
+    assert detect({**plain, "LOCAL_RANK": "0"}, local_rank=1).local_rank == 0
+
+
+def test_no_launcher_is_one_process():
+    env = detect({})
+    assert isinstance(env, Local) and (env.rank, env.world_size, env.restart_count) == (0, 1, 0)
+    assert detect({}, local_rank=2).local_rank == 2
+
+
+def test_a_bad_value_names_the_variable():
+    with pytest.raises(ValueError, match=r"\$SLURM_PROCID='x'"):
+        _ = detect({**SRUN, "SLURM_PROCID": "x"}).rank
+
+
+@pytest.mark.parametrize("argv", [["--local_rank=1", "train"], ["--local-rank", "1", "train"],
+                                  ["train", "--local_rank=1"]])
+def test_cli_takes_the_local_rank_argument_of_older_launchers(argv, monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    args = cli.build_parser().parse_args(argv)
+    assert cli.launch_environment(args).local_rank == 1
+
+
+def test_nproc_inside_another_launcher_is_refused(monkeypatch, capsys):
+    for name, value in TORCHRUN.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["train", "--nproc", "2"]) == 1
+    assert "already one of 2 ranks (torchrun); drop --nproc" in capsys.readouterr().err
+
+
+def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
+    from nlptrain.runs import default_run_dir, prepare_run_dir
+
+    first = detect({**SRUN, "SLURM_JOB_ID": "77"})
+    folder = tmp_path / "toy-20250101-000000"
+    prepare_run_dir(folder, {"name": "toy"}, 2, resume=False, overwrite=False, launch=first)
+    requeued = detect({**SRUN, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
+    assert default_run_dir("toy", str(tmp_path), requeued) == folder
+    assert default_run_dir("toy", str(tmp_path), first) != folder  # a new job: a new folder

@@ -1,0 +1,129 @@
+"""Real launches of the toy task: `--nproc 2` (torch's elastic agent), `srun -n 2` and `mpirun -n 2`
+with no torchrun (each forms one 2-rank job that trains and evaluates like `--nproc 2`, weights
+equal), and the launchers people arrive with (torch.distributed.launch, accelerate launch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import child_env, write_toy_task
+
+from nlptrain.environments import detect
+from nlptrain.launch import launch
+
+TRAIN = ["-m", "nlptrain", "train", "--task", "toy.toml", "--epochs", "1"]
+# The console script of the environment running the tests, else one on PATH.
+ACCELERATE = next((str(path) for path in [Path(sys.executable).with_name("accelerate")]
+                   if path.exists()), None) or shutil.which("accelerate")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory, tiny_model_dir) -> Path:
+    folder = tmp_path_factory.mktemp("launchers")
+    write_toy_task(folder, tiny_model_dir, folder / "cache")
+    return folder
+
+
+def run(command: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def finished_run(folder: Path, process: subprocess.CompletedProcess) -> dict:
+    assert process.returncode == 0, process.stderr[-3000:]
+    config = json.loads((folder / "config.json").read_text())
+    results = json.loads((folder / "results.json").read_text())
+    assert results["test"]["rows"] == 40  # evaluated on every row, once
+    return {"config": config, "results": results, "log": process.stderr,
+            "weights": _weights(folder / "model")}
+
+
+def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def nproc_run(toy) -> dict:
+    """`python -m nlptrain train --nproc 2`: the reference 2-rank job."""
+    out = toy / "nproc"
+    return finished_run(out, run([sys.executable, *TRAIN, "--nproc", "2", "--output-dir", str(out)],
+                                 toy))
+
+
+def assert_same_job(run: dict, reference: dict, launcher: str) -> None:
+    assert run["config"]["world_size"] == 2
+    assert run["config"]["launch"]["launcher"] == launcher
+    assert f"launched by {launcher}, 2 ranks on 1 node" in run["log"]
+    assert run["results"]["test"] == reference["results"]["test"]
+    assert all(torch.equal(run["weights"][k], reference["weights"][k]) for k in reference["weights"])
+
+
+def test_nproc_starts_one_job_of_n_ranks(nproc_run):
+    assert nproc_run["config"]["world_size"] == 2
+    assert nproc_run["config"]["launch"]["launcher"] == "nlptrain --nproc"
+    assert "launched by nlptrain --nproc, 2 ranks on 1 node" in nproc_run["log"]
+    assert nproc_run["log"].count("launched by") == 1  # rank 0 alone says it
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="srun not installed (.ci/start-slurm "
+                    "installs and starts a one-node SLURM)")
+def test_srun_tasks_form_one_job_without_torchrun(toy, nproc_run):
+    out = toy / "srun"
+    process = run(["srun", "-n", "2", sys.executable, *TRAIN, "--output-dir", str(out)], toy)
+    assert_same_job(finished_run(out, process), nproc_run, "SLURM")
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed "
+                    "(apt-get install openmpi-bin)")
+def test_mpirun_ranks_form_one_job_without_torchrun(toy, nproc_run):
+    out = toy / "mpirun"
+    process = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
+                   sys.executable, *TRAIN, "--output-dir", str(out)], toy)
+    assert_same_job(finished_run(out, process), nproc_run, "Open MPI")
+
+
+def evaluate(toy: Path, launcher: list[str], nproc_run: dict) -> tuple[dict, str]:
+    """`nlptrain eval --json` of the --nproc run's model under a launcher; cheaper than training."""
+    model = toy / "nproc" / "model"
+    process = run([*launcher, "-m", "nlptrain", "eval", "--model", str(model), "--task", "toy.toml",
+                   "--json"], toy)
+    assert process.returncode == 0, process.stderr[-3000:]
+    metrics = json.loads(process.stdout[process.stdout.index("{"):])
+    assert metrics["accuracy"] == nproc_run["results"]["test"]["accuracy"]
+    assert metrics["rows"] == 40
+    return metrics, process.stderr
+
+
+def test_torch_distributed_launch_legacy_local_rank_argument(toy, nproc_run):
+    """Without --use-env, torch.distributed.launch passes --local-rank=N after the module."""
+    _, log = evaluate(toy, [sys.executable, "-m", "torch.distributed.launch", "--standalone",
+                            "--nproc_per_node", "2"], nproc_run)
+    assert "launched by torchrun, 2 ranks on 1 node" in log
+
+
+@pytest.mark.skipif(ACCELERATE is None, reason="accelerate not installed (pip install accelerate)")
+def test_accelerate_cpu_launch_is_one_process_and_says_so(toy, nproc_run):
+    _, log = evaluate(toy, [ACCELERATE, "launch", "--cpu", "--num_processes", "2",
+                            "--num_machines", "1", "--mixed_precision", "no",
+                            "--dynamo_backend", "no"], nproc_run)
+    assert "launched by accelerate launch, 1 process" in log
+
+
+def report_place(restart_failure: bool) -> tuple[int, int, int]:
+    here = detect()
+    if restart_failure and here.rank == 1 and here.restart_count == 0:
+        raise RuntimeError("rank 1 fails on the first attempt")
+    return here.rank, here.world_size, here.restart_count
+
+
+def test_launch_restarts_all_workers_after_a_failure():
+    """torch's agent sees rank 1 fail, stops rank 0, and starts both again as attempt 1."""
+    assert launch(report_place, 2, True, max_restarts=1) == [(0, 2, 1), (1, 2, 1)]
