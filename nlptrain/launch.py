@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 from nlptrain.environments import LAUNCHER_MARK
 
 log = logging.getLogger(__name__)
+AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
 def cpu_threads(nproc: int) -> int:
@@ -35,9 +38,15 @@ def _worker_environment(nproc: int) -> Iterator[None]:
         added["OMP_NUM_THREADS"] = str(cpu_threads(nproc))
     before = {key: os.environ.get(key) for key in added}
     os.environ.update(added)
+    # The agent installs its own SIGTERM/SIGINT/... handlers and leaves them: put ours back, so
+    # a program that calls launch() keeps its signal handling afterwards.
+    handlers = {s: signal.getsignal(s) for s in AGENT_SIGNALS} \
+        if threading.current_thread() is threading.main_thread() else {}
     try:
         yield
     finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         for key, value in before.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -110,7 +110,8 @@ class SingleDevice:
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Whole weights (every rank calls it; under FSDP2 a collective)."""
-        return {k: v.detach().cpu() for k, v in self.unwrap(model).state_dict().items()}
+        # A copy: on a CPU `.cpu()` would alias the live weights, which the next step changes.
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
 
 
 class DDP(SingleDevice):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -125,5 +126,8 @@ def report_place(restart_failure: bool) -> tuple[int, int, int]:
 
 
 def test_launch_restarts_all_workers_after_a_failure():
-    """torch's agent sees rank 1 fail, stops rank 0, and starts both again as attempt 1."""
+    """torch's agent sees rank 1 fail, stops rank 0, and starts both again as attempt 1; the
+    caller's signal handlers are its own again afterwards (the agent installs its own)."""
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert launch(report_place, 2, True, max_restarts=1) == [(0, 2, 1), (1, 2, 1)]
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
