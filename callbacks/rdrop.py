@@ -47,10 +47,9 @@ class RDrop(Callback):
         self.alpha = alpha
         self.task_loss: LossFn | None = None
         self._trainer: Trainer | None = None
-        self._batch: dict | None = None
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        second = self._trainer.forward(self._batch)
+        second = self._trainer.forward(self._trainer.batch)  # the micro-batch being trained
         task = (self.task_loss(logits, targets) + self.task_loss(second, targets)) / 2
         return task + self.alpha * symmetric_kl(self._trainer.kind, logits, second)
 
@@ -58,10 +57,7 @@ class RDrop(Callback):
         self._trainer, self.task_loss = trainer, trainer.loss_fn
         trainer.loss_fn = self.loss
 
-    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-        self._batch = batch
-
     def on_train_end(self, trainer: Trainer) -> None:
         if self.task_loss is not None:
             trainer.loss_fn = self.task_loss
-        self._trainer = self._batch = None
+        self._trainer = None

@@ -119,6 +119,7 @@ class Trainer:
         self.callbacks = CallbackList([*first, *callbacks, *last], self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
+        self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
         self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
@@ -171,7 +172,7 @@ class Trainer:
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> None:
         cfg = self.config
         self.is_update_step = self._ends_accumulation()
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         self.callbacks.fire("on_batch_start", self, batch)
         with self.dist.no_sync(self.model, skip_sync=not self.is_update_step):
             with autocast(self.device, cfg.precision):

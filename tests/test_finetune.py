@@ -222,7 +222,6 @@ def test_rdrop_loss_equals_a_hand_computation(tmp_path, tiny_model_dir):
                 seen["rng"] = self.rng_before
 
         def on_batch_start(self, trainer, batch):
-            super().on_batch_start(trainer, batch)
             if "batch" not in seen:
                 seen["batch"] = batch
                 self.rng_before = torch.get_rng_state()
