@@ -58,16 +58,10 @@ def _counter(name: str) -> property:
 class Trainer:
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
-    tensor, or an object/dict with `logits`).
-
-    Seams for fine-tuning techniques (README, "Fine-tuning techniques"):
-    - the loss is `trainer.loss_fn(trainer.forward(batch), batch["labels"])`: `loss_fn` is the
-      kind's (cross-entropy, BCE or MSE, with `[train] class_weights` / `label_smoothing`) and a
-      callback may replace it; `forward` may be called again for extra passes (R-Drop, FGM).
-    - the optimizer is `optimizer(param_groups(model, lr, config), config)`: both arguments are
-      optional functions (default: AdamW over decay/no-decay groups, `[train] layer_lr_decay`).
-      Its groups are saved with the optimizer state in checkpoints.
-    """
+    tensor, or an object/dict with `logits`). Seams (README, "Fine-tuning techniques"): the loss
+    is `loss_fn(forward(batch), batch["labels"])`, the kind's by default, and a callback may
+    replace `loss_fn` or call `forward` again; the optimizer is `optimizer(param_groups(model,
+    lr, config), config)`, both optional functions (default: AdamW, `nlptrain.optim`)."""
 
     # The loop's counters live in `self.progress`; callbacks read them under these names.
     epoch = _counter("epoch")
