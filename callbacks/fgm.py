@@ -47,6 +47,8 @@ class FGM(Callback):
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         weight = word_embeddings(trainer.unwrapped_model)
+        if not weight.requires_grad:  # frozen (Freeze): no gradient to follow, a plain step
+            return
         caught: list[torch.Tensor] = []
         hook = weight.register_hook(lambda grad: caught.append(grad.detach()))
         try:

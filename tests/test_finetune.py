@@ -149,6 +149,15 @@ def test_frozen_encoder_stays_bit_identical_then_trains(tmp_path, tiny_model_dir
     assert all(p.requires_grad for p in trainer.unwrapped_model.parameters())
 
 
+def test_fgm_steps_plainly_while_the_embeddings_are_frozen(tmp_path, tiny_model_dir):
+    train, test = toy_sets(tmp_path, tiny_model_dir, rows=8)
+    fgm = FGM(1.0)
+    trainer = Trainer(tiny_model(tiny_model_dir), train, test, callbacks=[Freeze(1), fgm],
+                      config=TrainConfig(epochs=1, batch_size=4))
+    trainer.fit()
+    assert trainer.global_step == 2 and fgm._restore is None
+
+
 # -- EMA --------------------------------------------------------------------------------------
 
 
@@ -158,6 +167,9 @@ def test_ema_equals_its_definition_and_is_exported(tmp_path, tiny_model_dir):
     trainer = Trainer(tiny_model(tiny_model_dir), train, test, callbacks=[record, ema],
                       config=TrainConfig(epochs=2, batch_size=8, lr=1e-3, eval_every=2))
     trainer.fit()
+    configured = Trainer(tiny_model(tiny_model_dir), train, test, callbacks=[record],
+                         config=TrainConfig(ema_decay=0.5))
+    assert isinstance(configured.callbacks.callbacks[-1], EMA)  # last: after SaveBestModel
     expected = hand_ema(record.weights, 0.8)
     for name, value in expected.items():
         torch.testing.assert_close(ema.average[name], value, rtol=1e-6, atol=1e-7)
