@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,7 @@ from nlptrain.callbacks import EMA, FGM, Freeze, RDrop
 
 from nlptrain import TrainConfig, Trainer
 from nlptrain.checkpoint import load_checkpoint, save_checkpoint
+from nlptrain.cli import main
 from nlptrain.config import task_from_dict
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import model_inputs
@@ -78,12 +81,23 @@ def test_class_weights_and_smoothing_refuse_what_they_do_not_fit():
         Regression().loss(torch.zeros(2), torch.zeros(2), class_weights=torch.ones(1))
 
 
+def test_the_keys_through_the_command_line(toy_task, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--set", "train.class_weights=balanced", "--set", "train.label_smoothing=0.1",
+                 "--set", "train.layer_lr_decay=0.9", "--set", "train.ema_decay=0.9"]) == 0
+    assert json.loads((run / "results.json").read_text())["test"]["rows"] == 40
+    assert main(["train", "--task", str(toy_task), "--set", "train.label_smoothing=2"]) != 0
+    assert "[train] label_smoothing must be in [0, 1)" in capsys.readouterr().err
+
+
 # -- parameter groups and the optimizer ---------------------------------------------------------
 
 
 def test_layer_lr_decay_groups_and_their_checkpoint(tmp_path, tiny_model_dir):
     train, test = toy_sets(tmp_path, tiny_model_dir)
-    config = TrainConfig(lr=1e-3, layer_lr_decay=0.5, weight_decay=0.01, epochs=1, batch_size=8)
+    config = TrainConfig(lr=1e-3, layer_lr_decay=0.5, weight_decay=0.01, epochs=1, batch_size=8,
+                         class_weights=[1.0, 2.0], label_smoothing=0.1)
     trainer = Trainer(tiny_model(tiny_model_dir), train, test, config=config)
     lrs = {g["name"]: g["lr"] for g in trainer.optimizer.param_groups}
     # 2 layers: head at lr, layer.1 x 0.5, layer.0 x 0.25, embeddings x 0.125.

@@ -1,5 +1,5 @@
 """Fine-tuning techniques on 2 real ranks (gloo on loopback): freezing, EMA, class weights, layer
-lr decay, exact resume in the middle of a freeze schedule; FGM and R-Drop with one all-reduce per
+lr decay, R-Drop, exact resume in the middle of a freeze schedule; FGM and R-Drop with one all-reduce per
 optimizer step under gradient accumulation."""
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
         return Freeze(2, "steps", gradual=True)
 
     record, ema = RecordSteps(), EMA(0.9, export=False)
-    whole = run([freeze(), record, ema])
+    whole = run([freeze(), RDrop(0.5), record, ema])  # R-Drop: dropout to resume exactly
     checkpoints = Path(folder) / "checkpoints"
-    run([freeze(), EMA(0.9, export=False), Checkpointer(checkpoints, every=2), StopAt(4)])
+    run([freeze(), RDrop(0.5), EMA(0.9, export=False), Checkpointer(checkpoints, every=2), StopAt(4)])
     resumed_ema = EMA(0.9, export=False)
-    resumed = run([freeze(), resumed_ema], resume=checkpoints / checkpoint_name(4))
+    resumed = run([freeze(), RDrop(0.5), resumed_ema], resume=checkpoints / checkpoint_name(4))
     dist.close()
     return {"weights": record.weights, "whole": whole, "ema": ema.average, "resumed": resumed,
             "resumed_ema": resumed_ema.average}
