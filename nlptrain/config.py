@@ -117,6 +117,15 @@ class TrainConfig:
     reshard_after_forward: bool = opt(True, "fsdp: free each layer's gathered weights after its "
                                       "forward (like ZeRO-3; false: keep them to the backward, "
                                       "like ZeRO-2)")
+    class_weights: str | list = opt(
+        "", "weigh each class in the loss: 'balanced' (from the training targets) or one number "
+        "per label; single_label: cross-entropy weights, multi_label: BCE pos_weight ('': off)")
+    label_smoothing: float = opt(0.0, "single_label: spread this much of each target over all "
+                                 "classes (cross-entropy label smoothing; 0: off)")
+    layer_lr_decay: float = opt(1.0, "layer-wise lr decay: the head at lr, each lower encoder layer "
+                                "times this, the embeddings last (1: off)")
+    ema_decay: float = opt(0.0, "keep an exponential moving average of the weights with this decay "
+                           "(e.g. 0.999) and evaluate and export it (0: off)")
 
 
 @dataclass
@@ -226,9 +235,32 @@ def validate(task: TaskConfig, source: str) -> None:
         from nlptrain.kinds import from_task
 
         from_task(task).check_metric(task.train.metric_for_best, source)
+    validate_finetuning(task.train, task.data.kind, source)
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")
+
+
+def validate_finetuning(train: TrainConfig, kind: str, source: str) -> None:
+    """class_weights, label_smoothing, layer_lr_decay, ema_decay: values, and the kinds they fit."""
+    weights = train.class_weights
+    if isinstance(weights, str) and weights not in ("", "balanced"):
+        raise ConfigError(f"{source}: [train] class_weights = {weights!r}; give 'balanced' or a list "
+                          "of numbers, one per label")
+    if isinstance(weights, list) and not all(
+            isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in weights):
+        raise ConfigError(f"{source}: [train] class_weights = {weights!r}: each weight must be a "
+                          "number >= 0")
+    if weights not in ("", []) and kind == "regression":
+        raise ConfigError(f"{source}: [train] class_weights is for classes; a regression task has none")
+    if not 0 <= train.label_smoothing < 1:
+        raise ConfigError(f"{source}: [train] label_smoothing must be in [0, 1)")
+    if train.label_smoothing and kind != "single_label":
+        raise ConfigError(f"{source}: [train] label_smoothing is for single_label tasks, not {kind}")
+    if not 0 < train.layer_lr_decay <= 1:
+        raise ConfigError(f"{source}: [train] layer_lr_decay must be in (0, 1] (1: off)")
+    if not 0 <= train.ema_decay < 1:
+        raise ConfigError(f"{source}: [train] ema_decay must be in [0, 1) (0: off)")
 
 
 def file_spec(task: TaskConfig, which: str) -> FileSpec | None:

@@ -60,7 +60,10 @@ class TaskKind:
         return len(label_names)
 
     # -- training and evaluation --------------------------------------------------------------
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
+             label_smoothing: float = 0.0) -> torch.Tensor:
+        """The training loss; `class_weights` (one per class) and `label_smoothing` where the kind
+        has them (`[train]` keys of those names), else a ConfigError."""
         raise NotImplementedError
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -133,10 +136,12 @@ class SingleLabel(TaskKind):
             out[i] = ids[cell]
         return out
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
+             label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
 
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), weight=class_weights,
+                               label_smoothing=label_smoothing)
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().softmax(dim=-1)
@@ -196,10 +201,14 @@ class MultiLabel(TaskKind):
                 out[i, ids[value]] = 1.0
         return out
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
+             label_smoothing: float = 0.0) -> torch.Tensor:
+        """BCE; `class_weights` are BCE's `pos_weight`: the weight of each label's positives."""
         import torch.nn.functional as F
 
-        return F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype))
+        if label_smoothing:
+            raise ConfigError("[train] label_smoothing is for single_label tasks, not multi_label")
+        return F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), pos_weight=class_weights)
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().sigmoid()
@@ -259,9 +268,13 @@ class Regression(TaskKind):
     def output_size(self, label_names: Sequence[str]) -> int:
         return 1
 
-    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
+             label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
 
+        if class_weights is not None or label_smoothing:
+            raise ConfigError("[train] class_weights and label_smoothing are for classes; a "
+                              "regression task has none")
         return F.mse_loss(logits.view(-1), targets.to(logits.dtype).view(-1))
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:

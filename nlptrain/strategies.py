@@ -47,6 +47,7 @@ class Strategy(Protocol):
     eval_needs_equal_steps: bool  # every evaluation forward is a collective: equal batch counts
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def rewrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager: ...
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float: ...
@@ -70,6 +71,11 @@ class SingleDevice:
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.to(self.dist.device)
+
+    def rewrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap again, after `requires_grad` changed (DDP registers the trainable set when it
+        wraps); every rank at the same step."""
+        return self.wrap_model(self.unwrap(model))
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model
@@ -139,6 +145,10 @@ class FSDP2(SingleDevice):
 
     name = "fsdp"
     eval_needs_equal_steps = True
+
+    def rewrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        raise ConfigError("freezing or unfreezing parameters during training is not supported with "
+                          "strategy fsdp (a module is sharded once); use strategy ddp")
 
     def __init__(self, dist: SingleProcess, reshard_after_forward: bool = True,
                  precision: str = "fp32") -> None:

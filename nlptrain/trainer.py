@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from nlptrain import distributed, kinds, strategies
+from nlptrain import distributed, kinds, losses, optim, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
@@ -33,18 +33,22 @@ from nlptrain.samplers import ShardedSampler
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
 MetricFn = Callable[[Predictions], dict[str, float]]           # gathered predictions -> metrics
+# (model, lr, config) -> optimizer parameter groups, each with its "params", "lr", "weight_decay"
+ParamGroupsFn = Callable[[torch.nn.Module, float, TrainConfig], list[dict[str, Any]]]
+OptimizerFn = Callable[[list[dict[str, Any]], TrainConfig], torch.optim.Optimizer]
 
 
-def builtin_callbacks(config: TrainConfig) -> list[Callback]:
-    """Callbacks that the config asks for: lr schedule, gradient clipping, early stopping."""
-    from nlptrain.callbacks import EarlyStopping, GradClip, LRSchedule
+def builtin_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback]]:
+    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping, early
+    stopping) and after them (EMA: SaveBestModel saves the average before it is swapped out)."""
+    from nlptrain.callbacks import EMA, EarlyStopping, GradClip, LRSchedule
 
     made: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
     if config.max_grad_norm > 0:
         made.append(GradClip(config.max_grad_norm))
     if config.early_stopping > 0:
         made.append(EarlyStopping(config.early_stopping))
-    return made
+    return made, [EMA(config.ema_decay)] if config.ema_decay > 0 else []
 
 
 def _counter(name: str) -> property:
@@ -55,8 +59,10 @@ def _counter(name: str) -> property:
 class Trainer:
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
-    tensor, or an object/dict with `logits`). The loss is `loss_fn(logits, batch["labels"])`,
-    the task kind's by default (cross-entropy, BCE or MSE)."""
+    tensor, or an object/dict with `logits`). Seams (README, "Fine-tuning techniques"): the loss
+    is `loss_fn(forward(batch), batch["labels"])`, the kind's by default, and a callback may
+    replace `loss_fn` or call `forward` again; the optimizer is `optimizer(param_groups(model,
+    lr, config), config)`, both optional functions (default: AdamW, `nlptrain.optim`)."""
 
     # The loop's counters live in `self.progress`; callbacks read them under these names.
     epoch = _counter("epoch")
@@ -82,6 +88,8 @@ class Trainer:
         label_names: Sequence[str] | None = None,
         metrics: Sequence[MetricFn] = (),
         strategy: strategies.Strategy | None = None,
+        param_groups: ParamGroupsFn | None = None,
+        optimizer: OptimizerFn | None = None,
     ) -> None:
         self.config = config or TrainConfig()
         self.dist = dist or distributed.SingleProcess()
@@ -91,21 +99,24 @@ class Trainer:
         self.kind = kind or kinds.from_model_config(model_config)
         self.label_names = list(label_names) if label_names else _label_names(model_config)
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
-        self.loss_fn: LossFn = self.kind.loss  # (logits, targets) -> loss; callbacks may replace it
+        # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
+        self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.tokenizer = tokenizer
         self.train_data, self.eval_data = train_data, eval_data
         pad_id = getattr(model_config, "pad_token_id", None) or 0
         self.collate = collate or Collator(pad_id)
-        self.optimizer = self._make_optimizer()
+        self.optimizer = self.make_optimizer(param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         given = {type(c) for c in callbacks}
-        builtins = [c for c in builtin_callbacks(self.config) if type(c) not in given]
-        self.callbacks = CallbackList([*builtins, *callbacks], self.dist.is_main)
+        first, last = ([c for c in made if type(c) not in given]
+                       for made in builtin_callbacks(self.config))
+        self.callbacks = CallbackList([*first, *callbacks, *last], self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
+        self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
         self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
@@ -158,12 +169,11 @@ class Trainer:
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> None:
         cfg = self.config
         self.is_update_step = self._ends_accumulation()
+        self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         self.callbacks.fire("on_batch_start", self, batch)
-        batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
             with autocast(self.device, cfg.precision):
-                logits = logits_of(self.model(**model_inputs(batch)))
-                loss = self.loss_fn(logits, batch["labels"])
+                loss = self.loss_fn(self.forward(batch), batch["labels"])
             self.callbacks.fire("on_loss", self, loss)
             self.callbacks.fire("on_backward_start", self)
             self.scaler.scale(loss / cfg.grad_accum).backward()
@@ -178,6 +188,17 @@ class Trainer:
         self.callbacks.fire("on_batch_end", self)
         if self.is_update_step and cfg.eval_every and self.global_step % cfg.eval_every == 0:
             self.validate()
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The (wrapped) model's logits on a batch already on the device. Callbacks call it for
+        extra passes within a step (R-Drop, FGM); under DDP, several forwards before one backward
+        all-reduce once."""
+        return logits_of(self.model(**model_inputs(batch)))
+
+    def rewrap_model(self) -> None:
+        """Wrap the model again (DDP registers the parameters that require grad when it wraps):
+        call it on every rank at the same step after changing `requires_grad` (see Freeze)."""
+        self.model = self.strategy.rewrap(self.model)
 
     def validate(self) -> dict[str, Any]:
         """Evaluate on `eval_data`, decide `is_best`, fire the valid events."""
@@ -298,19 +319,14 @@ class Trainer:
     def _next_epoch(self) -> None:
         self.progress.next_epoch()
 
-    def _make_optimizer(self) -> torch.optim.Optimizer:
+    def make_optimizer(self, param_groups: ParamGroupsFn | None = None,
+                       optimizer: OptimizerFn | None = None) -> torch.optim.Optimizer:
+        """The optimizer over the groups of `param_groups` (default `optim.param_groups`: decay /
+        no-decay, per layer under `layer_lr_decay`), made by `optimizer` (default AdamW)."""
         cfg = self.config
-        decay, no_decay = [], []
-        for name, param in self.unwrapped_model.named_parameters():
-            if param.requires_grad:
-                plain = param.ndim < 2 or "LayerNorm" in name or "layer_norm" in name
-                (no_decay if plain else decay).append(param)
         lr = cfg.lr * (self.dist.world_size if cfg.scale_lr else 1)
-        groups = [{"params": decay, "weight_decay": cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        # The fused kernel exists for CPU and CUDA: 5x faster than the default on a CPU.
-        fused = self.device.type in ("cpu", "cuda") or None
-        return torch.optim.AdamW(groups, lr=lr, fused=fused)
+        groups = (param_groups or optim.param_groups)(self.unwrapped_model, lr, cfg)
+        return (optimizer or optim.adamw)(groups, cfg)
 
     @contextlib.contextmanager
     def _stop_on_signals(self) -> Iterator[None]:

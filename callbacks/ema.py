@@ -1,0 +1,105 @@
+"""An exponential moving average (EMA) of the weights, kept on every rank, evaluated and exported.
+
+After each optimizer step: `average = decay * average + (1 - decay) * weights` (float32, for
+every floating-point parameter). Under DDP the weights are identical on every rank after each
+step, so every rank computes the same average with no communication; nothing is kept on rank 0
+alone, and evaluation (which runs on every rank) sees the same averaged model everywhere.
+
+- `evaluate=True`: the averaged weights are swapped in from on_valid_start to on_valid_end, so
+  the metrics, `is_best` and `best/` (SaveBestModel, which must come before this callback in the
+  list, as it does in `nlptrain train`) are those of the average; the training weights come back
+  after.
+- `export=True`: at the end of training the averaged weights replace the trained ones, so the
+  final test metrics and `model/` are the average's.
+- The average is saved in checkpoints and a resume continues it exactly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
+
+
+class EMA(Callback):
+    def __init__(self, decay: float = 0.999, evaluate: bool = True, export: bool = True) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError("EMA decay must be in [0, 1)")
+        self.decay, self.evaluate, self.export = decay, evaluate, export
+        self.average: dict[str, torch.Tensor] | None = None
+        self.step = -1  # the optimizer step the average includes
+        self._kept: dict[str, torch.Tensor] | None = None  # training weights while swapped out
+
+    @staticmethod
+    def averaged(trainer: Trainer) -> dict[str, torch.nn.Parameter]:
+        return {name: p for name, p in trainer.unwrapped_model.named_parameters()
+                if p.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, trainer: Trainer) -> None:
+        """Fold this step's weights into the average (once per step, whoever asks first)."""
+        if self.step == trainer.global_step:
+            return
+        params = self.averaged(trainer)
+        average = [self.average[name] for name in params]
+        torch._foreach_mul_(average, self.decay)
+        torch._foreach_add_(average, [p.float() for p in params.values()], alpha=1 - self.decay)
+        self.step = trainer.global_step
+
+    @torch.no_grad()
+    def swap_in(self, trainer: Trainer) -> None:
+        params = self.averaged(trainer)
+        self._kept = {name: p.detach().clone() for name, p in params.items()}
+        for name, param in params.items():
+            param.copy_(self.average[name])
+
+    @torch.no_grad()
+    def swap_out(self, trainer: Trainer) -> None:
+        for name, param in self.averaged(trainer).items():
+            param.copy_(self._kept[name])
+        self._kept = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if self.average is None:  # else loaded from a checkpoint
+            self.average = {name: p.detach().float().clone()
+                            for name, p in self.averaged(trainer).items()}
+            self.step = trainer.global_step
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        self.update(trainer)
+
+    def on_valid_start(self, trainer: Trainer) -> None:
+        if self.evaluate and self.average is not None:
+            self.update(trainer)
+            self.swap_in(trainer)
+
+    def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
+        if self._kept is not None:
+            self.swap_out(trainer)
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        if self._kept is not None:  # an error inside evaluation: put the training weights back
+            self.swap_out(trainer)
+        if self.export and self.average is not None:
+            self.update(trainer)
+            with torch.no_grad():
+                for name, param in self.averaged(trainer).items():
+                    param.copy_(self.average[name])
+
+    def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
+        # A checkpoint written at on_step_end before this callback's turn still holds this step.
+        if self.average is not None:
+            self.update(trainer)
+            state["ema"] = {"decay": self.decay, "step": self.step, "average": self.average}
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
+        saved = state.get("ema")
+        if saved is not None:
+            device = trainer.device
+            self.average = {name: t.to(device) for name, t in saved["average"].items()}
+            self.step = int(saved["step"])

@@ -1,0 +1,79 @@
+"""Adversarial training on the word embeddings (FGM, Miyato et al. 2017), one all-reduce a step.
+
+For each micro-batch: a clean forward/backward, then the word embeddings are moved by
+`r = epsilon * g / ||g||` along that pass's own gradient `g` of the embedding matrix, the loop's
+forward/backward runs on the perturbed embeddings (its gradient adds to the clean one), and the
+embeddings are restored exactly. The optimizer steps on clean + adversarial gradients.
+
+How it holds under DDP and accumulation: the clean pass runs here, at on_batch_start, under
+`no_sync` on every micro-batch, so it never all-reduces; the loop's pass is the one that
+all-reduces on the update step, and it then carries both gradients: one all-reduce per optimizer
+step, as without FGM. `g` is caught by a hook on the embedding weight during the clean backward,
+so it is this micro-batch's gradient, not the sum accumulated so far (a common slip). Clipping
+(on_backward_end) sees the complete gradient.
+
+`trainer.last_loss` (and the logs) are the loss on the perturbed embeddings; `clean_loss` holds
+this rank's clean loss of the latest micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from nlptrain.errors import ConfigError
+from nlptrain.evaluate import autocast
+from nlptrain.events import Callback
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
+
+
+def word_embeddings(model: torch.nn.Module) -> torch.nn.Parameter:
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is None:
+        raise ConfigError(f"{type(model).__name__} has no get_input_embeddings(): FGM perturbs the "
+                          "word embeddings")
+    return embeddings.weight
+
+
+class FGM(Callback):
+    def __init__(self, epsilon: float = 1.0) -> None:
+        self.epsilon = epsilon
+        self.clean_loss = math.nan
+        self._restore: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, their values)
+
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        weight = word_embeddings(trainer.unwrapped_model)
+        if not weight.requires_grad:  # frozen (Freeze): no gradient to follow, a plain step
+            return
+        caught: list[torch.Tensor] = []
+        hook = weight.register_hook(lambda grad: caught.append(grad.detach()))
+        try:
+            with trainer.strategy.no_sync(trainer.model, skip_sync=True):  # never all-reduces
+                with autocast(trainer.device, trainer.config.precision):
+                    loss = trainer.loss_fn(trainer.forward(batch), batch["labels"])
+                trainer.scaler.scale(loss / trainer.config.grad_accum).backward()
+        finally:
+            hook.remove()
+        self.clean_loss = loss.item()
+        grad = sum(caught[1:], caught[0]) if caught else None
+        norm = grad.float().norm() if grad is not None else None
+        if norm is None or not torch.isfinite(norm) or norm == 0:
+            return  # no direction (or an fp16 overflow the scaler will skip): no perturbation
+        rows = batch["input_ids"].unique()  # the gradient is zero on every other row
+        with torch.no_grad():
+            self._restore = (rows, weight[rows].clone())
+            weight[rows] += (self.epsilon * grad[rows] / norm).to(weight.dtype)
+
+    def on_backward_end(self, trainer: Trainer) -> None:
+        if self._restore is not None:
+            rows, values = self._restore
+            with torch.no_grad():
+                word_embeddings(trainer.unwrapped_model)[rows] = values
+            self._restore = None
+
+    def on_exception(self, trainer: Trainer, error: BaseException) -> None:
+        self.on_backward_end(trainer)  # never leave the embeddings perturbed

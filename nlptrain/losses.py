@@ -1,0 +1,97 @@
+"""The training loss a config asks for: the kind's loss with class weights and label smoothing.
+
+`[train] class_weights` weighs each class's examples in single-label cross-entropy, and is BCE's
+`pos_weight` (the weight of each label's positive examples) for multi-label tasks:
+- `"balanced"`: computed from the training targets. Single-label: scikit-learn's
+  `compute_class_weight("balanced")`, n_rows / (n_classes * rows of the class). Multi-label:
+  negatives / positives of each label, so that both weigh the same.
+- `[w, ...]`: one weight per label, in the order of the task's labels.
+`[train] label_smoothing = x` (single-label only) spreads x of each target's mass over all classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+
+from nlptrain.errors import ConfigError
+from nlptrain.kinds import MultiLabel, SingleLabel, TaskKind
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def training_targets(data: Any) -> np.ndarray | None:
+    """The targets of a training set (a TokenizedDataset, or a DataLoader over one), if known."""
+    data = getattr(data, "dataset", data)
+    targets = getattr(data, "label_ids", None)
+    return None if targets is None else np.asarray(targets)
+
+
+def balanced_weights(kind: TaskKind, targets: np.ndarray, label_names: Sequence[str]) -> np.ndarray:
+    """Class weights that make every class (or every label's positives) weigh the same."""
+    if isinstance(kind, MultiLabel):
+        positives = targets.sum(axis=0)
+        missing = [label_names[i] for i in np.flatnonzero(positives == 0)]
+        weights = (len(targets) - positives) / np.maximum(positives, 1)
+    else:
+        from sklearn.utils.class_weight import compute_class_weight
+
+        classes = np.arange(len(label_names))
+        targets = targets[targets >= 0]  # -1: a row without a known label
+        missing = [label_names[i] for i in classes if not (targets == i).any()]
+        weights = None if missing else compute_class_weight("balanced", classes=classes, y=targets)
+    if missing:
+        raise ConfigError(f"[train] class_weights = 'balanced': no training row has the label(s) "
+                          f"{missing}; give the weights as a list instead")
+    return np.asarray(weights, dtype=np.float32)
+
+
+def class_weights(kind: TaskKind, spec: str | list, train_data: Any,
+                  label_names: Sequence[str]) -> np.ndarray | None:
+    """The weights `[train] class_weights` means for this kind and training set (None: off)."""
+    if spec in ("", []):
+        return None
+    if not isinstance(kind, SingleLabel | MultiLabel):
+        raise ConfigError(f"[train] class_weights is for classes; a {kind.name} task has none")
+    if spec == "balanced":
+        targets = training_targets(train_data)
+        if targets is None:
+            raise ConfigError("[train] class_weights = 'balanced' needs the training targets, which "
+                              "this training data does not give (streaming or a custom loader); "
+                              "give the weights as a list")
+        return balanced_weights(kind, targets, label_names)
+    if isinstance(spec, str) or len(spec) != len(label_names):
+        raise ConfigError(f"[train] class_weights = {spec!r}: give 'balanced' or one number per "
+                          f"label ({len(label_names)}: {', '.join(label_names)})")
+    return np.asarray(spec, dtype=np.float32)
+
+
+def weighted_loss(kind: TaskKind, weights: np.ndarray | None, label_smoothing: float) -> LossFn:
+    """kind.loss with these weights (moved to the logits' device once) and smoothing."""
+    held: dict[torch.device, torch.Tensor] = {}
+
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        on_device = None
+        if weights is not None:
+            on_device = held.get(logits.device)
+            if on_device is None:
+                on_device = held[logits.device] = torch.from_numpy(weights).to(logits.device)
+        return kind.loss(logits, targets, class_weights=on_device, label_smoothing=label_smoothing)
+
+    return loss
+
+
+def task_loss(kind: TaskKind, config: Any, train_data: Any, label_names: Sequence[str]) -> LossFn:
+    """The trainer's default `loss_fn`: (logits, targets) -> loss, per `config`."""
+    weights = class_weights(kind, config.class_weights, train_data, label_names)
+    if weights is None and not config.label_smoothing:
+        return kind.loss
+    if config.label_smoothing and not isinstance(kind, SingleLabel):
+        raise ConfigError(f"[train] label_smoothing is for single_label tasks, not {kind.name}")
+    if weights is None:
+        return partial(kind.loss, label_smoothing=config.label_smoothing)
+    return weighted_loss(kind, weights, config.label_smoothing)
