@@ -140,8 +140,9 @@ def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by:
             got["loaded"] = trainer.strategy.full_state_dict(trainer.model)
         trainer.fit()
         got.update(steps=trainer.global_step, batches=trainer.batches_per_epoch, at=record.weights)
-        if big is not None:
-            got["eval"] = trainer.evaluate(big) if strategy == "fsdp" else None
+        if big is not None and strategy == "fsdp":
+            got["eval"] = trainer.evaluate(big)
+            got["final"] = trainer.strategy.full_state_dict(trainer.model)  # whole on rank 0
         trainer.close()
         out[strategy] = got
     dist.close()

@@ -124,7 +124,7 @@ def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_tas
 
 
 @pytest.mark.slow
-def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir, one_process_eval):
+def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
     """8 ranks (1 thread each): exact evaluation, agreed step counts, and a checkpoint written by 8
     that 4 ranks resume, under DDP and FSDP2."""
     eight = run_ranks(scale_worker, 8, tmp_path, str(tmp_path), str(tiny_model_dir), "", EVAL_ROWS,
@@ -140,6 +140,15 @@ def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir, one_
         assert max_gap(four[0][strategy]["loaded"], eight[0][strategy]["at"][2]) == 0
         # 48 rows, 32 read by 8 ranks at step 2: 16 remain, 2 steps of 4 ranks x 2 rows.
         assert {r[strategy]["steps"] for r in four} == {2 + 2}
+    # The trained 8-rank model, scored by one process, scores as the 8 ranks did together.
+    from nlptrain import distributed
+    from nlptrain.data import Collator
+
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    model.load_state_dict(eight[0]["fsdp"]["final"])
+    big = toy_set(tmp_path / "one", str(tiny_model_dir), "big", EVAL_ROWS, seed=3)
+    alone = compute_metrics(predict(model, big, distributed.SingleProcess(), Collator(0), 13),
+                            ["neg", "pos"])
     for rank in eight:
         for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
-            assert rank["fsdp"]["eval"][key] == one_process_eval[key], key
+            assert rank["fsdp"]["eval"][key] == alone[key], key
