@@ -66,26 +66,18 @@ def write_scores(path: Path, rows: int, seed: int = 0) -> Path:
 def write_kind_task(folder: Path, model_dir: Path, kind: str, epochs: int = 2) -> Path:
     """A task file of the given kind ('pair', 'multi_label' or 'regression') over toy files in
     `folder`, with a validation file (so best/ is kept) and a test file."""
-    if kind == "pair":
-        for name, rows, seed in (("train", 120, 1), ("valid", 30, 2), ("test", 30, 3)):
-            write_pairs(folder / f"{name}.tsv", rows, seed)
-        data = ('kind = "single_label"\ntext_column = "premise"\ntext_pair_column = "hypothesis"\n'
-                'labels = ["differ", "same"]\ntrain = "train.tsv"\nvalid = "valid.tsv"\n'
-                'test = "test.tsv"')
-        best = "f1"
-    elif kind == "multi_label":
-        for name, rows, seed in (("train", 120, 1), ("valid", 30, 2), ("test", 30, 3)):
-            write_multi_label_jsonl(folder / f"{name}.jsonl", rows, seed)
-        data = ('kind = "multi_label"\nlabel_column = "tags"\nlabels = ["food", "music", "sport"]\n'
-                'train = "train.jsonl"\nvalid = "valid.jsonl"\ntest = "test.jsonl"')
-        best = "macro_f1"
-    else:
-        for name, rows, seed in (("train", 120, 1), ("valid", 30, 2), ("test", 30, 3)):
-            write_scores(folder / f"{name}.tsv", rows, seed)
-        data = ('kind = "regression"\ntext_column = "first"\ntext_pair_column = "second"\n'
-                'label_column = "score"\ntrain = "train.tsv"\nvalid = "valid.tsv"\n'
-                'test = "test.tsv"')
-        best = "mse"
+    # kind -> (file writer, suffix, [data] keys besides the files, metric_for_best)
+    writer, suffix, keys, best = {
+        "pair": (write_pairs, "tsv", 'kind = "single_label"\ntext_column = "premise"\n'
+                 'text_pair_column = "hypothesis"\nlabels = ["differ", "same"]', "f1"),
+        "multi_label": (write_multi_label_jsonl, "jsonl", 'kind = "multi_label"\n'
+                        'label_column = "tags"\nlabels = ["food", "music", "sport"]', "macro_f1"),
+        "regression": (write_scores, "tsv", 'kind = "regression"\ntext_column = "first"\n'
+                       'text_pair_column = "second"\nlabel_column = "score"', "mse"),
+    }[kind]
+    for name, rows, seed in (("train", 120, 1), ("valid", 30, 2), ("test", 30, 3)):
+        writer(folder / f"{name}.{suffix}", rows, seed)
+    data = keys + "".join(f'\n{name} = "{name}.{suffix}"' for name in ("train", "valid", "test"))
     task = folder / f"{kind}.toml"
     task.write_text(f"""
 name = "{kind}"
