@@ -72,7 +72,8 @@ class ProgressBar(Callback):
                        f"lr {lr:.2e}, {rate:.2f} batch/s, {_duration(left)} left in the epoch")
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
-        self._line(f"eval at step {trainer.global_step}: {trainer.kind.summary(metrics)}"
+        summary = trainer.kind.summary(metrics, trainer.metric_for_best)
+        self._line(f"eval at step {trainer.global_step}: {summary}"
                    f"{'  (best so far)' if is_best else ''}")
 
     def on_epoch_end(self, trainer: Trainer) -> None:

@@ -78,9 +78,10 @@ class TaskKind:
             return True
         return new < old if metric in LOWER_IS_BETTER else new > old
 
-    def summary(self, metrics: dict[str, Any]) -> str:
-        """'accuracy 0.9120, macro-F1 0.9034, loss 0.2710': the headline metrics and the loss."""
-        shown = [k for k in (*self.headline, "loss") if k in metrics]
+    def summary(self, metrics: dict[str, Any], also: str = "") -> str:
+        """'accuracy 0.9120, macro-F1 0.9034, loss 0.2710': the headline metrics, `also` (the
+        metric that picks the best model, e.g. MRPC's f1) and the loss."""
+        shown = [k for k in dict.fromkeys((*self.headline, also, "loss")) if k in metrics]
         return ", ".join(f"{metric_label(k)} {metrics[k]:.4f}" for k in shown)
 
     def check_metric(self, metric: str, source: str) -> None:

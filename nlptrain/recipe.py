@@ -109,7 +109,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
     final = results["test"] or results["valid"]
     if final:
         log.info("%s: %s on %d rows; model saved to %s", "test" if results["test"] else "valid",
-                 kind.summary(final), final["rows"], run_dir / "model")
+                 kind.summary(final, trainer.metric_for_best), final["rows"], run_dir / "model")
     return results
 
 
