@@ -1,5 +1,9 @@
 """Ready callbacks. Each file is one callback to use, copy or extend (installed as
-`nlptrain.callbacks`)."""
+`nlptrain.callbacks`). `config_callbacks` makes the ones a TrainConfig asks for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from nlptrain.callbacks.best_model import SaveBestModel
 from nlptrain.callbacks.checkpointing import Checkpointer
@@ -15,5 +19,21 @@ from nlptrain.callbacks.progress import ProgressBar
 from nlptrain.callbacks.rdrop import RDrop
 from nlptrain.callbacks.tensorboard import TensorBoardLogger  # imports tensorboard only when used
 
+if TYPE_CHECKING:
+    from nlptrain.config import TrainConfig
+    from nlptrain.events import Callback
+
 __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", "LRSchedule",
-           "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "TensorBoardLogger"]
+           "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "TensorBoardLogger",
+           "config_callbacks"]
+
+
+def config_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback]]:
+    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping, early
+    stopping) and after them (EMA: SaveBestModel saves the average before it is swapped out)."""
+    made: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
+    if config.max_grad_norm > 0:
+        made.append(GradClip(config.max_grad_norm))
+    if config.early_stopping > 0:
+        made.append(EarlyStopping(config.early_stopping))
+    return made, [EMA(config.ema_decay)] if config.ema_decay > 0 else []

@@ -345,6 +345,8 @@ def start_workers(args: argparse.Namespace, argv: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nlptrain.launch import tell_launcher
+
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -384,29 +386,6 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         tell_launcher(None)
         raise
-
-
-def tell_launcher(message: str | None, follows: bool = False) -> None:
-    """Write torchelastic's error file (torchrun sets TORCHELASTIC_ERROR_FILE), so that the
-    launcher's summary shows nlptrain's one-line message as the root cause, or the traceback
-    of an unexpected error (`message` None, called while handling it). A rank that only
-    follows another's failure dates its record a second later: the launcher names the earliest
-    record as the root cause."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path:
-        return
-    import json
-    import time
-    import traceback
-
-    when = int(time.time()) + int(follows)
-    text = message or traceback.format_exc()
-    record = {"message": {"message": (message or traceback.format_exc(limit=0)).strip(),
-                          "extraInfo": {"py_callstack": text, "timestamp": str(when)}}}
-    try:
-        Path(path).write_text(json.dumps(record))
-    except OSError:  # never hide the error itself
-        pass
 
 
 if __name__ == "__main__":

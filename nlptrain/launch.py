@@ -3,6 +3,7 @@ agent (`torch.distributed.launcher.api.elastic_launch`, what torchrun runs): the
 (`max_restarts`), the same failure handling (a failed worker stops the others; its error is
 reported), the same variables in each worker. The rendezvous is c10d on port 0, as `torchrun
 --standalone`: the agent binds a free port itself, so no port is picked first and raced for.
+`tell_launcher` writes the error file a torchelastic launcher reads for its failure summary.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from nlptrain.environments import LAUNCHER_MARK
@@ -101,3 +103,26 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
                   file=sys.stderr)
             return code if code > 0 else 1
     return 0
+
+
+def tell_launcher(message: str | None, follows: bool = False) -> None:
+    """Write torchelastic's error file (torchrun sets TORCHELASTIC_ERROR_FILE), so that the
+    launcher's summary shows nlptrain's one-line message as the root cause, or the traceback
+    of an unexpected error (`message` None, called while handling it). A rank that only
+    follows another's failure dates its record a second later: the launcher names the earliest
+    record as the root cause."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import json
+    import time
+    import traceback
+
+    when = int(time.time()) + int(follows)
+    text = message or traceback.format_exc()
+    record = {"message": {"message": (message or traceback.format_exc(limit=0)).strip(),
+                          "extraInfo": {"py_callstack": text, "timestamp": str(when)}}}
+    try:
+        Path(path).write_text(json.dumps(record))
+    except OSError:  # never hide the error itself
+        pass

@@ -38,19 +38,6 @@ ParamGroupsFn = Callable[[torch.nn.Module, float, TrainConfig], list[dict[str, A
 OptimizerFn = Callable[[list[dict[str, Any]], TrainConfig], torch.optim.Optimizer]
 
 
-def builtin_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback]]:
-    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping, early
-    stopping) and after them (EMA: SaveBestModel saves the average before it is swapped out)."""
-    from nlptrain.callbacks import EMA, EarlyStopping, GradClip, LRSchedule
-
-    made: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
-    if config.max_grad_norm > 0:
-        made.append(GradClip(config.max_grad_norm))
-    if config.early_stopping > 0:
-        made.append(EarlyStopping(config.early_stopping))
-    return made, [EMA(config.ema_decay)] if config.ema_decay > 0 else []
-
-
 def _counter(name: str) -> property:
     return property(lambda self: getattr(self.progress, name),
                     doc=f"`trainer.progress.{name}` (read-only here)")
@@ -110,9 +97,11 @@ class Trainer:
         self.optimizer = self.make_optimizer(param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
+        from nlptrain.callbacks import config_callbacks  # a package of callbacks: imported late
+
         given = {type(c) for c in callbacks}
         first, last = ([c for c in made if type(c) not in given]
-                       for made in builtin_callbacks(self.config))
+                       for made in config_callbacks(self.config))
         self.callbacks = CallbackList([*first, *callbacks, *last], self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
