@@ -29,7 +29,7 @@ class FileSpec:
     """One data file. A plain string in a task file sets `path`; the rest come from [data]."""
 
     path: str = opt("", "file path, relative to --data-dir")
-    format: str = opt("auto", "tsv | csv | jsonl | lines (one text per line, one file per label)")
+    format: str = opt("auto", "tsv | csv | jsonl | parquet | lines (one text a line, a file per label)")
     header: bool = opt(True, "tsv/csv: the first row names the columns")
     quoted: bool = opt(False, "tsv: a cell may be CSV-quoted (\"...\" with \"\" inside), as "
                        "GoEmotions' files are; else quotes are plain text")
@@ -43,7 +43,7 @@ class DataConfig:
     train: str | dict = opt("", "training file; for format 'lines' a path with {label}")
     valid: str | dict = opt("", "validation file (optional; else held out from train)")
     test: str | dict = opt("", "test file (optional; else a stratified split of train)")
-    format: str = opt("auto", "default format: tsv | csv | jsonl | lines | auto (by extension)")
+    format: str = opt("auto", "default format: tsv | csv | jsonl | parquet | lines | auto (by extension)")
     header: bool = opt(True, "tsv/csv files start with a header row")
     quoted: bool = opt(False, "tsv: cells may be CSV-quoted (else quotes are plain text)")
     text_column: str | int = opt("text", "default text column (name or 0-based index)")
@@ -209,7 +209,7 @@ def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "ove
 
 
 CHOICES = {
-    ("data", "format"): {"auto", "tsv", "csv", "jsonl", "lines"},
+    ("data", "format"): {"auto", "tsv", "csv", "jsonl", "parquet", "lines"},
     ("data", "uneven_shards"): {"drop", "wrap"},
     ("train", "precision"): {"fp32", "bf16", "fp16"},
     ("train", "padding"): {"dynamic", "max_length"},

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from nlptrain import distributed, kinds, losses, optim, strategies
 from nlptrain.config import TrainConfig
+from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
@@ -86,11 +87,13 @@ class Trainer:
         self.kind = kind or kinds.from_model_config(model_config)
         self.label_names = list(label_names) if label_names else _label_names(model_config)
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
+        self.tokenizer = tokenizer
+        train_data, eval_data = (self._as_dataset(data, what) for data, what in
+                                 ((train_data, "train"), (eval_data, "valid")))
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
-        self.tokenizer = tokenizer
         self.train_data, self.eval_data = train_data, eval_data
         pad_id = getattr(model_config, "pad_token_id", None) or 0
         self.collate = collate or Collator(pad_id)
@@ -211,7 +214,7 @@ class Trainer:
     def evaluate(self, data: Dataset) -> dict[str, Any]:
         """Metrics on `data`, computed from every rank's predictions, duplicates excluded: the
         kind's, then the user's own (`metrics=`), all on the same gathered predictions."""
-        found = predict(self.unwrapped_model, data, self.dist, self.collate,
+        found = predict(self.unwrapped_model, self._as_dataset(data, "eval"), self.dist, self.collate,
                         self.config.eval_batch_size, self.config.precision, self.kind,
                         equal_steps=self.strategy.eval_needs_equal_steps)
         self.predictions = found
@@ -265,11 +268,11 @@ class Trainer:
 
     def _loader(self, data: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
-        if not isinstance(data, Dataset) or isinstance(data, DataLoader):
-            return data
         if self._loader_for[0] is data:
             return self._loader_for[1]
-        cfg = self.config
+        cfg, original, data = self.config, data, self._as_dataset(data, "train")
+        if not isinstance(data, Dataset) or isinstance(data, DataLoader):
+            return data
         sampler = None
         if not isinstance(data, IterableDataset):
             lengths = getattr(data, "lengths", None) if cfg.group_by_length else None
@@ -283,8 +286,12 @@ class Trainer:
                             num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
                             persistent_workers=cfg.num_workers > 0,
                             generator=torch.Generator().manual_seed(cfg.seed))
-        self._loader_for = (data, loader)
+        self._loader_for = (original, loader)
         return loader
+
+    def _as_dataset(self, data: Any, what: str) -> Any:
+        """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is."""
+        return as_dataset(data, self.tokenizer, self.label_names, self.kind, what)
 
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1

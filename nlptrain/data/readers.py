@@ -1,8 +1,8 @@
-"""Readers for TSV, CSV, JSONL and one-file-per-label text files.
+"""Readers for TSV, CSV, JSONL, Parquet and one-file-per-label text files.
 
-Every reader streams its file line by line from bytes, so a bad row or undecodable byte is
-reported with its file and line, and memory does not grow beyond the rows kept. CRLF, a UTF-8 BOM
-and blank lines (trailing or not) are accepted.
+Every reader streams its file (line by line from bytes; Parquet by record batches), so a bad row
+or undecodable byte is reported with its file and line (a Parquet file's 1-based row number), and
+memory does not grow beyond the rows kept. CRLF, a UTF-8 BOM and blank lines are accepted.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import NamedTuple
 from nlptrain.config import FileSpec
 from nlptrain.errors import DataError
 
-FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
+                     ".parquet": "parquet"}
 
 
 def format_of(spec: FileSpec) -> str:
@@ -27,7 +28,7 @@ def format_of(spec: FileSpec) -> str:
     suffix = Path(spec.path).suffix.lower()
     if suffix not in FORMATS_BY_SUFFIX:
         raise DataError(f"{spec.path}: cannot tell the format from '{suffix}'; set format = "
-                        "'tsv', 'csv', 'jsonl' or 'lines' in the task's [data]")
+                        "'tsv', 'csv', 'jsonl', 'parquet' or 'lines' in the task's [data]")
     return FORMATS_BY_SUFFIX[suffix]
 
 
@@ -71,12 +72,12 @@ class Row(NamedTuple):
     pair: str | None = None  # the second text of a pair task
 
 
-def _checked(cells: dict[str, object], path: Path, line: int) -> Row:
+def checked_row(cells: dict[str, object], path: Path, line: int) -> Row:
     """A Row from the cells of one record (roles text, pair, label), each checked."""
     text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
-    if not str(text).strip():
+    if text is None or not str(text).strip():
         raise DataError(f"{path}:{line}: the row has no text")
-    if "pair" in cells and not str(pair).strip():
+    if "pair" in cells and (pair is None or not str(pair).strip()):
         raise DataError(f"{path}:{line}: the row has no second text (the pair's other side)")
     pair = None if pair is None else str(pair)
     if "label" not in cells:
@@ -131,7 +132,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                 where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
                                 f"{max(columns.values()) + 1} ({where})")
-            yield _checked({role: row[c] for role, c in columns.items()}, path, line)
+            yield checked_row({role: row[c] for role, c in columns.items()}, path, line)
     except csv.Error as err:
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
@@ -151,7 +152,36 @@ def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterato
             if str(key) not in row:
                 raise DataError(f"{path}:{line}: no '{key}' field ({role}); {fix.format(role=role)}")
             cells[role] = row[str(key)]
-        yield _checked(cells, path, line)
+        yield checked_row(cells, path, line)
+
+
+def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterator[Row]:
+    """Rows of a Parquet file by record batches; columns by name (or 0-based index), row numbers
+    1-based. A list column is a multi-label cell, a number a class id or score."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'nlptrain[parquet]'"
+                        ) from None
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as err:  # pyarrow's errors have no common base worth naming
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    names = table.schema_arrow.names
+    columns = {}
+    for role, name in _roles(spec, labelled):
+        if isinstance(name, int):
+            name = names[name] if 0 <= name < len(names) else str(name)
+        if name not in names:
+            raise DataError(f"{path}: no {role} column '{name}' in the columns {names}; "
+                            f"{fix.format(role=role)}")
+        columns[role] = name
+    number = 0
+    for batch in table.iter_batches(columns=list(dict.fromkeys(columns.values()))):
+        cells = {role: batch.column(name).to_pylist() for role, name in columns.items()}
+        for i in range(batch.num_rows):
+            number += 1
+            yield checked_row({role: values[i] for role, values in cells.items()}, path, number)
 
 
 def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
@@ -183,8 +213,12 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
                     yield Row(text, value, str(path), line)
     else:
         path = files[0]
-        rows = _jsonl_rows(path, spec, labelled, fix) if fmt == "jsonl" else \
-            _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix)
+        if fmt == "jsonl":
+            rows = _jsonl_rows(path, spec, labelled, fix)
+        elif fmt == "parquet":
+            rows = _parquet_rows(path, spec, labelled, fix)
+        else:
+            rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix)
         for row in rows:
             empty = False
             yield row
@@ -235,13 +269,14 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
 def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
                text_pair_column: str | int = "") -> Examples:
     """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
-    objects, or plain text with one text per line ('lines', also any unknown suffix). With
+    objects, Parquet, or plain text with one text per line ('lines', also any unknown suffix). With
     `text_pair_column`, each row is a pair (tsv/csv/jsonl only)."""
     path = Path(path)
     if fmt == "auto":
         fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
-    if fmt not in ("tsv", "csv", "jsonl", "lines"):
-        raise DataError(f"{path}: unknown input format '{fmt}'; use tsv, csv, jsonl or lines")
+    if fmt not in ("tsv", "csv", "jsonl", "parquet", "lines"):
+        raise DataError(f"{path}: unknown input format '{fmt}'; use tsv, csv, jsonl, parquet or "
+                        "lines")
     out = Examples()
     if fmt == "lines":
         if text_pair_column != "":

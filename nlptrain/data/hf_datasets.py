@@ -1,0 +1,88 @@
+"""A 🤗 `datasets.Dataset` as training or evaluation data.
+
+Its columns are named like a task file's ("text", "label", and "text_pair" for a pair task), and
+its rows are checked by the same code as a file's rows, so a bad cell gives the same message,
+with the dataset's 1-based row number in place of a line. Targets are encoded by the task kind;
+a `ClassLabel` column is read by its names. `datasets` is imported by the caller: nothing here
+needs it installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from nlptrain.data.datasets import LabelVocab
+from nlptrain.data.readers import Examples, checked_row
+from nlptrain.data.tokenized import TokenizedDataset
+from nlptrain.errors import DataError
+from nlptrain.kinds import SingleLabel, TaskKind
+
+MAX_LENGTH = 128  # as a task file's [model] max_length
+FIX = "name it with {role}_column= (nlptrain.data.hf_datasets.from_hf_dataset)"
+
+
+def is_hf_dataset(data: Any) -> bool:
+    """A `datasets.Dataset` (an Arrow table with named columns), without importing `datasets`."""
+    return type(data).__module__.startswith("datasets.") and hasattr(data, "column_names") \
+        and hasattr(data, "iter")
+
+
+def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: TaskKind,
+               what: str) -> Any:
+    """`data` tokenized when it is a `datasets.Dataset` (default columns), else as it is."""
+    if not is_hf_dataset(data):
+        return data
+    return from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+
+
+def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
+                    kind: TaskKind | None = None, *, text_column: str = "text",
+                    label_column: str = "label", text_pair_column: str | None = None,
+                    max_length: int = MAX_LENGTH, what: str = "train") -> TokenizedDataset:
+    """Tokenize a `datasets.Dataset` into the trainer's flat token arrays. `text_pair_column`
+    None: "text_pair" when the dataset has that column, else one text a row. A label is a name
+    of `label_names`, an id (an int, or a `ClassLabel` value), a list of either (multi-label),
+    or a number (regression)."""
+    if tokenizer is None:
+        raise DataError(f"{what} data is a datasets.Dataset: pass tokenizer= to tokenize it")
+    kind = kind or SingleLabel()
+    names = list(data.column_names)
+    if text_pair_column is None:
+        text_pair_column = "text_pair" if "text_pair" in names else ""
+    roles = {"text": text_column, "label": label_column}
+    if text_pair_column:
+        roles["pair"] = text_pair_column
+    where = f"{what} dataset"
+    for role, column in roles.items():
+        if column not in names:
+            raise DataError(f"{where}: no {role} column '{column}' in the columns {names}; "
+                            f"{FIX.format(role=role if role != 'pair' else 'text_pair')}")
+    feature = data.features.get(label_column)
+    feature = getattr(feature, "feature", feature)  # a list column's items
+    class_names = getattr(feature, "names", None)  # a ClassLabel's
+    examples = Examples()
+    number = 0
+    for batch in data.select_columns(list(roles.values())).iter(batch_size=4096):
+        for i in range(len(batch[text_column])):
+            number += 1
+            cells = {role: _cell(batch[column][i], class_names) for role, column in roles.items()}
+            examples.add(checked_row(cells, where, number))  # type: ignore[arg-type]
+    if not examples:
+        raise DataError(f"{where}: holds no rows")
+    # Ids are accepted beside the names: '0' and 'negative' both mean label 0.
+    vocab = LabelVocab([str(i) for i in range(len(label_names))], [str(n) for n in label_names])
+    if not kind.has_classes:
+        vocab = LabelVocab([], [])
+    targets = vocab.encode(examples, kind)
+    return TokenizedDataset.from_texts(examples.texts, targets, tokenizer, max_length,
+                                       pairs=examples.pairs)
+
+
+def _cell(value: Any, class_names: Sequence[str] | None) -> Any:
+    """A cell as the readers see it: labels as text, a ClassLabel id as its name."""
+    if isinstance(value, list):
+        return [_cell(v, class_names) for v in value]
+    if class_names is not None and isinstance(value, int) and 0 <= value < len(class_names):
+        return class_names[value]
+    return value
