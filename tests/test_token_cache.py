@@ -1,8 +1,10 @@
-"""The memory-mapped token cache: built once (by rank 0 under DDP), mapped by every rank, keyed by
-data + tokenizer + max length; per-rank files cache each rank's own share."""
+"""The memory-mapped token cache: built once (under DDP by the ranks of a machine together, each
+tokenizing its share), mapped by every rank, keyed by data + tokenizer + max length; per-rank
+files cache each rank's own share."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -12,8 +14,8 @@ from ddp import run_ranks
 from nlptrain.callbacks import PerRankData
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.config import load_task
-from nlptrain.data import build_datasets
+from nlptrain.config import FileSpec, load_task
+from nlptrain.data import LabelVocab, build_datasets, read_examples
 from nlptrain.data.split import split_task
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached
 from nlptrain.models import load_model, load_tokenizer
@@ -68,30 +70,73 @@ def test_key_follows_data_tokenizer_and_max_length(tmp_path, tiny_model_dir):
     assert cache_key([data], tokenizer, 32, {}) != key
 
 
-def cache_job(rank: int, world: int, task_file: str, model_dir: str) -> dict:
+def digest(dataset: TokenizedDataset) -> str:
+    return hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes() for a in
+                                    (dataset.ids, dataset.offsets, dataset.labels))).hexdigest()
+
+
+def cache_job(rank: int, world: int, task_file: str, model_dir: str, timeout: float) -> dict:
     from nlptrain import distributed
 
-    dist = distributed.from_env(60)
+    dist = distributed.from_env(timeout)
     task = load_task(task_file)
     out = {}
     for run in ("first", "second"):
         tokenizer = Counting(load_tokenizer(model_dir))
         sets = build_datasets(task, tokenizer, dist)
-        out[run] = {"calls": tokenizer.calls, "file": sets.test.ids.filename,
-                    "mapped": isinstance(sets.test.ids, np.memmap), "rows": len(sets.train)}
+        out[run] = {"calls": tokenizer.calls, "file": sets.train.ids.filename,
+                    "mapped": isinstance(sets.train.ids, np.memmap), "digest": digest(sets.train)}
     dist.close()
     return out
 
 
-def test_rank0_fills_the_cache_and_every_rank_maps_it(tmp_path, toy_task):
-    results = run_ranks(cache_job, 2, tmp_path, str(toy_task), str(load_task(toy_task).model.name))
+def test_the_ranks_tokenize_their_shares_into_one_entry_and_wait_outside_collectives(
+        tmp_path, toy_task):
+    """60,000 rows: tokenizing them takes one rank longer than the 2 s collective timeout, so a
+    rank that waited inside a collective for rank 0 would fail (gloo's recv timeout)."""
+    big = write_toy_tsv(tmp_path / "train.tsv", 60_000, seed=3)
+    model = load_task(toy_task).model.name
+    results = run_ranks(cache_job, 2, tmp_path, str(toy_task), str(model), 2.0)
     first = [r["first"] for r in results]
-    assert first[0]["calls"] > 0 and first[1]["calls"] == 0  # only rank 0 tokenized
+    assert all(r["calls"] > 0 for r in first)  # each rank tokenized a share
     assert first[0]["file"] == first[1]["file"] and all(r["mapped"] for r in first)
     assert [r["second"]["calls"] for r in results] == [0, 0]  # a later run skips tokenizing
-    assert {r["second"]["rows"] for r in results} == {160}
-    entries = [p for p in (tmp_path / "cache").iterdir()]
-    assert len(entries) == 2 and not [p for p in entries if ".tmp-" in p.name]  # train + test
+    # The joined entry is the one a single process makes of the whole file.
+    tokenizer, examples = load_tokenizer(str(model)), read_examples(FileSpec(path=str(big)), "", [])
+    whole = TokenizedDataset.from_texts(examples.texts, LabelVocab.from_config(["neg", "pos"])
+                                        .encode(examples), tokenizer, 32)
+    assert {r["digest"] for run in results for r in run.values()} == {digest(whole)}
+    entries = [p.name for p in (tmp_path / "cache").iterdir()]
+    assert len(entries) == 2 and not [n for n in entries if n.startswith(".")]  # train + test
+
+
+class Failing(Counting):
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError("tokenizer broke")
+
+
+def failing_job(rank: int, world: int, task_file: str, model_dir: str) -> str:
+    from nlptrain import distributed
+
+    dist = distributed.from_env(2.0)
+    tokenizer = load_tokenizer(model_dir)
+    try:
+        build_datasets(load_task(task_file), Failing(tokenizer) if rank == 1 else tokenizer, dist)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        dist.close()
+    return "no error"
+
+
+def test_a_rank_that_fails_its_share_stops_the_others_instead_of_leaving_them_waiting(
+        tmp_path, toy_task):
+    model = load_task(toy_task).model.name
+    errors = run_ranks(failing_job, 2, tmp_path, str(toy_task), str(model), timeout=60)
+    assert errors[1] == "RuntimeError: tokenizer broke"
+    assert errors[0] == ("RemoteRankError: train: rank 1 of this machine failed while tokenizing: "
+                         "RuntimeError: tokenizer broke")
+    assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".parts-")]
 
 
 def test_per_rank_share_is_cached(tmp_path, tiny_model_dir):

@@ -1,8 +1,8 @@
 """Datasets of a task: read its files, map labels to ids, split, tokenize (cached).
 
-`build_datasets` is what the CLI uses. Under DDP, rank 0 reads and tokenizes each file once into
-the memory-mapped cache while the others wait; then every rank maps the same cache files, so a
-machine holds one copy of the token ids however many ranks it runs.
+`build_datasets` is what the CLI uses. Under DDP, the ranks of a machine tokenize each file once,
+together, into the memory-mapped cache (shared_tokenize.py); then every rank maps the same cache
+files, so a machine holds one copy of the token ids however many ranks it runs.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
 from nlptrain.data.readers import Examples, format_of, read_examples
-from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached, default_cache_dir
+from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
+from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir
 from nlptrain.distributed import SingleProcess
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
@@ -97,21 +98,28 @@ def _files(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None) -> list[Pat
 def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenizer: Any,
               max_length: int, cache_dir: Path | None, what: str,
               kind: TaskKind | None = None, configured: list | dict | None = None,
-              ) -> tuple[TokenizedDataset, LabelVocab]:
+              share: Share = ALONE) -> tuple[TokenizedDataset, LabelVocab]:
     """Read, encode the targets of, and tokenize one file (through the cache when `cache_dir` is
-    set). Without `vocab`, the labels come from `configured` or from this file's rows."""
+    set, the tokenizing shared by the ranks of `share`). Without `vocab`, the labels come from
+    `configured` or from this file's rows."""
     kind = kind or SingleLabel()
 
-    def build() -> tuple[TokenizedDataset, dict]:
+    def read() -> tuple[int, dict, Any]:
         examples = read_examples(spec, data_dir, vocab.values if vocab else [], what)
         labels = vocab or LabelVocab.for_kind(kind, examples.labels, configured or [])
-        dataset = TokenizedDataset.from_texts(examples.texts, labels.encode(examples, kind),
-                                              tokenizer, max_length, pairs=examples.pairs)
-        return dataset, {"rows": len(examples), "values": labels.values, "names": labels.names}
+        targets = labels.encode(examples, kind)
+
+        def tokenize(begin: int, end: int) -> TokenizedDataset:
+            pairs = None if examples.pairs is None else examples.pairs[begin:end]
+            return TokenizedDataset.from_texts(examples.texts[begin:end], targets[begin:end],
+                                               tokenizer, max_length, pairs=pairs, what=what)
+        meta = {"rows": len(examples), "values": labels.values, "names": labels.names}
+        return len(examples), meta, tokenize
 
     files = _files(spec, data_dir, vocab)
     if cache_dir is None:
-        dataset, meta = build()
+        rows, meta, tokenize = read()
+        dataset = tokenize(0, rows)
     else:
         for path in files:
             if not path.is_file():
@@ -120,7 +128,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
                "format": format_of(spec) if "{label}" not in spec.path else "lines",
                "kind": [kind.name, getattr(kind, "separator", None)]}
         key = cache_key(files, tokenizer, max_length, how)
-        dataset, meta = cached(Path(cache_dir) / key, build, what)
+        dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share)
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 
@@ -147,24 +155,17 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None 
         cache_dir = Path(task.data.cache_dir) if task.data.cache_dir else \
             default_cache_dir(train_files[0].parent if train_files else data_dir)
 
-    def load_all() -> Datasets:
-        train, labels = (None, vocab) if per_rank else load_file(
-            specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
-            kind)
-        loaded = {"train": train}
-        for which in ("valid", "test"):
-            if specs[which] is not None:
-                loaded[which], _ = load_file(specs[which], data_dir, labels, tokenizer,
-                                             task.model.max_length, cache_dir, which, kind)
-        return Datasets(loaded["train"], loaded.get("valid"), loaded.get("test"), labels)
-
-    # Rank 0 fills the cache (and reports any data error once); then every rank maps it.
-    built: dict[str, Datasets] = {}
-    if dist.world_size > 1:
-        # Rank 0 first: it fills the cache, and a data error is reported once, by it. The sets
-        # stay on rank 0; the others only learn that it succeeded, then map the cache.
-        dist.on_main(lambda: built.setdefault("sets", load_all()) and None)
-    sets = built.get("sets") or load_all()
+    # The ranks of a machine tokenize a missing cache entry together (shared_tokenize.py).
+    share = Share.agree(dist) if dist.world_size > 1 and cache_dir is not None else ALONE
+    train, labels = (None, vocab) if per_rank else load_file(
+        specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
+        kind, share=share)
+    loaded = {"train": train}
+    for which in ("valid", "test"):
+        if specs[which] is not None:
+            loaded[which], _ = load_file(specs[which], data_dir, labels, tokenizer,
+                                         task.model.max_length, cache_dir, which, kind, share=share)
+    sets = Datasets(loaded["train"], loaded.get("valid"), loaded.get("test"), labels)
     seed = task.data.split_seed
     if per_rank:  # the train rows are read later, each rank its own: nothing to hold out here
         from nlptrain.data.streaming import StreamingDataset, warn_no_held_out

@@ -71,15 +71,19 @@ class TokenizedDataset(Dataset):
 
     @classmethod
     def from_texts(cls, texts: Sequence[str], labels: Sequence[Any] | np.ndarray, tokenizer: Any,
-                   max_length: int, chunk: int = 4096,
-                   pairs: Sequence[str] | None = None) -> TokenizedDataset:
+                   max_length: int, chunk: int = 4096, pairs: Sequence[str] | None = None,
+                   what: str = "data") -> TokenizedDataset:
         """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens.
         With `pairs`, each row is encoded as a real pair (`tokenizer(text, text_pair)`): the
         longer side is truncated first, and each token's segment is kept as its type id (for
         models that read type ids)."""
         pieces, type_pieces, lengths, truncated = [], [], [], 0
         typed = pairs is not None and uses_type_ids(tokenizer)
+        last_report = time.perf_counter()
         for begin in range(0, len(texts), chunk):
+            if time.perf_counter() - last_report >= 10:  # a large set: show it is moving
+                log.info("%s: tokenized %d of %d rows", what, begin, len(texts))
+                last_report = time.perf_counter()
             second = None if pairs is None else list(pairs[begin:begin + chunk])
             encoded = tokenizer(list(texts[begin:begin + chunk]), second, truncation=True,
                                 max_length=max_length, return_attention_mask=False,
@@ -197,18 +201,23 @@ def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDatas
                  time.perf_counter() - start)
         return dataset, json.loads((folder / "meta.json").read_text())
     dataset, meta = build()
+    write_entry(folder, dataset, meta)
+    log.info("%s: %d rows read and tokenized in %.2f s, cached in %s", what, len(dataset),
+             time.perf_counter() - start, folder)
+    return TokenizedDataset.load(folder), meta
+
+
+def write_entry(folder: Path, dataset: TokenizedDataset, meta: dict) -> None:
+    """Write a cache entry: the whole folder appears at once (a crash leaves only .tmp-*), and
+    of two concurrent writers the first wins."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
     try:
         dataset.save(staging)
         (staging / "meta.json").write_text(json.dumps(meta))
-        # The whole entry appears at once (a crash leaves only .tmp-*); the first writer wins.
         replace_folder(staging, folder, replace_existing=False)
     except OSError:
         if not (folder / "meta.json").is_file():
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    log.info("%s: %d rows read and tokenized in %.2f s, cached in %s", what, len(dataset),
-             time.perf_counter() - start, folder)
-    return TokenizedDataset.load(folder), meta
