@@ -32,6 +32,19 @@ JOB = {"epochs": 1, "batch_size": 16, "eval_batch_size": 64, "lr": 2e-5, "max_le
        "seed": 42, "test_size": 0.1, "split_seed": 42}
 
 
+def cpu_model() -> str:
+    """The CPU's model name (benchmarks print it: the CPU changes from machine to machine)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 def default_data_dir() -> Path:
     env = os.environ.get("NLPTRAIN_DATA_DIR")
     if env:

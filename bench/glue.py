@@ -30,6 +30,9 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+import common  # noqa: E402
+
 GLUE_METRIC = {"rte": "accuracy", "mrpc": "f1", "stsb": "pearson", "cola": "mcc", "sst2": "accuracy"}
 JOB = {"max_length": 128, "batch_size": 16, "lr": 2e-5, "epochs": 3}
 SST2_ROWS = 8000  # of 67,349: SST-2's train is phrases; a documented subset keeps the CPU run short
@@ -189,21 +192,11 @@ def main() -> None:
     out = Path(args.out or tempfile.mkdtemp(prefix="glue-bench-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"CPU: {platform.processor() or platform.machine()} "
-          f"({_cpu_model()}), {os.cpu_count()} cores; {args.nproc} ranks; results in {out}")
+          f"({common.cpu_model()}), {os.cpu_count()} cores; {args.nproc} ranks; results in {out}")
     results = [run_one(c, t, s, args, out) for t in args.tasks for s in args.seeds
                for c in args.contenders]
     print()
     print(table(results, args.tasks))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import write_toy_tsv
 from ddp import run_ranks
 from nlptrain.callbacks import PerRankData
@@ -115,13 +116,17 @@ class Failing(Counting):
         raise RuntimeError("tokenizer broke")
 
 
-def failing_job(rank: int, world: int, task_file: str, model_dir: str) -> str:
+def failing_job(rank: int, world: int, task_file: str, model_dir: str, failing: int,
+                share_min_bytes: int) -> str:
     from nlptrain import distributed
+    from nlptrain.data import shared_tokenize
 
+    shared_tokenize.SHARE_MIN_BYTES = share_min_bytes
     dist = distributed.from_env(2.0)
     tokenizer = load_tokenizer(model_dir)
     try:
-        build_datasets(load_task(task_file), Failing(tokenizer) if rank == 1 else tokenizer, dist)
+        build_datasets(load_task(task_file), Failing(tokenizer) if rank == failing else tokenizer,
+                       dist)
     except Exception as error:
         return f"{type(error).__name__}: {error}"
     finally:
@@ -129,13 +134,16 @@ def failing_job(rank: int, world: int, task_file: str, model_dir: str) -> str:
     return "no error"
 
 
-def test_a_rank_that_fails_its_share_stops_the_others_instead_of_leaving_them_waiting(
-        tmp_path, toy_task):
+@pytest.mark.parametrize("failing, share_min_bytes", [(1, 0), (0, 1 << 20)],
+                         ids=["rank 1 fails its share", "rank 0 fails a small file it tokenizes alone"])
+def test_a_rank_that_fails_stops_the_others_instead_of_leaving_them_waiting(
+        tmp_path, toy_task, failing, share_min_bytes):
     model = load_task(toy_task).model.name
-    errors = run_ranks(failing_job, 2, tmp_path, str(toy_task), str(model), timeout=60)
-    assert errors[1] == "RuntimeError: tokenizer broke"
-    assert errors[0] == ("RemoteRankError: train: rank 1 of this machine failed while tokenizing: "
-                         "RuntimeError: tokenizer broke")
+    errors = run_ranks(failing_job, 2, tmp_path, str(toy_task), str(model), failing,
+                       share_min_bytes, timeout=60)
+    assert errors[failing] == "RuntimeError: tokenizer broke"
+    assert errors[1 - failing] == (f"RemoteRankError: rank {failing} failed: while preparing the "
+                                   "train set: RuntimeError: tokenizer broke")
     assert not [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".parts-")]
 
 

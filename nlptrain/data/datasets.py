@@ -128,7 +128,8 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
                "format": format_of(spec) if "{label}" not in spec.path else "lines",
                "kind": [kind.name, getattr(kind, "separator", None)]}
         key = cache_key(files, tokenizer, max_length, how)
-        dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share)
+        size = sum(path.stat().st_size for path in files)
+        dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share, size)
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
 import time
@@ -25,13 +26,14 @@ from typing import Any
 import numpy as np
 
 from nlptrain.data.tokenized import TokenizedDataset, cached, write_entry
-from nlptrain.durable import replace_folder, write_text
+from nlptrain.durable import write_text
 from nlptrain.errors import DataError, RemoteRankError
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
 REPORT_EVERY_S = 10.0
 STALE_PARTS_S = 24 * 3600.0
+SHARE_MIN_BYTES = 1 << 20  # smaller files: one rank tokenizes them (a few tenths of a second)
 # What the readers give back: (rows, cache meta, tokenize(begin, end) -> those rows tokenized).
 Read = Callable[[], tuple[int, dict, Callable[[int, int], TokenizedDataset]]]
 
@@ -43,6 +45,7 @@ class Share:
     index: int = 0  # this rank's place among the ranks of its machine
     count: int = 1  # ranks on this machine (they share its cache folder)
     tag: str = ""   # the same on those ranks; unique to this run and machine
+    rank: int = 0   # this rank in the job (for messages)
 
     @classmethod
     def agree(cls, dist: Any) -> Share:
@@ -50,7 +53,7 @@ class Share:
         once (before any long work)."""
         seen = dist.gather_objects((socket.gethostname(), uuid.uuid4().hex))
         mates = [rank for rank, (host, _) in enumerate(seen) if host == seen[dist.rank][0]]
-        return cls(mates.index(dist.rank), len(mates), f"{seen[0][1][:12]}-{mates[0]}")
+        return cls(mates.index(dist.rank), len(mates), f"{seen[0][1][:12]}-{mates[0]}", dist.rank)
 
     def rows(self, total: int) -> tuple[int, int]:
         """[begin, end) of this rank's rows out of `total`."""
@@ -60,46 +63,61 @@ class Share:
 ALONE = Share()  # one rank builds the entry by itself
 
 
-def cached_shared(folder: Path, read: Read, what: str, share: Share) -> tuple[TokenizedDataset, dict]:
-    """The cache entry in `folder`, built by the ranks of `share` together when it is missing."""
+def cached_shared(folder: Path, read: Read, what: str, share: Share,
+                  source_bytes: int = 0) -> tuple[TokenizedDataset, dict]:
+    """The cache entry in `folder`, built by the ranks of `share` together when it is missing.
+    Files under `SHARE_MIN_BYTES` (`source_bytes` in all) are tokenized by the first rank alone:
+    splitting them costs more than it saves, and the others wait for it without reading."""
     if share.count == 1 or (folder / "meta.json").is_file():
-        def build() -> tuple[TokenizedDataset, dict]:
-            rows, meta, tokenize = read()
-            return tokenize(0, rows), meta
-        return cached(folder, build, what)
+        return cached(folder, lambda: _whole(read), what)
     parts = folder.parent / f".parts-{folder.name}-{share.tag}"
     if share.index == 0:
         _remove_stale_parts(folder.parent)
     parts.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     try:
-        try:
-            rows, meta, tokenize = read()
-        except DataError as err:  # the same bytes on every rank (they are in the cache key):
-            err.raised_on_every_rank = True  # every rank fails alike; rank 0 reports it
-            raise
-        begin, end = share.rows(rows)
-        if share.index == 0:
-            log.info("%s: %d rows, tokenized by the %d ranks of this machine (%d rows each)",
-                     what, rows, share.count, end - begin)
-        _write_part(parts / f"part-{share.index}", tokenize(begin, end))
-        if share.index == 0:
-            count = share.count
-            _wait(lambda: _parts_done(parts, count) == count or (folder / "meta.json").is_file(),
-                  parts, what, "the other ranks' shares",
-                  lambda: f"{_parts_done(parts, count)} of {count}")
-            if not (folder / "meta.json").is_file():  # else another job wrote it first
-                write_entry(folder, _join(parts, share.count), meta)
-            log.info("%s: %d rows read and tokenized on %d ranks in %.2f s, cached in %s", what,
-                     rows, share.count, time.perf_counter() - start, folder)
-            shutil.rmtree(parts, ignore_errors=True)
+        if source_bytes < SHARE_MIN_BYTES:
+            if share.index == 0:
+                cached(folder, lambda: _whole(read), what)
+        else:
+            _tokenize_share(folder, parts, read, what, share)
     except BaseException as err:
         if parts.is_dir():  # the other ranks raise it instead of waiting
-            write_text(parts / f"error-{share.index}", f"{type(err).__name__}: {err}")
+            write_text(parts / f"error-{share.rank}", f"{type(err).__name__}: {err}")
         raise
-    if share.index != 0:
-        _wait(lambda: (folder / "meta.json").is_file(), parts, what, "rank 0 to join the shares")
+    if share.index == 0:
+        shutil.rmtree(parts, ignore_errors=True)
+    else:
+        _wait(lambda: (folder / "meta.json").is_file(), parts, what, "rank 0 to write the entry")
     return TokenizedDataset.load(folder), json.loads((folder / "meta.json").read_text())
+
+
+def _whole(read: Read) -> tuple[TokenizedDataset, dict]:
+    rows, meta, tokenize = read()
+    return tokenize(0, rows), meta
+
+
+def _tokenize_share(folder: Path, parts: Path, read: Read, what: str, share: Share) -> None:
+    """Tokenize this rank's share into `parts`; the first rank then joins every share."""
+    start = time.perf_counter()
+    try:
+        rows, meta, tokenize = read()
+    except DataError as err:  # the same bytes on every rank (they are in the cache key):
+        err.raised_on_every_rank = True  # every rank fails alike; rank 0 reports it
+        raise
+    begin, end = share.rows(rows)
+    if share.index == 0:
+        log.info("%s: %d rows, tokenized by the %d ranks of this machine (%d rows each)",
+                 what, rows, share.count, end - begin)
+    _write_part(parts / f"part-{share.index}", tokenize(begin, end))
+    if share.index != 0:
+        return
+    count = share.count
+    _wait(lambda: _parts_done(parts, count) == count or (folder / "meta.json").is_file(),
+          parts, what, "the other ranks' shares", lambda: f"{_parts_done(parts, count)} of {count}")
+    if not (folder / "meta.json").is_file():  # else another job wrote it first
+        write_entry(folder, _join(parts, count), meta)
+    log.info("%s: %d rows read and tokenized on %d ranks in %.2f s, cached in %s", what, rows,
+             count, time.perf_counter() - start, folder)
 
 
 def _remove_stale_parts(cache: Path) -> None:
@@ -110,11 +128,12 @@ def _remove_stale_parts(cache: Path) -> None:
 
 
 def _write_part(folder: Path, part: TokenizedDataset) -> None:
+    """A part appears whole (renamed into place); no fsync: after a crash it is never read."""
     staging = folder.parent / f".tmp-{folder.name}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     part.save(staging)
-    replace_folder(staging, folder)
+    os.replace(staging, folder)
 
 
 def _parts_done(parts: Path, count: int) -> int:
@@ -129,7 +148,7 @@ def _wait(ready: Callable[[], bool], parts: Path, what: str, for_what: str,
         errors = sorted(parts.glob("error-*")) if parts.is_dir() else []
         if errors:
             rank = errors[0].name.split("-")[1]
-            raise RemoteRankError(f"{what}: rank {rank} of this machine failed while tokenizing: "
+            raise RemoteRankError(f"rank {rank} failed: while preparing the {what} set: "
                                   f"{errors[0].read_text()}")
         now = time.perf_counter()
         if now - last >= REPORT_EVERY_S:
