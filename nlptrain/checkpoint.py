@@ -68,7 +68,7 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     state = {"progress": trainer.progress_state(), "optimizer": weights.optimizer_state,
              "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
-            "world_size": trainer.dist.world_size}
+            "world_size": trainer.dist.world_size, "precision": trainer.config.precision}
 
     def write() -> None:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +137,14 @@ def read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot be read ({err})") from None
 
 
+def saved_precision(folder: Path) -> str | None:
+    """The precision a checkpoint was trained in (a resume under "auto" keeps it)."""
+    try:
+        return read_meta(folder).get("precision")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
 def load_checkpoint(trainer: Any, folder: Path) -> None:
     """Restore weights, optimizer, progress, this rank's RNG and callback states."""
     if not (folder / "meta.json").is_file():
@@ -149,6 +157,9 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         if meta.get(key, "single_label" if key == "kind" else None) != value:  # older: single
             raise CheckpointError(f"{folder}: made for another model or task ({key} is "
                                   f"{meta.get(key)!r} there, {value!r} here)")
+    if meta.get("precision", trainer.config.precision) != trainer.config.precision:
+        log.warning("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
+                    trainer.config.precision)
     state = read_state(folder / "state.pt")
     trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
                                              state["optimizer"])

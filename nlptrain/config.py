@@ -94,7 +94,9 @@ class TrainConfig:
     warmup_ratio: float = opt(0.1, "fraction of all steps spent warming the lr up from 0")
     max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     grad_accum: int = opt(1, "micro-batches per optimizer step")
-    precision: str = opt("fp32", "fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + scaler, GPU)")
+    precision: str = opt("auto", "auto (bf16 where this device runs it measurably faster, else "
+                         "fp32; logged) | fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + "
+                         "scaler, GPU)")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
     drop_last: bool = opt(False, "drop the last incomplete batch of an epoch")
@@ -211,7 +213,7 @@ def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "ove
 CHOICES = {
     ("data", "format"): {"auto", "tsv", "csv", "jsonl", "parquet", "lines"},
     ("data", "uneven_shards"): {"drop", "wrap"},
-    ("train", "precision"): {"fp32", "bf16", "fp16"},
+    ("train", "precision"): {"auto", "fp32", "bf16", "fp16"},
     ("train", "padding"): {"dynamic", "max_length"},
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
     ("data", "kind"): {"single_label", "multi_label", "regression"},

@@ -40,6 +40,8 @@ class Predictions:
 
 
 def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    if precision not in ("fp32", "bf16", "fp16"):  # "auto" is decided before (precision.py)
+        raise ValueError(f"autocast needs fp32, bf16 or fp16, not {precision!r}")
     if precision == "fp32":
         return contextlib.nullcontext()
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16

@@ -11,16 +11,16 @@ import logging
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from nlptrain import distributed, kinds
+from nlptrain import distributed, kinds, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint
+from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint, saved_precision
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import write_text
@@ -29,7 +29,7 @@ from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import load_model, load_saved_model, load_tokenizer
-from nlptrain.runs import default_run_dir, prepare_run_dir
+from nlptrain.runs import default_run_dir, prepare_run_dir, record_in_config
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")
@@ -89,12 +89,22 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
 
     callbacks, best = run_callbacks(task, opts, sets, run_dir)
     eval_set = sets.valid if sets.valid is not None else sets.test
+    # Checked before anything is loaded; every rank takes rank 0's choice.
+    checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
+    kept = None
+    if checkpoint is not None and config.precision == "auto":  # a resume keeps what auto chose
+        kept = saved_precision(checkpoint)
+        config = replace(config, precision=kept or "auto")
     trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
                           kind=kind)
+    if kept:
+        trainer.precision = precision.PrecisionChoice(
+            "auto", kept, f"kept from {checkpoint.name}: a resume goes on in the run's precision")
+        log.info("precision auto: %s (%s)", kept, trainer.precision.reason)
+    task.train.precision = trainer.config.precision  # what the report and model card show
+    dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
     try:
-        # Checked before anything is loaded; every rank takes rank 0's choice.
-        checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
         if checkpoint is not None:
             load_checkpoint(trainer, checkpoint)
         elif opts.resume:
@@ -229,7 +239,8 @@ def evaluate(task: TaskConfig, model_dir: str, split: str,
         raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
                           f"the task a [data] {split} file (or {split}_size)")
     model.to(dist.device)
+    chosen = precision.choose(task.train.precision, dist.device, dist).precision
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
-                    task.train.precision, kind)
+                    chosen, kind)
     return compute_metrics(found, names, kind)
 

@@ -76,3 +76,11 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+def record_in_config(folder: Path, key: str, value: Any) -> None:
+    """Add what was decided once the run started (e.g. the precision "auto" chose) to its
+    config.json."""
+    record = read_config(folder) or {}
+    record[key] = value
+    write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))

@@ -9,18 +9,17 @@ never tests ranks.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import math
-import signal
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from nlptrain import distributed, kinds, losses, optim, strategies
+from nlptrain import distributed, kinds, losses, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
@@ -30,6 +29,7 @@ from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
 from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler
+from nlptrain.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -79,9 +79,13 @@ class Trainer:
         param_groups: ParamGroupsFn | None = None,
         optimizer: OptimizerFn | None = None,
     ) -> None:
-        self.config = config or TrainConfig()
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
+        # "auto" becomes what this device runs fastest (measured; every rank takes rank 0's).
+        self.precision = precision.choose((config or TrainConfig()).precision, self.device, self.dist)
+        self.config = replace(config or TrainConfig(), precision=self.precision.precision)
+        if self.precision.requested == "auto":
+            log.info("precision auto: %s (%s)", self.precision.precision, self.precision.reason)
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)
@@ -129,7 +133,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
-        with self._stop_on_signals():
+        with stop_on_signals(self._request_stop):
             try:
                 self.callbacks.fire("on_train_start", self)
                 self._train_epochs()
@@ -324,24 +328,9 @@ class Trainer:
         groups = (param_groups or optim.param_groups)(self.unwrapped_model, lr, cfg)
         return (optimizer or optim.adamw)(groups, cfg)
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
-        """SIGTERM/SIGINT: finish the step, stop every rank together. A second SIGINT kills."""
-
-        def request_stop(signum: int, frame: Any) -> None:
-            log.warning("signal %d: stopping after this step", signum)
-            self.interrupted = self.should_stop = True
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-        try:
-            previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
-        except ValueError:  # not the main thread: leave signals alone
-            previous = {}
-        try:
-            yield
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+    def _request_stop(self) -> None:
+        """A signal asked to stop (SIGTERM/SIGINT): finish the step, stop every rank together."""
+        self.interrupted = self.should_stop = True
 
     # -- state for checkpoints ----------------------------------------------------------------
 

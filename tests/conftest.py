@@ -13,6 +13,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The tests' expected numbers are fp32's: "auto" must not pick bf16 on a CPU that runs it fast
+# (tests/test_precision.py checks the probe itself, and what auto decides).
+os.environ.setdefault("NLPTRAIN_AUTO_PRECISION", "fp32")
 
 REPO = Path(__file__).resolve().parents[1]
 # The real data sets (rt-polarity, sst-2, trec, ag-news) live beside the repository.

@@ -1,0 +1,96 @@
+"""`precision = "auto"`: the fastest safe precision for this device, decided by measuring.
+
+On a GPU that supports bf16, bf16 autocast. On a CPU it depends on the chip (an EPYC with
+avx512_bf16 runs bf16 matmuls 4x faster than fp32; a Xeon without AMX 0.7x), so a probe of a
+few tens of milliseconds at start-up times one encoder-sized matmul in both and picks bf16 only
+when it is clearly faster. fp16 (which needs a loss scaler) is never picked by itself. Under
+DDP every rank takes rank 0's measurement, so all ranks train in the same precision.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PIN_VARIABLE = "NLPTRAIN_AUTO_PRECISION"  # fp32 | bf16: what "auto" picks, without a probe
+CLEARLY_FASTER = 1.5  # bf16 matmuls at least this many times fp32's: autocast then wins (~1.7x
+                      # end to end at 4x, measured in bench/run.py); below, casts eat the gain
+PROBE_SHAPE = (128, 384, 768)  # tokens x hidden x width, of MiniLM-sized layers
+PROBE_BUDGET_S = 0.1  # after one timed round, stop once the probe has taken this long
+
+
+@dataclass
+class PrecisionChoice:
+    """What training runs in, and why (logged, and written to the run's config.json)."""
+
+    requested: str
+    precision: str
+    reason: str
+    probe: dict[str, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        return {"requested": self.requested, "chosen": self.precision, "reason": self.reason,
+                "probe": self.probe}
+
+
+def choose(requested: str, device: torch.device, dist: Any = None) -> PrecisionChoice:
+    """`requested` as is unless it is "auto"; then bf16 where it is supported and measurably
+    faster, else fp32. `dist`: every rank gets rank 0's choice."""
+    if requested not in PRECISIONS:
+        raise ValueError(f"unknown precision {requested!r}; use one of {', '.join(PRECISIONS)}")
+    if requested != "auto":
+        return PrecisionChoice(requested, requested, "asked for")
+    pinned = os.environ.get(PIN_VARIABLE, "")
+    if pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
+        if pinned not in ("fp32", "bf16"):
+            raise ValueError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16")
+        return PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported():
+            choice = PrecisionChoice("auto", "bf16", f"{torch.cuda.get_device_name(device)} "
+                                     "supports bf16")
+        else:
+            choice = PrecisionChoice("auto", "fp32", "this GPU has no bf16")
+    elif device.type == "cpu":
+        probe = probe_cpu_matmuls()
+        faster = probe["bf16_speedup"] >= CLEARLY_FASTER
+        choice = PrecisionChoice(
+            "auto", "bf16" if faster else "fp32",
+            f"bf16 matmuls {probe['bf16_speedup']:.2f}x fp32 on this CPU ({probe['bf16_ms']:.2f} "
+            f"vs {probe['fp32_ms']:.2f} ms; bf16 needs >= {CLEARLY_FASTER}x)", probe)
+    else:
+        choice = PrecisionChoice("auto", "fp32", f"no probe for {device.type}")
+    if dist is not None and dist.world_size > 1:
+        choice = dist.broadcast_object(choice)
+    return choice
+
+
+def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
+    """Best of up to `repeats` timings of one (tokens x hidden) @ (hidden x width) matmul in fp32
+    and in bf16, interleaved so that a noisy neighbour slows both alike, with the threads that
+    training uses. A CPU without bf16 units takes ~40x longer in bf16: the budget bounds that."""
+    tokens, hidden, width = PROBE_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    a32 = torch.randn(tokens, hidden, generator=generator)
+    b32 = torch.randn(hidden, width, generator=generator)
+    a16, b16 = a32.bfloat16(), b32.bfloat16()
+    best = {"fp32": float("inf"), "bf16": float("inf")}
+    began = time.perf_counter()
+    for attempt in range(repeats + 1):  # the first round warms the kernels up, untimed
+        for name, (a, b) in (("fp32", (a32, b32)), ("bf16", (a16, b16))):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            if attempt:
+                best[name] = min(best[name], time.perf_counter() - start)
+        if attempt and time.perf_counter() - began > PROBE_BUDGET_S:
+            break
+    return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
+            "bf16_speedup": best["fp32"] / best["bf16"], "threads": torch.get_num_threads(),
+            "probe_ms": (time.perf_counter() - began) * 1e3}

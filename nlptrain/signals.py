@@ -1,0 +1,36 @@
+"""SIGTERM / SIGINT during training: ask the loop to stop after the step, on every rank.
+
+A cluster's preemption (SLURM sends SIGTERM) or a Ctrl-C then ends with a checkpoint instead of a
+half-written step; a second Ctrl-C kills as usual.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from collections.abc import Callable, Iterator
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGINT call `request_stop` (the previous handlers come back
+    after it). Outside the main thread, signals are left alone."""
+
+    def handle(signum: int, frame: Any) -> None:
+        log.warning("signal %d: stopping after this step", signum)
+        request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
+
+    try:
+        previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    except ValueError:  # not the main thread
+        previous = {}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

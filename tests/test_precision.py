@@ -1,0 +1,75 @@
+"""`precision = "auto"`: a measured choice (bf16 only where this CPU runs it clearly faster),
+logged, written to config.json and to checkpoints, kept on resume; explicit values as asked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import run_cli
+
+from nlptrain import TrainConfig, Trainer
+from nlptrain.precision import CLEARLY_FASTER, PIN_VARIABLE, choose, probe_cpu_matmuls
+
+
+def test_explicit_precisions_are_kept_as_asked():
+    for asked in ("fp32", "bf16", "fp16"):
+        chosen = choose(asked, torch.device("cpu"))
+        assert (chosen.precision, chosen.reason) == (asked, "asked for")
+    with pytest.raises(ValueError, match="unknown precision 'fp8'"):
+        choose("fp8", torch.device("cpu"))
+
+
+def test_auto_on_the_cpu_follows_a_short_probe(monkeypatch):
+    monkeypatch.delenv(PIN_VARIABLE)
+    probe = probe_cpu_matmuls()
+    assert probe["probe_ms"] < 1000 and probe["fp32_ms"] > 0 and probe["bf16_ms"] > 0
+    chosen = choose("auto", torch.device("cpu"))
+    speedup = chosen.probe["bf16_speedup"]
+    assert chosen.precision == ("bf16" if speedup >= CLEARLY_FASTER else "fp32")
+    assert f"bf16 matmuls {speedup:.2f}x fp32 on this CPU" in chosen.reason
+    assert chosen.record()["probe"]["threads"] == torch.get_num_threads()
+
+
+def test_the_pin_replaces_the_probe(monkeypatch):
+    monkeypatch.setenv(PIN_VARIABLE, "bf16")
+    assert choose("auto", torch.device("cpu")).record() == {
+        "requested": "auto", "chosen": "bf16", "reason": f"pinned by {PIN_VARIABLE}", "probe": {}}
+    monkeypatch.setenv(PIN_VARIABLE, "fp16")
+    with pytest.raises(ValueError, match="use fp32 or bf16"):
+        choose("auto", torch.device("cpu"))
+
+
+def test_the_trainer_trains_in_the_chosen_precision_and_says_so(tiny_model_dir, caplog, monkeypatch):
+    from transformers import AutoModelForSequenceClassification
+
+    monkeypatch.delenv(PIN_VARIABLE)
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir), num_labels=2)
+    config = TrainConfig()
+    with caplog.at_level("INFO", logger="nlptrain"):
+        trainer = Trainer(model, config=config)
+    assert config.precision == "auto"  # the user's config is left as given
+    assert trainer.config.precision == trainer.precision.precision in ("fp32", "bf16")
+    assert f"precision auto: {trainer.config.precision} (bf16 matmuls" in caplog.text
+
+
+def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, tmp_path):
+    run = tmp_path / "run"
+    first = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"],
+                    tmp_path, **{PIN_VARIABLE: "bf16"})
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "precision auto: bf16 (pinned by" in first.stderr
+    record = json.loads((run / "config.json").read_text())
+    assert record["precision"]["chosen"] == "bf16" and record["task"]["train"]["precision"] == "auto"
+    step = sorted((run / "checkpoints").iterdir())[-1]
+    assert json.loads((step / "meta.json").read_text())["precision"] == "bf16"
+    # Resumed where auto would now pick fp32: the run goes on in the precision it started in.
+    resumed = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "2",
+                       "--resume"], tmp_path, **{PIN_VARIABLE: "fp32"})
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resumed from" in resumed.stderr
+    assert "precision auto: bf16 (kept from step-" in resumed.stderr
+    assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
+    assert json.loads((sorted((run / "checkpoints").iterdir())[-1] / "meta.json").read_text()
+                      )["precision"] == "bf16"
