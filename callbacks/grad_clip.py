@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
 
@@ -13,11 +13,16 @@ if TYPE_CHECKING:
 class GradClip(Callback):
     def __init__(self, max_norm: float = 1.0) -> None:
         self.max_norm = max_norm
-        self.last_norm = float("nan")  # before clipping; logged by MetricLogger
+        self._norm: Any = None  # on the device: read only when asked (a host sync)
+
+    @property
+    def last_norm(self) -> float:
+        """The latest step's global gradient norm, before clipping."""
+        return float("nan") if self._norm is None else float(self._norm)
 
     def on_backward_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:  # gradients are complete on the update step only
             return
         trainer.scaler.unscale_(trainer.optimizer)  # fp16: clip the true gradients
         # The global norm, equal on every rank (under FSDP2 a collective over the shards).
-        self.last_norm = trainer.strategy.clip_grad_norm(trainer.model, self.max_norm)
+        self._norm = trainer.strategy.clip_grad_norm(trainer.model, self.max_norm)

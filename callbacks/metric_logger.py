@@ -40,9 +40,11 @@ class MetricLogger(Callback):
         self._reset(time.perf_counter(), trainer.samples_in_epoch)
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        self.loss_sum += trainer.last_loss
+        if not trainer.is_update_step:
+            return
+        self.loss_sum += trainer.last_loss  # the step's loss: its micro-batches, all ranks
         self.batches += 1
-        if not (trainer.is_update_step and trainer.global_step % self.log_every == 0):
+        if trainer.global_step % self.log_every:
             return
         now = time.perf_counter()
         samples = trainer.samples_in_epoch - self.window_samples

@@ -52,6 +52,10 @@ class SingleProcess:
     def all_sum(self, values: list[float]) -> list[float]:
         return list(values)
 
+    def all_sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a small tensor over the ranks, on its device (no host sync)."""
+        return tensor
+
     def agree_min(self, value: int) -> int:
         return value
 
@@ -116,6 +120,10 @@ class Distributed(SingleProcess):
 
     def all_sum(self, values: list[float]) -> list[float]:
         return self._flags(values, dist.ReduceOp.SUM)
+
+    def all_sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor)  # the default group: nccl on a GPU, where the tensor is
+        return tensor
 
     def agree_min(self, value: int) -> int:
         return int(self._flags([value], dist.ReduceOp.MIN)[0])

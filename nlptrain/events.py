@@ -63,7 +63,8 @@ class Callback:
         """After `optimizer.step()`; `trainer.global_step` counts optimizer steps."""
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        """After each micro-batch; `trainer.last_loss` is the loss averaged over ranks."""
+        """After each micro-batch; `trainer.last_loss` is the latest optimizer step's loss (the
+        mean over its micro-batches and the ranks)."""
 
     def on_valid_start(self, trainer: Trainer) -> None:
         """Before an evaluation."""

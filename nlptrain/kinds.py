@@ -338,3 +338,11 @@ def _values(ids: dict[str, int]) -> list[str]:
         names.setdefault(i, key)  # the first key of each id: the value as written in files
     return [names[i] for i in sorted(names)]
 
+
+
+def label_names_of(model_config: Any) -> list[str]:
+    """The label names of a transformers model's config (`id2label`), in id order."""
+    if model_config is None or not hasattr(model_config, "id2label"):
+        raise ConfigError("the model has no transformers config with id2label: pass "
+                          "label_names=[...] (and kind=) to the trainer")
+    return [model_config.id2label[i] for i in range(model_config.num_labels)]

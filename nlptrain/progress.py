@@ -38,3 +38,51 @@ class Progress:
     def next_epoch(self) -> None:
         self.epoch += 1
         self.batch_in_epoch = self.samples_in_epoch = 0
+
+
+class StepWindow:
+    """The micro-batches of the optimizer step under way: their losses summed on the device (no
+    host sync before the step's one collective), and what undoing them needs (where the window
+    began, the random state then)."""
+
+    def __init__(self) -> None:
+        self.micro_batches = 0
+        self.first_batch = 0  # batch_in_epoch when the window opened
+        self._flags: Any = None  # [finite loss sum, non-finite count, rows, stop] on the device
+        self._random: dict[str, Any] | None = None
+
+    def open(self, batch_in_epoch: int) -> None:
+        """At a window's first micro-batch (a no-op inside a window)."""
+        if self.micro_batches == 0:
+            from nlptrain.checkpoint import rng_state
+
+            self.first_batch, self._random = batch_in_epoch, rng_state()
+
+    def add(self, loss: Any, rows: int) -> None:
+        import torch
+
+        loss = loss.detach().double()
+        if self._flags is None:
+            self._flags = torch.zeros(4, dtype=torch.float64, device=loss.device)
+        finite = torch.isfinite(loss)
+        self._flags[0] += torch.where(finite, loss, 0.0)
+        self._flags[1] += (~finite).double()
+        self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
+        self.micro_batches += 1
+
+    def agree(self, dist: Any, stop: bool) -> list[float]:
+        """[loss sum, non-finite count, rows, stop] summed over the ranks: one collective."""
+        self._flags[3] = float(stop)
+        return dist.all_sum_tensor(self._flags).tolist()  # the step's one host read
+
+    def undo(self) -> int:
+        """Put the random state back as it was when the window opened; returns where it began."""
+        from nlptrain.checkpoint import set_rng_state
+
+        set_rng_state(self._random)
+        first = self.first_batch
+        self.close()
+        return first
+
+    def close(self) -> None:
+        self.micro_batches, self._flags, self._random = 0, None, None

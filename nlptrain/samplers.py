@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -92,3 +92,9 @@ class EvalSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def repeat_forever(loader: Iterable) -> Iterator:
+    """The loader's batches again and again (a stream shorter than the agreed steps)."""
+    while True:
+        yield from loader

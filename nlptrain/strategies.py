@@ -84,8 +84,9 @@ class SingleDevice:
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
         yield
 
-    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
-        return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+        """Clip in place; the global norm before clipping, on the device (read it when needed)."""
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            folder: Path) -> CheckpointWeights:
@@ -184,7 +185,7 @@ class FSDP2(SingleDevice):
         model.set_requires_gradient_sync(not skip_sync)
         yield
 
-    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float:
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         grads = [p.grad for p in model.parameters() if p.grad is not None]
@@ -192,7 +193,7 @@ class FSDP2(SingleDevice):
         if isinstance(norm, DTensor):  # a partial norm per shard: the global one is a collective
             norm = norm.full_tensor()
         torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
-        return float(norm)
+        return norm
 
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            folder: Path) -> CheckpointWeights:

@@ -27,8 +27,8 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
-from nlptrain.progress import Progress
-from nlptrain.samplers import ShardedSampler
+from nlptrain.progress import Progress, StepWindow
+from nlptrain.samplers import ShardedSampler, repeat_forever
 from nlptrain.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Trainer:
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)
-        self.label_names = list(label_names) if label_names else _label_names(model_config)
+        self.label_names = list(label_names) if label_names else kinds.label_names_of(model_config)
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer
         train_data, eval_data = (self._as_dataset(data, what) for data, what in
@@ -113,7 +113,8 @@ class Trainer:
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self.last_loss = math.nan    # loss of the latest micro-batch, averaged over ranks
+        self.last_loss = math.nan    # the latest optimizer step's loss (its micro-batches, all ranks)
+        self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = False
@@ -150,11 +151,11 @@ class Trainer:
             self.callbacks.fire("on_epoch_start", self)
             self.model.train()
             for batch in self._epoch_batches():  # read after the event: it may swap the data
-                self._train_batch(batch)
-                if self.dist.any(self.should_stop):  # a stop asked on any rank stops all
-                    self.should_stop = True
+                if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
-            if self.dist.any(self.interrupted):
+            stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
+            self.should_stop = bool(stop)  # every rank leaves together (it may be the last step)
+            if interrupted:
                 raise Interrupted(f"stopped by a signal after step {self.global_step}; "
                                   "continue with --resume")
             if self.metrics.get("step") != self.global_step:
@@ -162,9 +163,11 @@ class Trainer:
             self.callbacks.fire("on_epoch_end", self)
             self._next_epoch()
 
-    def _train_batch(self, batch: dict[str, torch.Tensor]) -> None:
+    def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
+        """One micro-batch; False when a stop asked on some rank ends the epoch here."""
         cfg = self.config
         self.is_update_step = self._ends_accumulation()
+        self.window.open(self.batch_in_epoch)  # a no-op inside an accumulation window
         self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         self.callbacks.fire("on_batch_start", self, batch)
         with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
@@ -174,8 +177,11 @@ class Trainer:
             self.callbacks.fire("on_backward_start", self)
             self.scaler.scale(loss / cfg.grad_accum).backward()
         self.callbacks.fire("on_backward_end", self)
-        self._agree_on_loss(loss, len(batch["labels"]))  # a NaN anywhere stops every rank
+        self.window.add(loss, len(batch["labels"]))  # on the device: no host sync
+        self.progress.batch_in_epoch += 1
         if self.is_update_step:
+            if not self._agree_on_step():
+                return False
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
@@ -184,6 +190,7 @@ class Trainer:
         self.callbacks.fire("on_batch_end", self)
         if self.is_update_step and cfg.eval_every and self.global_step % cfg.eval_every == 0:
             self.validate()
+        return True
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The (wrapped) model's logits on a batch already on the device. Callbacks call it for
@@ -257,7 +264,7 @@ class Trainer:
                             - self.batch_in_epoch)
         elif self.config.steps_per_epoch:
             local = self.config.steps_per_epoch * self.config.grad_accum
-            loader = _repeat(loader)  # a stream too short for the agreed steps starts again
+            loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
         else:
             raise ConfigError("the training data has no length: set [train] steps_per_epoch")
         # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
@@ -301,20 +308,28 @@ class Trainer:
         done = self.batch_in_epoch + 1
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
 
-    def _agree_on_loss(self, loss: torch.Tensor, batch_rows: int) -> None:
-        """Average the loss over ranks and count samples; a NaN anywhere stops every rank."""
-        value = loss.detach().float().item()
-        finite = math.isfinite(value)
-        total, bad, rows = self.dist.all_sum([value if finite else 0.0, float(not finite),
-                                              float(batch_rows)])
+    def _agree_on_step(self) -> bool:
+        """The optimizer step's one collective: every rank's loss, non-finite count, rows and stop
+        flag, summed (one host read). A non-finite loss anywhere raises before the weights change.
+        A stop asked anywhere undoes this window on every rank (not counted, random state back),
+        so the run stops after the previous step, as if this window had not begun."""
+        total, bad, rows, stop = self.window.agree(self.dist, self.should_stop)
         if bad:
+            first, last = self.window.first_batch + 1, self.batch_in_epoch
             raise TrainingError(
-                f"the loss is not finite at epoch {self.epoch + 1}, batch {self.batch_in_epoch + 1}"
-                f" (optimizer step {self.global_step + 1}) on {int(bad)} rank(s); the weights "
-                "were not updated. Lower the lr or use fp32; resume from the last checkpoint.")
-        self.last_loss = total / self.dist.world_size
-        self.progress.batch_in_epoch += 1
+                f"the loss is not finite at epoch {self.epoch + 1}, batch "
+                f"{first if first == last else f'{first}-{last}'} (optimizer step "
+                f"{self.global_step + 1}) on {int(bad)} rank(s); the weights were not updated. "
+                "Lower the lr or use fp32; resume from the last checkpoint.")
+        if stop:
+            self.progress.batch_in_epoch = self.window.undo()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.should_stop = True
+            return False
+        self.last_loss = total / self.dist.world_size / self.window.micro_batches
         self.progress.samples_in_epoch += int(rows)
+        self.window.close()
+        return True
 
     def _next_epoch(self) -> None:
         self.progress.next_epoch()
@@ -381,14 +396,3 @@ class DistTrainer(Trainer):
         super().__init__(model, *args, **kwargs)
         self._owns_dist = made_here
 
-
-def _label_names(model_config: Any) -> list[str]:
-    if model_config is None or not hasattr(model_config, "id2label"):
-        raise ConfigError("the model has no transformers config with id2label: pass "
-                          "label_names=[...] (and kind=) to the trainer")
-    return [model_config.id2label[i] for i in range(model_config.num_labels)]
-
-
-def _repeat(loader: Iterable) -> Iterator:
-    while True:
-        yield from loader
