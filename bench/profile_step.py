@@ -1,0 +1,84 @@
+"""Where a training step's time goes: torch.profiler over MiniLM steps on this CPU, per op.
+
+One process, batch 16 x 128 tokens (random ids, full attention mask: the kernels see the shapes
+of the quick benchmark's padded batches), forward + backward + AdamW, in fp32 and in bf16
+autocast, after warm-up steps. Prints the CPU, the mean step time of each precision and the top
+ops by self CPU time.
+
+    python bench/profile_step.py [--steps 3] [--threads 2] [--top 12] [--precisions fp32 bf16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent))
+sys.path.insert(0, str(BENCH))
+import common  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--top", type=int, default=12)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    args = parser.parse_args()
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from nlptrain.evaluate import autocast
+    from nlptrain.models import load_model
+
+    torch.set_num_threads(args.threads)
+    print(f"CPU: {common.cpu_model()}, {args.threads} threads; MiniLM-L6, batch {args.batch_size} "
+          f"x {args.seq} tokens; torch {torch.__version__}")
+    torch.manual_seed(0)
+    model = load_model("minilm", ["a", "b"])
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    batch = {"input_ids": torch.randint(1000, 20000, (args.batch_size, args.seq)),
+             "attention_mask": torch.ones(args.batch_size, args.seq, dtype=torch.long),
+             "labels": torch.randint(0, 2, (args.batch_size,))}
+    cpu = torch.device("cpu")
+
+    def step(precision: str) -> None:
+        with autocast(cpu, precision):
+            loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    times = {}
+    for precision in args.precisions:
+        step(precision)  # warm-up: kernels, allocator
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                step(precision)
+            times[precision] = (time.perf_counter() - start) / args.steps
+        print(f"\n### {precision}: {times[precision] * 1e3:.0f} ms per step "
+              f"({args.batch_size / times[precision]:.1f} samples/s), top ops by self CPU time\n")
+        events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        total = sum(e.self_cpu_time_total for e in events)
+        print("| op | calls per step | self CPU ms per step | share |")
+        print("|---|---|---|---|")
+        for event in events[: args.top]:
+            print(f"| `{event.key}` | {event.count / args.steps:.0f} | "
+                  f"{event.self_cpu_time_total / 1e3 / args.steps:.1f} | "
+                  f"{event.self_cpu_time_total / total:.1%} |")
+    if len(times) > 1:
+        first, *rest = args.precisions
+        print("\n" + ", ".join(f"{p} step / {first} step: {times[p] / times[first]:.2f}"
+                               for p in rest))
+
+
+if __name__ == "__main__":
+    main()
