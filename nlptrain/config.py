@@ -97,6 +97,9 @@ class TrainConfig:
     precision: str = opt("auto", "auto (bf16 where this device runs it measurably faster, else "
                          "fp32; logged) | fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + "
                          "scaler, GPU)")
+    max_tokens: int = opt(0, "build batches by a token budget instead of batch_size rows: as many "
+                          "rows as fit in N padded tokens (rows x longest), length-grouped, "
+                          "shuffled (0: off)")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
     drop_last: bool = opt(False, "drop the last incomplete batch of an epoch")

@@ -11,6 +11,7 @@
   similar length and dynamic padding has little to pad. Chunks are random, so every epoch is still
   one shuffled pass over the data.
 
+`TokenBudgetSampler` builds batches by a token budget instead of a row count (`max_tokens`).
 `EvalSampler` gives each rank a disjoint share with no padding duplicates, longest first.
 """
 
@@ -24,6 +25,8 @@ from torch.utils.data import DistributedSampler, Sampler
 
 
 class ShardedSampler(DistributedSampler):
+    resumes_by_samples = True  # the trainer passes set_epoch(epoch, start=samples done)
+
     def __init__(
         self,
         dataset: Sequence,
@@ -98,3 +101,82 @@ def repeat_forever(loader: Iterable) -> Iterator:
     """The loader's batches again and again (a stream shorter than the agreed steps)."""
     while True:
         yield from loader
+
+
+class TokenBudgetSampler(Sampler[list[int]]):
+    """Batches by a token budget (fairseq's `max_tokens`): each holds as many rows as fit in
+    `max_tokens` padded tokens (rows x its longest row), so short texts come many to a batch and
+    long ones few, at a steady cost per step. A batch sampler (`DataLoader(batch_sampler=...)`).
+
+    Like `ShardedSampler`: one global plan per epoch (seed + epoch), length-grouped in random
+    chunks, the batches shuffled, dealt round-robin to the ranks; exactly one pass over the rows;
+    every rank gets as many batches (the plan splits its largest batches until the count divides
+    by the world size); a resume skips the first `start` global samples of the plan, with any
+    world size, without reading them.
+    """
+
+    resumes_by_samples = True  # the trainer passes set_epoch(epoch, start=samples done)
+
+    def __init__(self, lengths: np.ndarray, max_tokens: int, num_replicas: int = 1,
+                 rank: int = 0, seed: int = 0, shuffle: bool = True, group_batches: int = 64) -> None:
+        self.lengths = np.maximum(np.asarray(lengths, dtype=np.int64), 1)
+        self.max_tokens, self.num_replicas, self.rank = max_tokens, num_replicas, rank
+        self.seed, self.shuffle, self.epoch, self.start = seed, shuffle, 0, 0
+        # Rows sorted together: about `group_batches` batches' worth.
+        rows_per_batch = max(1, max_tokens // max(int(self.lengths.mean()) if len(lengths) else 1, 1))
+        self.group_rows = group_batches * rows_per_batch
+        self._plan: list[np.ndarray] | None = None
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch, self.start, self._plan = epoch, start, None
+
+    def global_plan(self) -> list[np.ndarray]:
+        """This epoch's batches (row numbers) in order, before any resume offset."""
+        n = len(self.lengths)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=generator).numpy() if self.shuffle else np.arange(n)
+        batches: list[np.ndarray] = []
+        for begin in range(0, n, self.group_rows):
+            chunk = order[begin : begin + self.group_rows]
+            chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]  # longest first
+            i = 0
+            while i < len(chunk):  # the first row of a batch is its longest: it sets the width
+                rows = max(1, self.max_tokens // int(self.lengths[chunk[i]]))
+                batches.append(chunk[i : i + rows])
+                i += rows
+        if self.shuffle and len(batches) > 1:
+            # The most tokens first (a batch too big for memory fails at once), the rest shuffled.
+            first = max(range(len(batches)), key=lambda b: len(batches[b]) *
+                        int(self.lengths[batches[b]].max()))
+            rest = [b for i, b in enumerate(batches) if i != first]
+            batches = [batches[first]] + [rest[i] for i in torch.randperm(
+                len(rest), generator=generator).tolist()]
+        return batches
+
+    def plan(self) -> list[np.ndarray]:
+        """The batches left in this epoch after `start` samples, their count a multiple of the
+        world size where the rows allow it."""
+        if self._plan is not None:
+            return self._plan
+        left, skip = [], self.start
+        for batch in self.global_plan():
+            if skip >= len(batch):
+                skip -= len(batch)
+                continue
+            left.append(batch[skip:])  # a resume under another world size may cut a batch
+            skip = 0
+        while len(left) % self.num_replicas:
+            largest = max(range(len(left)), key=lambda b: len(left[b]), default=None)
+            if largest is None or len(left[largest]) < 2:
+                break  # too few rows to give every rank a batch: the trainer drops the extra
+            batch = left.pop(largest)
+            left[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+        self._plan = left
+        return left
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for batch in self.plan()[self.rank :: self.num_replicas]:
+            yield batch.tolist()
+
+    def __len__(self) -> int:
+        return len(self.plan()[self.rank :: self.num_replicas])

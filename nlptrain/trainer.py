@@ -27,8 +27,9 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
+from nlptrain.loaders import train_loader
 from nlptrain.progress import Progress, StepWindow
-from nlptrain.samplers import ShardedSampler, repeat_forever
+from nlptrain.samplers import repeat_forever
 from nlptrain.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -245,11 +246,11 @@ class Trainer:
         resumed = self._resume_samples
         self._resume_samples = 0
         skip = 0
-        candidates = (getattr(loader, "sampler", None),
-                      getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+        batches = getattr(loader, "batch_sampler", None)
+        candidates = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None),
                       getattr(loader, "dataset", None))  # a stream shuffles by epoch too
         for sampler in {id(c): c for c in candidates if c is not None}.values():
-            if isinstance(sampler, ShardedSampler):
+            if getattr(sampler, "resumes_by_samples", False):  # ours: ShardedSampler, TokenBudget
                 sampler.set_epoch(self.epoch, start=resumed)  # resume without reading batches
                 resumed = 0
             elif hasattr(sampler, "set_epoch"):
@@ -284,19 +285,8 @@ class Trainer:
         cfg, original, data = self.config, data, self._as_dataset(data, "train")
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
             return data
-        sampler = None
-        if not isinstance(data, IterableDataset):
-            lengths = getattr(data, "lengths", None) if cfg.group_by_length else None
-            sampler = ShardedSampler(data, self.dist.world_size, self.dist.rank, shuffle=True,
-                                     seed=cfg.seed, lengths=lengths,
-                                     group_size=64 * cfg.batch_size)
-        # Its own generator: creating the iterator then draws no number from the global RNG,
-        # so dropout after a resume is exactly that of an uninterrupted run.
-        loader = DataLoader(data, batch_size=cfg.batch_size, sampler=sampler,
-                            collate_fn=self.collate, drop_last=cfg.drop_last,
-                            num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
-                            persistent_workers=cfg.num_workers > 0,
-                            generator=torch.Generator().manual_seed(cfg.seed))
+        loader = train_loader(data, cfg, self.dist.world_size, self.dist.rank, self.collate,
+                              self.device)
         self._loader_for = (original, loader)
         return loader
 

@@ -1,0 +1,81 @@
+"""`max_tokens`: batches by a token budget, still one shuffled, length-grouped pass per epoch,
+the same batch count on every rank, resumable at a global sample count with any world size; the
+trainer's steps and lr schedule follow the real batch count."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import write_toy_tsv
+
+from nlptrain import TrainConfig, Trainer
+from nlptrain.config import FileSpec
+from nlptrain.data import LabelVocab, TokenizedDataset, read_examples
+from nlptrain.errors import ConfigError
+from nlptrain.samplers import TokenBudgetSampler
+
+LENGTHS = np.random.default_rng(0).integers(3, 120, size=1001)
+
+
+def ranks(world, lengths=LENGTHS, max_tokens=512, epoch=0, start=0):
+    samplers = [TokenBudgetSampler(lengths, max_tokens, world, r, seed=7) for r in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch, start)
+    return [list(s) for s in samplers]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_one_pass_within_budget_and_equal_batch_counts(world):
+    per_rank = ranks(world)
+    rows = [row for batches in per_rank for batch in batches for row in batch]
+    assert sorted(rows) == list(range(len(LENGTHS)))  # every row once, none repeated
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank takes as many steps
+    for batches in per_rank:
+        for batch in batches:
+            assert len(batch) * LENGTHS[batch].max() <= 512 or len(batch) == 1
+    sizes = [len(b) for b in per_rank[0]]
+    assert max(sizes) > 3 * min(sizes)  # short rows come many to a batch, long ones few
+
+
+def test_length_grouped_shuffled_by_epoch_and_seeded():
+    first, again, other = ranks(1)[0], ranks(1)[0], ranks(1, epoch=1)[0]
+    assert first == again and first != other
+    spread = np.mean([np.ptp(LENGTHS[b]) for b in first if len(b) > 1])
+    assert spread < 0.2 * np.ptp(LENGTHS)  # rows of a batch have similar lengths
+    starts = [LENGTHS[b].max() for b in first[1:]]
+    assert not (np.all(np.diff(starts) <= 0) or np.all(np.diff(starts) >= 0))  # batches shuffled
+
+
+@pytest.mark.parametrize("world_before, world_after", [(2, 2), (2, 3), (3, 1)])
+def test_resume_takes_each_remaining_row_once_with_any_world_size(world_before, world_after):
+    done_steps = 5
+    before = ranks(world_before)
+    consumed = [row for batches in before for batch in batches[:done_steps] for row in batch]
+    after = ranks(world_after, start=len(consumed))
+    rest = [row for batches in after for batch in batches for row in batch]
+    assert sorted(consumed + rest) == list(range(len(LENGTHS)))
+    assert len({len(batches) for batches in after}) == 1
+
+
+def test_the_trainer_steps_and_schedules_on_the_real_batch_count(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    examples = read_examples(FileSpec(path=str(write_toy_tsv(tmp_path / "t.tsv", 120))), "", [])
+    train = TokenizedDataset.from_texts(examples.texts, LabelVocab.from_config(["neg", "pos"])
+                                        .encode(examples), AutoTokenizer.from_pretrained(
+                                            str(tiny_model_dir)), 32)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir), num_labels=2)
+    trainer = Trainer(model, train, config=TrainConfig(epochs=2, max_tokens=96, warmup_ratio=0))
+    trainer.fit()
+    plan = TokenBudgetSampler(train.lengths, 96, seed=42)
+    expected = 0
+    for epoch in range(2):
+        plan.set_epoch(epoch)
+        expected += len(plan)
+    assert trainer.global_step == expected
+    assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # the linear decay ended on the last step
+    with pytest.raises(ConfigError, match="max_tokens needs a dataset that knows"):
+        Trainer(model, [{"input_ids": [1]}], config=TrainConfig(max_tokens=96))._loader(
+            torch.utils.data.TensorDataset(torch.zeros(3)))
