@@ -106,8 +106,8 @@ def contender_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", type=Path, default=None, help="folder holding rt-polarity/")
     parser.add_argument("--train-rows", type=int, default=0,
                         help="use the first N rows of the training split (0: all; --quick: 1024)")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"],
-                        help="bf16: autocast (CPU or GPU)")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                        help="bf16: autocast (CPU or GPU); auto: nlptrain's measured choice")
     parser.add_argument("--seed", type=int, default=JOB["seed"],
                         help="training seed: new head, shuffling, dropout (the split keeps its own)")
     return parser

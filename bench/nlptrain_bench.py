@@ -7,7 +7,10 @@ one callback, the public extension point, that times the loop and the evaluation
                            on the same job as (a): constant lr, no warmup, no clipping
     --precision bf16   (e) with (d): bf16 autocast
     --config defaults  (f) every nlptrain default: (d) plus linear decay with 10% warmup and
-                           clipping at 1.0
+                           clipping at 1.0; with --precision auto (g), the precision default too
+    --max-tokens-like-batch  (h) with (d): batches by a token budget of batch_size x the mean
+                           tokenized length of the training rows (so as many rows per step on
+                           average as (d))
 
     torchrun --standalone --nproc_per_node 2 bench/nlptrain_bench.py --out /tmp/d --config defaults
 Extra nlptrain options may follow `--`, e.g. `-- --num-workers 1`.
@@ -42,6 +45,17 @@ def nlptrain_argv(data_dir: Path, output_dir: Path, cache_dir: Path, config: str
             "--test-size", str(job["test_size"]), "--split-seed", str(job["split_seed"]),
             "--valid-size", "0", "--precision", precision]
     return argv + CONFIGS[config] + extra
+
+
+def token_budget_like_batch(split: common.Split, train_rows: int) -> int:
+    """batch_size x the mean tokenized length (at max_length) of the rows trained on."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(common.model_path())
+    texts = split.texts_of(split.train(train_rows))
+    lengths = [len(ids) for ids in tokenizer(texts, truncation=True,
+                                              max_length=common.JOB["max_length"])["input_ids"]]
+    return round(common.JOB["batch_size"] * float(np.mean(lengths)))
 
 
 def make_probe(split: common.Split, train_limit: int) -> Any:
@@ -120,6 +134,8 @@ def main() -> None:
     parser.add_argument("--config", choices=list(CONFIGS), default="batching")
     parser.add_argument("--cache-dir", type=Path, default=common.BENCH_DIR / ".cache" / "tokens",
                         help="nlptrain token cache (filled by the first run, then reused)")
+    parser.add_argument("--max-tokens-like-batch", action="store_true",
+                        help="--max-tokens = batch_size x the mean tokenized training row")
     parser.add_argument("extra", nargs="*", help="more nlptrain train options, after --")
     args = parser.parse_args()
     rank, _ = common.rank_info()
@@ -129,8 +145,11 @@ def main() -> None:
     from nlptrain import cli, recipe
 
     split = common.load_split(data_dir)
+    extra = list(args.extra)
+    if args.max_tokens_like_batch:
+        extra += ["--max-tokens", str(token_budget_like_batch(split, args.train_rows))]
     argv = nlptrain_argv(data_dir, output_dir, args.cache_dir, args.config, args.precision,
-                         args.extra, args.seed)
+                         extra, args.seed)
     parsed = cli.build_parser().parse_args(argv)
     task = cli.resolve_task(parsed)
     probe = make_probe(split, args.train_rows)

@@ -49,6 +49,10 @@ CONTENDERS = {c.key: c for c in [
               ("--config", "batching", "--precision", "bf16")),
     Contender("f", "nlptrain, every default (warmup+decay, clip)", "nlptrain_bench.py",
               ("--config", "defaults")),
+    Contender("g", "(f) + precision auto (the default now)", "nlptrain_bench.py",
+              ("--config", "defaults", "--precision", "auto")),
+    Contender("h", "(d) with --max-tokens: (d)'s rows per step on average", "nlptrain_bench.py",
+              ("--config", "batching", "--max-tokens-like-batch")),
 ]}
 DEFAULT_CONTENDERS = "a,b,c,d,e"
 

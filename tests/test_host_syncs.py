@@ -20,7 +20,7 @@ def _ours(frame) -> bool:
     return "/nlptrain/" in name or "/callbacks/" in name
 
 
-def _count(rank, world_size, model_dir, grad_accum):
+def _count(rank, world_size, model_dir):
     import torch
     import torch.distributed as dist
     from conftest import write_toy_tsv
@@ -49,35 +49,36 @@ def _count(rank, world_size, model_dir, grad_accum):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     train = TokenizedDataset.from_texts(examples.texts, LabelVocab.from_config(["neg", "pos"])
                                         .encode(examples), tokenizer, 32)
-    torch.manual_seed(0)
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     seen = []
 
     class AtEachStep(Callback):
         def on_step_end(self, trainer) -> None:
             seen.append((trainer.epoch, trainer.batch_in_epoch, dict(counts)))
 
-    trainer = DistTrainer(model, train, config=TrainConfig(epochs=2, batch_size=4, log_every=1000,
-                                                           grad_accum=grad_accum),
-                          callbacks=[AtEachStep()])
     for name in COLLECTIVES:
         spy(dist, name, "collectives")
     for name in HOST_READS:
         spy(torch.Tensor, name, "host_reads")
-    trainer.fit()
-    trainer.close()
-    per_step = []
-    for (epoch_a, _, a), (epoch_b, batches_b, b) in zip(seen, seen[1:], strict=False):
-        if epoch_a == epoch_b:  # steps inside an epoch (an epoch's start has its own agreements)
-            per_step.append({k: b[k] - a[k] for k in counts} | {"batches": batches_b})
-    return per_step
+    found = {}
+    for grad_accum in (1, 3):
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+        seen.clear()
+        trainer = DistTrainer(model, train, callbacks=[AtEachStep()], config=TrainConfig(
+            epochs=2, batch_size=4, log_every=1000, grad_accum=grad_accum))
+        trainer.fit()
+        trainer.close()
+        found[grad_accum] = per_step = []
+        for (epoch_a, _, a), (epoch_b, batches_b, b) in zip(seen, seen[1:], strict=False):
+            if epoch_a == epoch_b:  # steps inside an epoch (an epoch's start agrees on more)
+                per_step.append({k: b[k] - a[k] for k in counts} | {"batches": batches_b})
+    return found
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("grad_accum", [1, 3])
-def test_one_collective_and_one_host_read_per_optimizer_step(tmp_path, tiny_model_dir, grad_accum):
-    found = run_ranks(_count, 2, tmp_path, str(tiny_model_dir), grad_accum)
-    for per_step in found:
-        # 96 rows: 12 micro-batches of 4 rows per rank and epoch; 2 epochs.
-        assert [s["batches"] for s in per_step] == list(range(2 * grad_accum, 13, grad_accum)) * 2
-        assert {(s["collectives"], s["host_reads"]) for s in per_step} == {(1, 1)}, per_step
+def test_one_collective_and_one_host_read_per_optimizer_step(tmp_path, tiny_model_dir):
+    for found in run_ranks(_count, 2, tmp_path, str(tiny_model_dir)):
+        for grad_accum, per_step in found.items():
+            # 96 rows: 12 micro-batches of 4 rows per rank and epoch; 2 epochs.
+            assert [s["batches"] for s in per_step] == list(range(2 * grad_accum, 13, grad_accum)) * 2
+            assert {(s["collectives"], s["host_reads"]) for s in per_step} == {(1, 1)}, per_step

@@ -7,9 +7,9 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli
 
 from nlptrain import TrainConfig, Trainer
+from nlptrain.cli import main
 from nlptrain.precision import CLEARLY_FASTER, PIN_VARIABLE, choose, probe_cpu_matmuls
 
 
@@ -54,22 +54,22 @@ def test_the_trainer_trains_in_the_chosen_precision_and_says_so(tiny_model_dir, 
     assert f"precision auto: {trainer.config.precision} (bf16 matmuls" in caplog.text
 
 
-def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, tmp_path):
+def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, tmp_path,
+                                                                    monkeypatch, capsys):
     run = tmp_path / "run"
-    first = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"],
-                    tmp_path, **{PIN_VARIABLE: "bf16"})
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert "precision auto: bf16 (pinned by" in first.stderr
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--steps-per-epoch", "2"]
+    monkeypatch.setenv(PIN_VARIABLE, "bf16")
+    assert main([*args, "--epochs", "1"]) == 0
+    assert "precision auto: bf16 (pinned by" in capsys.readouterr().err
     record = json.loads((run / "config.json").read_text())
     assert record["precision"]["chosen"] == "bf16" and record["task"]["train"]["precision"] == "auto"
     step = sorted((run / "checkpoints").iterdir())[-1]
     assert json.loads((step / "meta.json").read_text())["precision"] == "bf16"
     # Resumed where auto would now pick fp32: the run goes on in the precision it started in.
-    resumed = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "2",
-                       "--resume"], tmp_path, **{PIN_VARIABLE: "fp32"})
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "resumed from" in resumed.stderr
-    assert "precision auto: bf16 (kept from step-" in resumed.stderr
+    monkeypatch.setenv(PIN_VARIABLE, "fp32")
+    assert main([*args, "--epochs", "2", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "resumed from" in err and "precision auto: bf16 (kept from step-" in err
     assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
     assert json.loads((sorted((run / "checkpoints").iterdir())[-1] / "meta.json").read_text()
                       )["precision"] == "bf16"
