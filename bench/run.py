@@ -40,15 +40,13 @@ class Contender:
 CONTENDERS = {c.key: c for c in [
     Contender("a", "tutorial DDP loop, pad to 128", "tutorial_ddp.py"),
     Contender("b", "transformers.Trainer, dynamic + group_by_length", "hf_trainer.py"),
-    Contender("b0", "transformers.Trainer, dynamic, random batches", "hf_trainer.py",
-              ("--no-group-by-length",)),
+    Contender("b0", "transformers.Trainer, random batches", "hf_trainer.py", ("--no-group-by-length",)),
     Contender("c", "nlptrain, pad to 128 like (a)", "nlptrain_bench.py", ("--config", "fixed")),
     Contender("d", "nlptrain default batching, (a)'s job", "nlptrain_bench.py",
               ("--config", "batching")),
     Contender("e", "(d) + bf16 autocast", "nlptrain_bench.py",
               ("--config", "batching", "--precision", "bf16")),
-    Contender("f", "nlptrain, every default (warmup+decay, clip)", "nlptrain_bench.py",
-              ("--config", "defaults")),
+    Contender("f", "nlptrain, every default (decay, clip)", "nlptrain_bench.py", ("--config", "defaults")),
     Contender("g", "(f) + precision auto (the default now)", "nlptrain_bench.py",
               ("--config", "defaults", "--precision", "auto")),
     Contender("h", "(d) with --max-tokens: (d)'s rows per step on average", "nlptrain_bench.py",
@@ -75,9 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated training seeds; each round runs every contender once per "
                         "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
                         "by about a point)")
-    p.add_argument("--contenders", default=DEFAULT_CONTENDERS,
-                   help=f"comma-separated keys, run in this order each round "
-                        f"(default {DEFAULT_CONTENDERS}; also: b0, f)")
+    p.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated keys, run "
+                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, f, g, h)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                    help="CPU cores to share out; OMP_NUM_THREADS = cores // nproc per rank")
