@@ -196,12 +196,20 @@ class Distributed(SingleProcess):
 def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
     """Under torchrun the workers share the launcher's store, and a failed attempt's keys stay in
     it: after `--max-restarts` a new attempt could read the old ranks' addresses and never connect
-    (pytorch #135712). Each attempt gets its own key prefix instead."""
+    (pytorch #135712). The same holds for a second process group made in one attempt (two
+    trainers one after the other). Each attempt, and each group in it, gets its own key prefix:
+    every rank makes its groups in the same order, so the numbers agree."""
+    global _groups_made
     if not environment.uses_agent_store:
         return None
     store = dist.TCPStore(environment.master_addr, environment.master_port,
                           environment.world_size, is_master=False, timeout=timeout)
-    return dist.PrefixStore(f"nlptrain/attempt-{environment.restart_count}", store)
+    _groups_made += 1
+    return dist.PrefixStore(f"nlptrain/attempt-{environment.restart_count}/group-{_groups_made}",
+                            store)
+
+
+_groups_made = 0  # process groups this process made through the launcher's store
 
 
 def is_peer_failure(error: BaseException) -> bool:

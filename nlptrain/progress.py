@@ -10,6 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from nlptrain.checkpoint import rng_state, set_rng_state
+
 
 @dataclass
 class Progress:
@@ -54,13 +58,9 @@ class StepWindow:
     def open(self, batch_in_epoch: int) -> None:
         """At a window's first micro-batch (a no-op inside a window)."""
         if self.micro_batches == 0:
-            from nlptrain.checkpoint import rng_state
-
             self.first_batch, self._random = batch_in_epoch, rng_state()
 
     def add(self, loss: Any, rows: int) -> None:
-        import torch
-
         loss = loss.detach().double()
         if self._flags is None:
             self._flags = torch.zeros(4, dtype=torch.float64, device=loss.device)
@@ -77,8 +77,6 @@ class StepWindow:
 
     def undo(self) -> int:
         """Put the random state back as it was when the window opened; returns where it began."""
-        from nlptrain.checkpoint import set_rng_state
-
         set_rng_state(self._random)
         first = self.first_batch
         self.close()

@@ -82,9 +82,10 @@ class Trainer:
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
+        config = config or TrainConfig()
         # "auto" becomes what this device runs fastest (measured; every rank takes rank 0's).
-        self.precision = precision.choose((config or TrainConfig()).precision, self.device, self.dist)
-        self.config = replace(config or TrainConfig(), precision=self.precision.precision)
+        self.precision = precision.choose(config.precision, self.device, self.dist)
+        self.config = replace(config, precision=self.precision.precision)
         if self.precision.requested == "auto":
             log.info("precision auto: %s (%s)", self.precision.precision, self.precision.reason)
         model_config = getattr(model, "config", None)
