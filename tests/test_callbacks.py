@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from nlptrain.callbacks import EarlyStopping, GradClip, SaveBestModel
-from test_events import Recorder, make_trainer
+from toy_trainer import Recorder, make_trainer
 
 from nlptrain import Callback
 

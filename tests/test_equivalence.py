@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 from ddp import run_ranks
-from test_events import toy_datasets
+from toy_trainer import toy_datasets
 
 from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
 from nlptrain.data import Collator

@@ -3,63 +3,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-import torch
-from conftest import REPO, write_toy_tsv
-from transformers import AutoTokenizer
+from conftest import REPO
+from toy_trainer import Recorder, make_trainer
 
-from nlptrain import EVENTS, Callback, TrainConfig, Trainer
-from nlptrain.config import FileSpec
-from nlptrain.data import LabelVocab, TokenizedDataset
-from nlptrain.data.readers import read_examples
-from nlptrain.models import load_model
-
-
-class Recorder(Callback):
-    """Records every event by name, and what a callback can see of the trainer."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        self.seen: dict[str, object] = {}
-
-    def peek(self, trainer) -> None:
-        self.seen.update(model=trainer.model, optimizer=trainer.optimizer,
-                         scheduler=trainer.scheduler, epoch=trainer.epoch,
-                         global_step=trainer.global_step, steps_per_epoch=trainer.steps_per_epoch)
-
-
-def _recording(event: str):
-    def record(self, trainer, *args) -> None:
-        self.events.append(event)
-        if event == "on_step_end":
-            self.peek(trainer)
-    return record
-
-
-for _event in EVENTS:
-    setattr(Recorder, _event, _recording(_event))
-
-
-def toy_datasets(tmp_path: Path, model_dir: Path, rows: int = 24, test_rows: int = 10):
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    vocab = LabelVocab.from_config(["neg", "pos"])
-    out = []
-    for name, n, seed in (("train", rows, 1), ("test", test_rows, 2)):
-        examples = read_examples(FileSpec(path=str(write_toy_tsv(tmp_path / f"{name}.tsv", n, seed))),
-                                 tmp_path, vocab.values)
-        out.append(TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), tokenizer, 32))
-    return out
-
-
-def make_trainer(tmp_path, tiny_model_dir, callbacks, **config):
-    train, test = toy_datasets(tmp_path, tiny_model_dir)
-    torch.manual_seed(0)
-    model = load_model(str(tiny_model_dir), ["neg", "pos"])
-    settings = {"epochs": 2, "batch_size": 8, "lr": 1e-3, **config}
-    return Trainer(model, train, test, config=TrainConfig(**settings), callbacks=callbacks)
-
+from nlptrain import EVENTS, Callback
 
 STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
         "on_batch_end"]

@@ -8,7 +8,7 @@ import sys
 
 import torch
 from conftest import child_env, free_port, run_cli
-from test_resume import results, weights
+from toy_trainer import results, weights
 
 
 def test_two_agents_equal_one_agent_with_two_processes(toy_task, tmp_path):

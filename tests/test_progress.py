@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_events import make_trainer
+from toy_trainer import make_trainer
 
 from nlptrain.progress import Progress
 

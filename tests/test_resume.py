@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 from safetensors.torch import load_file
+from toy_trainer import make_trainer, results, weights
 
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.cli import main
@@ -18,14 +19,6 @@ from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
-
-
-def weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(run / "model" / "model.safetensors")
-
-
-def results(run: Path) -> dict:
-    return json.loads((run / "results.json").read_text())
 
 
 def assert_same_run(a: Path, b: Path) -> None:
@@ -144,8 +137,6 @@ def test_a_checkpoint_that_would_run_code_is_refused(toy_task, tmp_path, capsys,
 
 
 def test_a_checkpoint_of_another_task_is_refused(toy_task, tmp_path, tiny_model_dir):
-    from test_events import make_trainer
-
     run = tmp_path / "run"
     assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]) == 0
     trainer = make_trainer(tmp_path, tiny_model_dir, [])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from test_events import make_trainer, toy_datasets
 from torch.utils.data import DataLoader, SequentialSampler
+from toy_trainer import make_trainer, toy_datasets
 
 from nlptrain import Callback
 
