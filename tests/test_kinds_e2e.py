@@ -11,6 +11,7 @@ import pytest
 from conftest import run_cli
 from kinds_data import write_kind_task
 
+from nlptrain.cli import main
 from nlptrain.config import file_spec, load_task
 from nlptrain.data.readers import read_examples
 
@@ -23,13 +24,13 @@ PLOT = {"pair": "confusion_matrix.png", "multi_label": "label_f1.png", "regressi
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
-    """One finished run per kind (the tiny BERT, 2 epochs on toy files)."""
+    """One finished run per kind (the tiny BERT, 2 epochs on toy files), trained in this process:
+    the command line's own start-up is tested elsewhere, and each launch costs seconds."""
     runs = {}
     for kind in KINDS:
         folder = tmp_path_factory.mktemp(kind)
         task = write_kind_task(folder, tiny_model_dir, kind)
-        done = run_cli(["train", "--task", str(task), "--output-dir", str(folder / "run")], folder)
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert main(["train", "--task", str(task), "--output-dir", str(folder / "run")]) == 0
         runs[kind] = folder
     return runs
 
@@ -76,14 +77,15 @@ def test_the_export_scores_in_a_pipeline_as_nlptrain_did(trained, kind):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("kind", KINDS)
-def test_eval_on_two_processes_equals_one(trained, kind):
+def test_eval_on_two_processes_equals_one(trained, kind, capsys):
     folder = trained[kind]
     args = ["eval", "--model", str(folder / "run" / "model"), "--task", str(folder / f"{kind}.toml"),
             "--split", "test", "--json"]
-    one = run_cli(args, folder)
     two = run_cli(args, folder, nproc=2)
-    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
-    first, second = json.loads(one.stdout), json.loads(two.stdout)
+    assert two.returncode == 0, two.stderr[-3000:]
+    capsys.readouterr()
+    assert main(args) == 0
+    first, second = json.loads(capsys.readouterr().out), json.loads(two.stdout)
     results = json.loads((folder / "run" / "results.json").read_text())["test"]
     for key in METRICS[kind]:
         # Counts of right and wrong answers are exact. A score's outputs differ in the last
@@ -97,26 +99,26 @@ def test_eval_on_two_processes_equals_one(trained, kind):
         assert first[key] == pytest.approx(results[key], **close), key
 
 
-def test_predict_reads_pairs_and_writes_each_kind(trained):
+def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     folder = trained["pair"]
-    (folder / "in.tsv").write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n"
-                                   "row 2 was awful\tit felt poor\n")
-    out = run_cli(["predict", "--model", str(folder / "run" / "model"), "--input", "in.tsv",
-                   "--text-column", "premise", "--text-pair-column", "hypothesis",
-                   "--output", "out.jsonl"], folder)
-    assert out.returncode == 0, out.stderr[-2000:]
+    pairs = folder / "in.tsv"
+    pairs.write_text("premise\thypothesis\nrow 1 was good\tit felt bad\nrow 2 was awful\tit felt poor\n")
+    assert main(["predict", "--model", str(folder / "run" / "model"), "--input", str(pairs),
+                 "--text-column", "premise", "--text-pair-column", "hypothesis",
+                 "--output", str(folder / "out.jsonl")]) == 0
     rows = [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
     assert [r["text_pair"] for r in rows] == ["it felt bad", "it felt poor"]
     assert all(r["label"] in ("differ", "same") and 0.5 <= r["probability"] <= 1 for r in rows)
     multi = trained["multi_label"]
     (multi / "in.txt").write_text("post about pizza and guitar\n")
-    out = run_cli(["predict", "--model", str(multi / "run" / "model"), "--input", "in.txt"], multi)
-    header, row = out.stdout.splitlines()
+    capsys.readouterr()
+    assert main(["predict", "--model", str(multi / "run" / "model"), "--input", str(multi / "in.txt")]) == 0
+    header, row = capsys.readouterr().out.splitlines()
     assert header == "row\tlabels\tlabel_probabilities\ttext"
     probabilities = [float(p) for p in row.split("\t")[2].split(",") if p]
     assert all(p >= 0.5 for p in probabilities)  # every label over the threshold, no other
-    score = run_cli(["predict", "--model", str(trained["regression"] / "run" / "model"), "--input",
-                     "in.tsv", "--text-column", "premise", "--text-pair-column", "hypothesis",
-                     "--format", "jsonl"], folder)
-    assert [set(json.loads(line)) for line in score.stdout.splitlines()] == \
+    assert main(["predict", "--model", str(trained["regression"] / "run" / "model"), "--input",
+                 str(pairs), "--text-column", "premise", "--text-pair-column", "hypothesis",
+                 "--format", "jsonl"]) == 0
+    assert [set(json.loads(line)) for line in capsys.readouterr().out.splitlines()] == \
         [{"row", "score", "text", "text_pair"}] * 2

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 from PIL import Image
 
+from nlptrain.cli import main
 from nlptrain.errors import ConfigError
 from nlptrain.plots import plot_run, read_metrics
 
@@ -76,15 +76,13 @@ def test_a_folder_without_metrics_is_a_clear_error(tmp_path: Path) -> None:
         plot_run(tmp_path)
 
 
-def test_plot_command(tmp_path: Path) -> None:
+def test_plot_command(tmp_path: Path, capsys) -> None:
     run = fake_run(tmp_path / "run", ["neg", "pos"])
-    done = run_cli(["plot", str(run)], cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [str(run / "plots" / n) for n in
-                                   ("training.png", "evaluation.png", "confusion_matrix.png")]
-    missing = run_cli(["plot", str(tmp_path / "nowhere")], cwd=tmp_path)
-    assert missing.returncode == 1
-    assert "nowhere: no metrics.jsonl here" in missing.stderr
+    assert main(["plot", str(run)]) == 0
+    assert capsys.readouterr().out.split() == [
+        str(run / "plots" / n) for n in ("training.png", "evaluation.png", "confusion_matrix.png")]
+    assert main(["plot", str(tmp_path / "nowhere")]) == 1
+    assert "nowhere: no metrics.jsonl here" in capsys.readouterr().err
 
 
 def test_without_a_validation_set_no_best_model_is_claimed(tmp_path: Path) -> None:

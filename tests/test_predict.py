@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from nlptrain.cli import build_parser
+from nlptrain.cli import build_parser, main
 from nlptrain.data.readers import read_texts
 from nlptrain.distributed import SingleProcess
 from nlptrain.errors import ConfigError, DataError
@@ -46,15 +46,15 @@ def sharp_model(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) 
     return folder
 
 
-def test_order_and_probabilities_equal_with_1_and_2_processes(tmp_path: Path,
-                                                              sharp_model: Path) -> None:
+def test_order_and_probabilities_equal_with_1_and_2_processes(tmp_path: Path, sharp_model: Path,
+                                                              monkeypatch) -> None:
     texts = varied_texts(37)  # odd: the two ranks score shares of different sizes
     (tmp_path / "in.tsv").write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in
                                                             enumerate(texts)))
     (tmp_path / "in.txt").write_text("\n".join(texts[:10]) + "\n\n" + "\n".join(texts[10:]) + "\n")
     common = ["predict", "--model", str(sharp_model), "--all-probs", "--batch-size", "4"]
-    one = run_cli([*common, "--input", "in.tsv", "--output", "out.jsonl"], cwd=tmp_path)
-    assert one.returncode == 0, one.stderr
+    monkeypatch.chdir(tmp_path)
+    assert main([*common, "--input", "in.tsv", "--output", "out.jsonl"]) == 0  # one process: this one
     # Plain text in (the blank line is skipped), TSV on stdout, written by rank 0 alone.
     two = run_cli([*common, "--input", "in.txt"], cwd=tmp_path, nproc=2)
     assert two.returncode == 0, two.stderr
