@@ -148,8 +148,10 @@ class FSDP2(SingleDevice):
     eval_needs_equal_steps = True
 
     def rewrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        raise ConfigError("freezing or unfreezing parameters during training is not supported with "
-                          "strategy fsdp (a module is sharded once); use strategy ddp")
+        """Nothing to redo: FSDP2 copies each sharded parameter's `requires_grad` to the gathered
+        one at every all-gather, and reduce-scatters only the gradients that exist, so a frozen
+        parameter (set on every rank at the same step) gets no gradient and no update."""
+        return model
 
     def __init__(self, dist: SingleProcess, reshard_after_forward: bool = True,
                  precision: str = "fp32") -> None:

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from conftest import write_toy_tsv
-from nlptrain.callbacks import Checkpointer, GradClip
+from conftest import REPO, SHARED_DATA, write_toy_tsv
+from nlptrain.callbacks import Checkpointer, Freeze, GradClip
 from transformers import AutoTokenizer
 
 from nlptrain import Callback, DistTrainer, TrainConfig, distributed
 from nlptrain.checkpoint import checkpoint_name, load_checkpoint
-from nlptrain.config import FileSpec
-from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.config import FileSpec, load_task
+from nlptrain.data import LabelVocab, TokenizedDataset, build_datasets
 from nlptrain.data.readers import read_examples
 from nlptrain.models import load_model
 
@@ -34,6 +34,18 @@ def toy_set(folder: Path, model_dir: str, name: str, rows: int, seed: int) -> To
     spec = FileSpec(path=str(write_toy_tsv(folder / f"{name}.tsv", rows, seed)))
     examples = read_examples(spec, folder, vocab.values)
     return TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), tokenizer, 32)
+
+
+def eval_set(folder: Path, model_dir: str) -> TokenizedDataset:
+    """The shipped rt-polarity task's test split (1,067 rows, seeded) tokenized for the tiny
+    model; where the real data is absent, 1,067 toy rows."""
+    if not (SHARED_DATA / "rt-polarity").is_dir():
+        return toy_set(folder, model_dir, "big", 1067, seed=3)
+    task = load_task(REPO / "tasks" / "rt-polarity.toml")
+    task.data_dir, task.model.name = str(SHARED_DATA), model_dir
+    test = build_datasets(task, tokenizer_of(model_dir), use_cache=False).test
+    assert len(test) == 1067
+    return test
 
 
 class RecordSteps(Callback):
@@ -60,9 +72,9 @@ def make_trainer(dist: Any, model_dir: str, train: Any, test: Any, strategy: str
 
 
 def equivalence_worker(rank: int, world: int, folder: str, model_dir: str, grad_accum: int,
-                       eval_rows: int, eval_batch: int) -> dict:
+                       eval_batch: int) -> dict:
     """DDP, then FSDP2, for 10 optimizer steps from the same start; then an FSDP2 evaluation of
-    an untrained model on `eval_rows` rows whose shares take unequal batch counts."""
+    an untrained model on `eval_set`'s rows, whose shares take unequal batch counts."""
     dist = distributed.from_env(60)
     own = Path(folder) / f"rank{rank}"
     train = toy_set(own, model_dir, "train", 10 * 4 * world * grad_accum, seed=1)
@@ -77,10 +89,10 @@ def equivalence_worker(rank: int, world: int, folder: str, model_dir: str, grad_
                          "metrics": trainer.metrics, "norms": record.norms,
                          "steps": trainer.global_step, "kind": type(trainer.strategy).__name__}
         trainer.close()
-    big = toy_set(own, model_dir, "big", eval_rows, seed=3)
+    big = eval_set(own, model_dir)
     trainer = make_trainer(dist, model_dir, train, big, "fsdp", [], eval_batch_size=eval_batch)
     out["eval"] = trainer.evaluate(big)
-    out["eval_batches"] = -(-len(range(rank, eval_rows, world)) // eval_batch)  # this rank's own
+    out["eval_batches"] = -(-len(range(rank, len(big), world)) // eval_batch)  # this rank's own
     trainer.close()
     dist.close()
     return out
@@ -121,13 +133,13 @@ def checkpoint_worker(rank: int, world: int, folder: str, model_dir: str, strate
 
 
 def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by: str = "",
-                 eval_rows: int = 0) -> dict:
+                 evaluate: bool = False) -> dict:
     """DDP then FSDP2: one short epoch with a checkpoint at step 2 into FOLDER/<strategy>-<world>/,
-    or first a resume from `written_by`'s step-2 checkpoint; then evaluate `eval_rows` rows."""
+    or first a resume from `written_by`'s step-2 checkpoint; then (`evaluate`) `eval_set`."""
     dist = distributed.from_env(120)
     own = Path(folder) / f"w{world}-rank{rank}"
     train = toy_set(own, model_dir, "train", 48, seed=1)
-    big = toy_set(own, model_dir, "big", eval_rows, seed=3) if eval_rows else None
+    big = eval_set(own, model_dir) if evaluate else None
     out: dict[str, Any] = {}
     for strategy in ("ddp", "fsdp"):
         record = RecordSteps(at=(2,))
@@ -145,5 +157,23 @@ def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by:
             got["final"] = trainer.strategy.full_state_dict(trainer.model)  # whole on rank 0
         trainer.close()
         out[strategy] = got
+    dist.close()
+    return out
+
+
+def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    """DDP, then FSDP2, with the same gradual Freeze (a block more unfrozen every 2 steps, from
+    the top): whole weights at the start and after each of the 6 steps."""
+    dist = distributed.from_env(60)
+    train = toy_set(Path(folder) / f"rank{rank}", model_dir, "train", 6 * 4 * world, seed=1)
+    out: dict[str, Any] = {}
+    for strategy in ("ddp", "fsdp"):
+        record = RecordSteps(at=tuple(range(1, 7)))
+        trainer = make_trainer(dist, model_dir, train, None, strategy,
+                               [Freeze(2, "steps", gradual=True), record])
+        start = trainer.strategy.full_state_dict(trainer.model)
+        trainer.fit()
+        out[strategy] = {0: start, **record.weights, "kind": type(trainer.strategy).__name__}
+        trainer.close()
     dist.close()
     return out

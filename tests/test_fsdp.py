@@ -13,6 +13,8 @@ from ddp import run_ranks
 from strategy_workers import (
     checkpoint_worker,
     equivalence_worker,
+    eval_set,
+    freeze_worker,
     make_trainer,
     scale_worker,
     toy_set,
@@ -22,8 +24,6 @@ from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.models import load_model
 
-EVAL_ROWS = 1067  # divisible by neither 2 nor 3
-
 
 def max_gap(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
@@ -32,8 +32,9 @@ def max_gap(a: dict, b: dict) -> float:
 
 @pytest.fixture(scope="module")
 def one_process_eval(tmp_path_factory, tiny_model_dir) -> dict:
-    """The untrained tiny model's metrics on EVAL_ROWS rows, in this one process."""
-    big = toy_set(tmp_path_factory.mktemp("one"), str(tiny_model_dir), "big", EVAL_ROWS, seed=3)
+    """The untrained tiny model's metrics on `eval_set` (rt-polarity's 1,067 test rows, divisible
+    by neither 2 nor 3), in this one process."""
+    big = eval_set(tmp_path_factory.mktemp("one"), str(tiny_model_dir))
     from nlptrain import distributed
     from nlptrain.data import Collator
 
@@ -49,7 +50,7 @@ def test_fsdp2_trains_like_ddp_and_evaluates_like_one_process(tmp_path, tiny_mod
     accumulate = 2 if world == 3 else 1  # 3 ranks accumulate: set_requires_gradient_sync
     eval_batch = {2: 13, 3: 71}[world]   # 533 = 13 x 41, 355 = 71 x 5: the shares' batch counts differ
     ranks = run_ranks(equivalence_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir),
-                      accumulate, EVAL_ROWS, eval_batch)
+                      accumulate, eval_batch)
     ddp, fsdp = ranks[0]["ddp"], ranks[0]["fsdp"]
     assert (ddp["kind"], fsdp["kind"]) == ("DDP", "FSDP2")
     assert ddp["steps"] == fsdp["steps"] == 10
@@ -105,6 +106,25 @@ def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path,
     assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
 
 
+def test_freezing_under_fsdp2_trains_like_ddp_and_leaves_frozen_weights_untouched(tmp_path,
+                                                                                 tiny_model_dir):
+    first = run_ranks(freeze_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))[0]
+    ddp, fsdp = first["ddp"], first["fsdp"]
+    assert (ddp.pop("kind"), fsdp.pop("kind")) == ("DDP", "FSDP2")
+    start = fsdp[0]
+    blocks = [[k for k in start if ".embeddings." in k], [k for k in start if ".layer.0." in k],
+              [k for k in start if ".layer.1." in k]]
+    # 3 blocks: all frozen for steps 1-2, then layer 1 trains from step 3, layer 0 from step 5;
+    # the embeddings stay frozen (the head always trains).
+    for block, unfrozen_at in zip(blocks, (None, 5, 3), strict=True):
+        for step in range(1, 7):
+            same = all(torch.equal(start[k], fsdp[step][k]) for k in block)
+            assert same == (unfrozen_at is None or step < unfrozen_at), (block[0], step)
+    assert not torch.equal(start["classifier.weight"], fsdp[2]["classifier.weight"])
+    for step in range(7):
+        assert max_gap(ddp[step], fsdp[step]) < 1e-5, step
+
+
 def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_task, tmp_path):
     from transformers import pipeline
 
@@ -127,7 +147,7 @@ def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_tas
 def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
     """8 ranks (1 thread each): exact evaluation, agreed step counts, and a checkpoint written by 8
     that 4 ranks resume, under DDP and FSDP2."""
-    eight = run_ranks(scale_worker, 8, tmp_path, str(tmp_path), str(tiny_model_dir), "", EVAL_ROWS,
+    eight = run_ranks(scale_worker, 8, tmp_path, str(tmp_path), str(tiny_model_dir), "", True,
                       timeout=600)
     for strategy, kind in (("ddp", "DDP"), ("fsdp", "FSDP2")):
         assert {r[strategy]["kind"] for r in eight} == {kind}
@@ -135,7 +155,7 @@ def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
         shards = tmp_path / f"{strategy}-8" / "step-00000002"
         assert (shards / "shards").is_dir() == (strategy == "fsdp")
     four = run_ranks(scale_worker, 4, tmp_path / "four", str(tmp_path / "four"),
-                     str(tiny_model_dir), str(tmp_path), 0, timeout=600)
+                     str(tiny_model_dir), str(tmp_path), False, timeout=600)
     for strategy in ("ddp", "fsdp"):
         assert max_gap(four[0][strategy]["loaded"], eight[0][strategy]["at"][2]) == 0
         # 48 rows, 32 read by 8 ranks at step 2: 16 remain, 2 steps of 4 ranks x 2 rows.
@@ -146,7 +166,7 @@ def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
 
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     model.load_state_dict(eight[0]["fsdp"]["final"])
-    big = toy_set(tmp_path / "one", str(tiny_model_dir), "big", EVAL_ROWS, seed=3)
+    big = eval_set(tmp_path / "one", str(tiny_model_dir))
     alone = compute_metrics(predict(model, big, distributed.SingleProcess(), Collator(0), 13),
                             ["neg", "pos"])
     for rank in eight:
