@@ -121,6 +121,12 @@ class SingleDevice:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.unwrap(model).state_dict().items()}
 
 
+def keeps_running_stats(model: torch.nn.Module) -> bool:
+    """Whether a module updates buffers in its forward (BatchNorm, InstanceNorm with running
+    statistics): BERT's buffers (position and type ids) never change."""
+    return any(getattr(m, "track_running_stats", False) for m in model.modules())
+
+
 class DDP(SingleDevice):
     """A full replica per rank; DDP all-reduces the gradients in buckets during the backward."""
 
@@ -129,8 +135,11 @@ class DDP(SingleDevice):
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.dist.device)
         ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
-        # Gradients live in the all-reduce buckets: no copy of every gradient each step.
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        # Gradients live in the all-reduce buckets: no copy of every gradient each step. Buffers
+        # are broadcast once here; again before every forward (a collective a step) only when
+        # some module updates its own in training (running statistics).
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
+                                       broadcast_buffers=keeps_running_stats(model))
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:

@@ -20,6 +20,7 @@ from nlptrain.data import Collator
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.models import load_model
 from nlptrain.samplers import ShardedSampler
+from nlptrain.strategies import keeps_running_stats
 
 
 class RecordRows(Callback):
@@ -44,7 +45,8 @@ def train_worker(rank: int, world: int, folder: str, model_dir: str, rows: int, 
     trainer.fit()
     params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
     result = {"rows": record.rows, "params": params, "metrics": trainer.metrics,
-              "lengths": train.lengths.tolist(), "world": trainer.dist.world_size}
+              "lengths": train.lengths.tolist(), "world": trainer.dist.world_size,
+              "broadcast_buffers": trainer.model.broadcast_buffers}
     trainer.close()
     return result
 
@@ -56,6 +58,7 @@ def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world
     results = run_ranks(train_worker, world, tmp_path, str(tmp_path), str(tiny_model_dir), rows, 7,
                         accumulate)
     assert all(r["world"] == world for r in results)
+    assert not any(r["broadcast_buffers"] for r in results)  # BERT's buffers never change
     padded = -(-rows // world) * world
     for epoch in (0, 1):
         seen = [i for r in results for i in r["rows"][epoch]]
@@ -79,6 +82,12 @@ def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world
     for rank, result in enumerate(results):
         assert [result["rows"][e] for e in (0, 1)] == [order(7, rank, e) for e in (0, 1)]
     assert order(8, 0, 0) != order(7, 0, 0)
+
+
+def test_ddp_broadcasts_buffers_each_step_only_for_running_statistics(tiny_model_dir):
+    assert not keeps_running_stats(load_model(str(tiny_model_dir), ["neg", "pos"]))
+    assert keeps_running_stats(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+    assert not keeps_running_stats(torch.nn.BatchNorm1d(4, track_running_stats=False))
 
 
 def eval_worker(rank: int, world: int, folder: str, model_dir: str, rows: int) -> dict:
