@@ -10,6 +10,7 @@ from the plain run: a difference inside the seed ranges is noise, and the table 
     python bench/finetune.py --nproc 2               # under torchrun, 2 ranks
     python bench/finetune.py --tasks rte --seeds 1 2 3 4 5
     python bench/finetune.py --tasks goemotions      # multi-label: balanced BCE pos_weight
+    python bench/finetune.py --tasks trec --configs class_weights=balanced   # plain against one
     python bench/finetune.py --smoke                 # 1 seed, 1 layer, 5 steps: checks the wiring
 
 Runs go to bench/results/finetune/<task>-<config>-<seed>/ (a finished one is reused; --fresh
@@ -111,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", nargs="+", default=["trec", "rte"], choices=list(CONFIGS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[42, 43, 44])
+    parser.add_argument("--configs", nargs="+", default=[],
+                        help="only these configurations (names as in the table; plain always runs)")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
     parser.add_argument("--smoke", action="store_true", help="tiny runs that check the wiring only")
@@ -123,6 +126,8 @@ def main() -> None:
     for task in args.tasks:
         scores: dict[str, dict[str, list[float]]] = {}
         for name, extra in CONFIGS[task]:
+            if args.configs and name != "plain" and name not in args.configs:
+                continue
             for seed in args.seeds:
                 slug = name.split("(")[0].split("=")[0].lower().replace("-", "")
                 test = run_one(task, extra, seed, args.out / f"{task}-{slug}-{seed}", args)
