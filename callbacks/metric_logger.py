@@ -27,7 +27,8 @@ class MetricLogger(Callback):
         self._reset(time.perf_counter(), 0)
 
     def _reset(self, now: float, samples: int) -> None:
-        self.loss_sum, self.batches, self.window_start, self.window_samples = 0.0, 0, now, samples
+        self.loss_sum: Any = 0.0  # a device tensor once summing: read only at a logged step
+        self.batches, self.window_start, self.window_samples = 0, now, samples
 
     def _write(self, row: dict) -> None:
         if self.handle is None:
@@ -42,14 +43,14 @@ class MetricLogger(Callback):
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
             return
-        self.loss_sum += trainer.last_loss  # the step's loss: its micro-batches, all ranks
+        self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
         self.batches += 1
         if trainer.global_step % self.log_every:
             return
         now = time.perf_counter()
         samples = trainer.samples_in_epoch - self.window_samples
         row = {"kind": "train", "step": trainer.global_step, "epoch": trainer.epoch + 1,
-               "loss": self.loss_sum / self.batches,
+               "loss": float(self.loss_sum) / self.batches,
                "lr": trainer.optimizer.param_groups[0]["lr"],
                "samples_per_s": samples / max(now - self.window_start, 1e-9),
                "time": time.time()}

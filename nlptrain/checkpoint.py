@@ -61,6 +61,7 @@ def identity(trainer: Any) -> dict[str, Any]:
 
 def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
+    trainer.settle()  # the latest step's flags first: nothing is saved after a non-finite step
     rngs = trainer.dist.gather_objects(rng_state())
     callbacks = trainer.callback_states()
     # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.

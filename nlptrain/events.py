@@ -63,8 +63,9 @@ class Callback:
         """After `optimizer.step()`; `trainer.global_step` counts optimizer steps."""
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        """After each micro-batch; `trainer.last_loss` is the latest optimizer step's loss (the
-        mean over its micro-batches and the ranks)."""
+        """After each micro-batch; `trainer.step_loss` is the latest optimizer step's loss (the
+        mean over its micro-batches and the ranks) on the device, `trainer.last_loss` the same
+        read to the host (a sync on a GPU: read it at logged steps)."""
 
     def on_valid_start(self, trainer: Trainer) -> None:
         """Before an evaluation."""

@@ -70,10 +70,12 @@ class StepWindow:
         self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
         self.micro_batches += 1
 
-    def agree(self, dist: Any, stop: bool) -> list[float]:
-        """[loss sum, non-finite count, rows, stop] summed over the ranks: one collective."""
+    def agree(self, dist: Any, stop: bool, where: str) -> AgreedStep:
+        """[loss sum, non-finite count, rows, stop] summed over the ranks: the step's one
+        collective, launched on the device; nothing is read back here."""
         self._flags[3] = float(stop)
-        return dist.all_sum_tensor(self._flags).tolist()  # the step's one host read
+        sums = dist.all_sum_tensor(self._flags)
+        return AgreedStep(sums, self.micro_batches * dist.world_size, where)
 
     def undo(self) -> int:
         """Put the random state back as it was when the window opened; returns where it began."""
@@ -84,3 +86,30 @@ class StepWindow:
 
     def close(self) -> None:
         self.micro_batches, self._flags, self._random = 0, None, None
+
+
+class AgreedStep:
+    """One optimizer step's agreed flags, on the device, and their copy to the host.
+
+    On a GPU the copy is started at once (pinned memory, non-blocking) and an event marks its end,
+    so that `read()` one step later finds it done: the host never waits for the device queue to
+    drain. `skip` and `loss` stay on the device, for an optimizer that skips a step there."""
+
+    def __init__(self, sums: torch.Tensor, losses: int, where: str) -> None:
+        self.sums, self.where = sums, where  # where: the step's batches, for the error message
+        bad = sums[1] > 0
+        self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
+        self.loss = torch.where(bad, torch.nan, sums[0] / max(losses, 1))
+        self._host, self._done = sums, None
+        if sums.is_cuda:
+            self._host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
+            self._host.copy_(sums, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+
+    def read(self) -> tuple[float, float, float]:
+        """(non-finite count, rows, stop) on the host: the step's one host read."""
+        if self._done is not None:
+            self._done.synchronize()
+        _, bad, rows, stop = self._host.tolist()
+        return bad, rows, stop

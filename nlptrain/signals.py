@@ -21,7 +21,7 @@ def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
     after it). Outside the main thread, signals are left alone."""
 
     def handle(signum: int, frame: Any) -> None:
-        log.warning("signal %d: stopping after this step", signum)
+        log.warning("signal %d: every rank stops after the step under way (the next, between steps)", signum)
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 

@@ -9,7 +9,6 @@ never tests ranks.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset
 
 from nlptrain import distributed, kinds, losses, optim, precision, strategies
 from nlptrain.config import TrainConfig
@@ -27,9 +26,8 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import train_loader
-from nlptrain.progress import Progress, StepWindow
-from nlptrain.samplers import repeat_forever
+from nlptrain.loaders import epoch_batches, train_loader
+from nlptrain.progress import AgreedStep, Progress, StepWindow
 from nlptrain.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -115,8 +113,10 @@ class Trainer:
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self.last_loss = math.nan    # the latest optimizer step's loss (its micro-batches, all ranks)
+        self.step_loss: torch.Tensor | None = None  # the latest step's loss, on the device
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
+        self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
+        self._stop_agreed = False    # every rank has read a stop: the run ends after this step
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = False
@@ -133,6 +133,12 @@ class Trainer:
     @property
     def is_main(self) -> bool:
         return self.dist.is_main
+
+    @property
+    def last_loss(self) -> float:
+        """The latest optimizer step's loss (its micro-batches, all ranks), read to the host:
+        a sync on a GPU, so a callback that runs every step keeps `step_loss` (on the device)."""
+        return math.nan if self.step_loss is None else float(self.step_loss)
 
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
@@ -155,6 +161,7 @@ class Trainer:
             for batch in self._epoch_batches():  # read after the event: it may swap the data
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
+            self.settle()  # the last step's flags, before the epoch's decisions
             stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
             self.should_stop = bool(stop)  # every rank leaves together (it may be the last step)
             if interrupted:
@@ -168,6 +175,8 @@ class Trainer:
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
         """One micro-batch; False when a stop asked on some rank ends the epoch here."""
         cfg = self.config
+        if self._stop_agreed:  # read at a checkpoint or evaluation: every rank stops here
+            return False
         self.is_update_step = self._ends_accumulation()
         self.window.open(self.batch_in_epoch)  # a no-op inside an accumulation window
         self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -184,9 +193,7 @@ class Trainer:
         if self.is_update_step:
             if not self._agree_on_step():
                 return False
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.optimizer.zero_grad(set_to_none=True)
+            self._optimizer_step()
             self.progress.global_step += 1
             self.callbacks.fire("on_step_end", self)
         self.callbacks.fire("on_batch_end", self)
@@ -207,6 +214,7 @@ class Trainer:
 
     def validate(self) -> dict[str, Any]:
         """Evaluate on `eval_data`, decide `is_best`, fire the valid events."""
+        self.settle()  # every rank evaluates at the same step: a point to read the flags
         if self.eval_data is None:
             return {}
         self.callbacks.fire("on_valid_start", self)
@@ -243,41 +251,8 @@ class Trainer:
         if self.train_data is None:
             raise ConfigError("no training data: pass train_data or set trainer.train_data "
                               "in a callback's on_train_start")
-        loader = self._loader(self.train_data)
-        resumed = self._resume_samples
-        self._resume_samples = 0
-        skip = 0
-        batches = getattr(loader, "batch_sampler", None)
-        candidates = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None),
-                      getattr(loader, "dataset", None))  # a stream shuffles by epoch too
-        for sampler in {id(c): c for c in candidates if c is not None}.values():
-            if getattr(sampler, "resumes_by_samples", False):  # ours: ShardedSampler, TokenBudget
-                sampler.set_epoch(self.epoch, start=resumed)  # resume without reading batches
-                resumed = 0
-            elif hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(self.epoch)
-        if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
-            skip = self.batch_in_epoch
-            log.warning("resuming inside a user sampler: reading past %d batches", skip)
-        if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
-            local = len(loader) - skip
-            if self.config.steps_per_epoch:  # counted from the epoch's start, also on resume
-                local = min(local, self.config.steps_per_epoch * self.config.grad_accum
-                            - self.batch_in_epoch)
-        elif self.config.steps_per_epoch:
-            local = self.config.steps_per_epoch * self.config.grad_accum
-            loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
-        else:
-            raise ConfigError("the training data has no length: set [train] steps_per_epoch")
-        # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
-        agreed = self.dist.agree_min(local)
-        if agreed < local:
-            log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
-                        "takes %d (the shortest shard's count)", self.dist.rank, local - agreed,
-                        local, agreed)
-        self.progress.batches_per_epoch = self.batch_in_epoch + agreed
-        self.progress.steps_per_epoch = math.ceil(self.batches_per_epoch / self.config.grad_accum)
-        return itertools.islice(iter(loader), skip, skip + agreed)
+        resumed, self._resume_samples = self._resume_samples, 0
+        return epoch_batches(self, self._loader(self.train_data), resumed)
 
     def _loader(self, data: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
@@ -301,26 +276,60 @@ class Trainer:
 
     def _agree_on_step(self) -> bool:
         """The optimizer step's one collective: every rank's loss, non-finite count, rows and stop
-        flag, summed (one host read). A non-finite loss anywhere raises before the weights change.
-        A stop asked anywhere undoes this window on every rank (not counted, random state back),
-        so the run stops after the previous step, as if this window had not begun."""
-        total, bad, rows, stop = self.window.agree(self.dist, self.should_stop)
-        if bad:
-            first, last = self.window.first_batch + 1, self.batch_in_epoch
-            raise TrainingError(
-                f"the loss is not finite at epoch {self.epoch + 1}, batch "
-                f"{first if first == last else f'{first}-{last}'} (optimizer step "
-                f"{self.global_step + 1}) on {int(bad)} rank(s); the weights were not updated. "
-                "Lower the lr or use fp32; resume from the last checkpoint.")
-        if stop:
+        flag, summed on the device (`AgreedStep`). When the optimizer can skip a step on the
+        device (fused AdamW, no fp16 scaler) they are read one step late, when they are ready: a
+        non-finite step is skipped there, and the next read raises before any later step. Else
+        they are read now, before the step. A stop asked anywhere ends the run after the step
+        whose flags carry it; a window begun after it is undone on every rank (not counted,
+        random state back)."""
+        first, last = self.window.first_batch + 1, self.batch_in_epoch
+        where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
+                 f"(optimizer step {self.global_step + 1})")
+        agreed = self.window.agree(self.dist, self.should_stop, where)
+        self.settle()  # the previous step's flags
+        if self._stop_agreed:
             self.progress.batch_in_epoch = self.window.undo()
             self.optimizer.zero_grad(set_to_none=True)
-            self.should_stop = True
             return False
-        self.last_loss = total / self.dist.world_size / self.window.micro_batches
-        self.progress.samples_in_epoch += int(rows)
+        self._pending, self.step_loss = agreed, agreed.loss
+        if not self._skips_on_device():
+            self.settle()  # this step's update must not apply a non-finite loss
         self.window.close()
         return True
+
+    def settle(self) -> None:
+        """Read the latest step's agreed flags, if still unread: raise on a non-finite loss, note
+        a stop, count the rows. Every rank calls it at the same points (each optimizer step,
+        checkpoints, evaluations, epoch ends), so every rank decides the same."""
+        agreed, self._pending = self._pending, None
+        if agreed is None:
+            return
+        bad, rows, stop = agreed.read()
+        if bad:
+            raise TrainingError(
+                f"the loss is not finite at {agreed.where} on {int(bad)} rank(s); the weights were"
+                " not updated. Lower the lr or use fp32; resume from the last checkpoint.")
+        self.progress.samples_in_epoch += int(rows)
+        if stop:
+            self.should_stop = self._stop_agreed = True
+
+    def _skips_on_device(self) -> bool:
+        return (getattr(self.optimizer, "_step_supports_amp_scaling", False)
+                and not self.scaler.is_enabled())
+
+    def _optimizer_step(self) -> None:
+        """`optimizer.step()`; with the flags unread, told on the device to skip a non-finite
+        step (the `found_inf` GradScaler gives fused AdamW: weights and moments stay as they are)."""
+        unread = self._pending
+        if unread is not None:
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, unread.skip
+        try:
+            self.scaler.step(self.optimizer)
+        finally:
+            if unread is not None:
+                del self.optimizer.grad_scale, self.optimizer.found_inf
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _next_epoch(self) -> None:
         self.progress.next_epoch()

@@ -56,8 +56,9 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_pat
     args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
     monkeypatch.setenv("AT_STEP", "7")
     assert main([*args, "--callback", f"{SCAFFOLD}:SigtermRank0"]) == 130
-    assert "stopped by a signal after step 7" in capsys.readouterr().err
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000007"
+    # Sent after step 7: step 8's flags carry the stop (read a step late), the run ends after it.
+    assert "stopped by a signal after step 8" in capsys.readouterr().err
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000008"
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     assert main([*args, "--resume"]) == 0
     assert_same_run(uninterrupted, run)
@@ -96,10 +97,11 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(toy_task, tmp_path):
     out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run),
                    "--callback", f"{SCAFFOLD}:SigtermRank0"], tmp_path, nproc=2, AT_STEP="3")
     assert out.returncode != 0
-    told = [line for line in out.stderr.splitlines() if "stopped by a signal after step 3" in line]
+    # Sent to rank 0 after step 3: both ranks read the stop in step 4's flags and end after it.
+    told = [line for line in out.stderr.splitlines() if "stopped by a signal after step 4" in line]
     assert len(told) == 2, told  # rank 0 reports, once; torchrun's root cause quotes it
     assert told[0].startswith("error: ") and "traceback : error: " in told[1]
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000003"
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000004"
 
 
 def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(toy_task, tmp_path):
