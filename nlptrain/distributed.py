@@ -83,6 +83,9 @@ class SingleProcess:
         pass
 
 
+MAIN_WORK_TIMEOUT_S = 3600.0  # the least the other ranks wait for rank 0's on_main work
+
+
 class Distributed(SingleProcess):
     """One process per device; rank, world and rendezvous come from the launcher's environment
     (torchrun, SLURM, Open MPI, `--nproc`: see nlptrain/environments.py)."""
@@ -112,6 +115,11 @@ class Distributed(SingleProcess):
                                         world_size=self.world_size, timeout=timeout)
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
+        # Rank 0's file work (a checkpoint, an export, plots) is bounded by the disk, not a hang:
+        # the others wait for it in a group of their own, longer than a short collective timeout
+        # meant to catch hangs.
+        self.main_work_group = dist.new_group(backend="gloo", timeout=timedelta(
+            seconds=max(timeout_s, MAIN_WORK_TIMEOUT_S)))
 
     def _flags(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
@@ -165,7 +173,9 @@ class Distributed(SingleProcess):
             except Exception as err:  # shared below, then raised on rank 0 as is
                 error = err
         failure = None if error is None else f"{type(error).__name__}: {error}"
-        failure, result = self.broadcast_object((failure, result))
+        box = [(failure, result)]
+        dist.broadcast_object_list(box, src=0, group=self.main_work_group)
+        failure, result = box[0]
         if error is not None:
             raise error
         if failure is not None:

@@ -166,3 +166,22 @@ def test_a_failing_rank_ends_the_job_without_a_hang(tmp_path, tiny_model_dir):
     assert abs(ended[procs[0].pid] - ended[procs[1].pid]) < 20
     # Both ranks destroyed the process group on the way out, the failing one and its peer.
     assert [(tmp_path / f"r{rank}" / "group-left").read_text() for rank in (0, 1)] == ["False"] * 2
+
+
+def slow_main_work_worker(rank: int, world: int) -> tuple:
+    from nlptrain.distributed import Distributed
+
+    backend = Distributed(timeout_s=2)  # a short timeout, to catch hangs quickly
+    try:
+        started = time.perf_counter()
+        result = backend.on_main(lambda: time.sleep(3.5) or "written")  # a slow disk on rank 0
+        waited = time.perf_counter() - started
+        return result, waited, backend.all_sum([1.0])[0]  # and the group still works
+    finally:
+        backend.close()
+
+
+@pytest.mark.distributed
+def test_ranks_wait_for_slow_rank0_work_beyond_a_short_collective_timeout(tmp_path):
+    for result, waited, ranks in run_ranks(slow_main_work_worker, 2, tmp_path):
+        assert (result, ranks) == ("written", 2.0) and waited >= 3.5
