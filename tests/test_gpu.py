@@ -91,3 +91,32 @@ def test_a_model_trained_on_the_gpu_in_bf16_exports_and_scores_alike_on_the_cpu(
     # The run scored in bf16 on the GPU, the pipeline in fp32 on the CPU: close, same answers.
     np.testing.assert_allclose(probs, saved["outputs"], atol=3e-2)
     assert (probs.argmax(1) == saved["outputs"].argmax(1)).mean() >= 0.95
+
+
+def test_the_step_reads_its_flags_a_step_late_through_pinned_memory(tmp_path, tiny_model_dir):
+    """On CUDA: the agreed flags are copied to pinned memory as they are made; a NaN in step 3
+    is skipped by fused AdamW on the GPU, and the next read stops before step 4 is applied."""
+    from nlptrain.errors import TrainingError
+
+    train, _ = toy_datasets(tmp_path, tiny_model_dir)
+    torch.manual_seed(0)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    after: dict[int, dict[str, torch.Tensor]] = {}
+    pinned: list[bool] = []
+
+    class Watch(Callback):
+        def on_step_end(self, trainer: Trainer) -> None:
+            after[trainer.global_step] = {k: v.detach().clone()
+                                          for k, v in trainer.unwrapped_model.state_dict().items()}
+            pinned.append(trainer._pending is not None and trainer._pending._host.is_pinned())
+
+    trainer = Trainer(model.cuda(), train, callbacks=[Watch()],
+                      config=TrainConfig(epochs=1, batch_size=8, precision="bf16"))
+    plain = trainer.loss_fn
+    trainer.loss_fn = lambda logits, labels: (
+        plain(logits, labels) * (torch.nan if trainer.global_step == 2 else 1.0))
+    with pytest.raises(TrainingError, match=r"optimizer step 3\)"):
+        trainer.fit()
+    assert pinned == [True, True, True]
+    final = trainer.unwrapped_model.state_dict()
+    assert all(torch.equal(final[k], after[2][k]) for k in final)
