@@ -1,6 +1,6 @@
-"""Fine-tuning techniques on 2 real ranks (gloo on loopback): freezing, EMA, class weights, layer
-lr decay, R-Drop, exact resume in the middle of a freeze schedule; FGM and R-Drop with one all-reduce per
-optimizer step under gradient accumulation."""
+"""Fine-tuning techniques on 2 real ranks (gloo on loopback): freezing, EMA, class weights, label
+smoothing, layer lr decay, R-Drop, exact resume in the middle of a freeze schedule; FGM and
+R-Drop with one all-reduce per optimizer step under gradient accumulation."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
     train, test = toy_sets(Path(folder) / f"rank{rank}", Path(model_dir), rows=24)
     # 12 rows a rank, 4 a batch: 3 steps an epoch, 6 in all.
     config = TrainConfig(epochs=2, batch_size=4, lr=1e-3, seed=3, timeout=60,
-                         class_weights="balanced", layer_lr_decay=0.8)
+                         class_weights="balanced", label_smoothing=0.1, layer_lr_decay=0.8)
 
     def run(callbacks: list[Callback], resume: Path | None = None) -> dict[str, torch.Tensor]:
         trainer = DistTrainer(tiny_model(Path(model_dir)), train, test, config=config,
