@@ -68,7 +68,7 @@ class SingleProcess:
     def gather_objects(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def broadcast_object(self, obj: Any) -> Any:
+    def broadcast_object(self, obj: Any, group: Any = None) -> Any:
         return obj
 
     def barrier(self) -> None:
@@ -157,9 +157,9 @@ class Distributed(SingleProcess):
         dist.all_gather_object(out, obj, group=self.cpu_group)
         return out
 
-    def broadcast_object(self, obj: Any) -> Any:
+    def broadcast_object(self, obj: Any, group: Any = None) -> Any:
         box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0, group=self.cpu_group)
+        dist.broadcast_object_list(box, src=0, group=group or self.cpu_group)
         return box[0]
 
     def barrier(self) -> None:
@@ -173,9 +173,7 @@ class Distributed(SingleProcess):
             except Exception as err:  # shared below, then raised on rank 0 as is
                 error = err
         failure = None if error is None else f"{type(error).__name__}: {error}"
-        box = [(failure, result)]
-        dist.broadcast_object_list(box, src=0, group=self.main_work_group)
-        failure, result = box[0]
+        failure, result = self.broadcast_object((failure, result), self.main_work_group)
         if error is not None:
             raise error
         if failure is not None:

@@ -96,7 +96,7 @@ class AgreedStep:
     drain. `skip` and `loss` stay on the device, for an optimizer that skips a step there."""
 
     def __init__(self, sums: torch.Tensor, losses: int, where: str) -> None:
-        self.sums, self.where = sums, where  # where: the step's batches, for the error message
+        self.where = where  # the step's batches, for the error message
         bad = sums[1] > 0
         self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
         self.loss = torch.where(bad, torch.nan, sums[0] / max(losses, 1))
