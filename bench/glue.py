@@ -13,6 +13,10 @@ task's test split, so what differs is the training loop alone.
 Each run is `torchrun --nproc_per_node 2` on gloo; the table prints each task's GLUE metric for
 both (mean and range over seeds), train samples/s (training time only, no evaluation) and the
 ratio. `--train-rows N` trains on the first N training rows (SST-2 uses 8,000 unless told).
+
+Results go to bench/results/glue/ (`--out` to change), one file per task, contender and seed; a
+finished run is reused (`--fresh` runs it again), so the 6-hour full table can be built in
+pieces, and `--report` prints the table of what is there without running anything.
 """
 
 from __future__ import annotations
@@ -130,8 +134,19 @@ def hf_train(model, train, tokenizer, task, seed: int, dist):
     return trainer.model
 
 
+def result_file(out: Path, contender: str, task: str, seed: int, args: argparse.Namespace) -> Path:
+    """The run's file; a run off the run_glue recipe (epochs, rows) says so in its name."""
+    off_recipe = (f"-e{args.epochs}" if args.epochs != JOB["epochs"] else "") + (
+        f"-r{args.train_rows}" if args.train_rows else "")
+    return out / f"{task}-{contender}-{seed}{off_recipe}.json"
+
+
 def run_one(contender: str, task: str, seed: int, args: argparse.Namespace, out: Path) -> dict:
-    result = out / f"{task}-{contender}-{seed}.json"
+    result = result_file(out, contender, task, seed, args)
+    if result.is_file() and not args.fresh:
+        found = json.loads(result.read_text())
+        print(f"  {task:5s} {contender:8s} seed {seed}: reused {result.name}", flush=True)
+        return found
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={args.nproc}", __file__, "worker", "--contender", contender,
                "--task", task, "--seed", str(seed), "--out", str(result), "--epochs",
@@ -155,6 +170,9 @@ def table(results: list[dict], tasks: list[str]) -> str:
         mean = statistics.mean(values)
         return f"{mean:.4f}" + (f" ({min(values):.4f}-{max(values):.4f})" if len(values) > 1 else "")
 
+    def rate(value: float | None) -> str:
+        return f"{value:.1f}" if value else "-"
+
     lines = ["| task | GLUE metric | nlptrain | transformers.Trainer | nlptrain samples/s | "
              "Trainer samples/s | speed ratio |", "|---|---|---|---|---|---|---|"]
     for task in tasks:
@@ -165,7 +183,7 @@ def table(results: list[dict], tasks: list[str]) -> str:
         ratio = f"{speed['nlptrain'] / speed['hf']:.2f}x" if all(speed.values()) else "-"
         lines.append(f"| {task} | {key} | {cell([r['metrics'][key] for r in by['nlptrain']])} | "
                      f"{cell([r['metrics'][key] for r in by['hf']])} | "
-                     f"{speed['nlptrain'] or 0:.1f} | {speed['hf'] or 0:.1f} | {ratio} |")
+                     f"{rate(speed['nlptrain'])} | {rate(speed['hf'])} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -179,7 +197,11 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=JOB["epochs"])
     parser.add_argument("--train-rows", type=int, default=0, help="first N train rows (0: all)")
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--out", default="", help="worker: result file; compare: results folder")
+    parser.add_argument("--out", default="",
+                        help="worker: result file; compare: results folder (bench/results/glue)")
+    parser.add_argument("--fresh", action="store_true", help="run again what --out already has")
+    parser.add_argument("--report", action="store_true",
+                        help="print the table of the runs in --out; run nothing")
     parser.add_argument("--contender", default="nlptrain")
     parser.add_argument("--task", default="rte")
     parser.add_argument("--seed", type=int, default=42)
@@ -189,7 +211,12 @@ def main() -> None:
         return
     if args.quick:
         args.tasks, args.seeds = ["rte", "mrpc"], [42]
-    out = Path(args.out or tempfile.mkdtemp(prefix="glue-bench-"))
+    out = Path(args.out or BENCH / "results" / "glue")
+    if args.report:
+        wanted = [result_file(out, c, t, s, args) for t in args.tasks for s in args.seeds
+                  for c in args.contenders]
+        print(table([json.loads(f.read_text()) for f in wanted if f.is_file()], args.tasks))
+        return
     out.mkdir(parents=True, exist_ok=True)
     print(f"CPU: {platform.processor() or platform.machine()} "
           f"({common.cpu_model()}), {os.cpu_count()} cores; {args.nproc} ranks; results in {out}")
