@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from nlptrain.distributed import Backend
 from nlptrain.durable import replace_folder
 from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta
@@ -103,7 +104,7 @@ def step_folders(folder: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
-def latest_whole_checkpoint(folder: Path, dist: Any) -> Path | None:
+def latest_whole_checkpoint(folder: Path, dist: Backend) -> Path | None:
     """The checkpoint to resume from: rank 0 checks the files of each, newest first, and every
     rank gets its choice. Damaged ones are named and skipped; none whole left is an error."""
 

@@ -1,8 +1,9 @@
 """Distributed plumbing: process group, collectives, rank-0 duties. All of it lives here.
 
-`SingleProcess` is the backend of `Trainer`; `Distributed` (a process group under any launcher
-that nlptrain/environments.py knows) is the backend of `DistTrainer`. They have the same methods,
-so the training loop never asks which one it has and never tests `rank == 0` itself. Every
+`Backend` is what the loop asks of its processes. `SingleProcess` is the backend of `Trainer`;
+`Distributed` (a process group under any launcher that nlptrain/environments.py knows) is the
+backend of `DistTrainer`. Both are a `Backend`, so the training loop never asks which one it has
+and never tests `rank == 0` itself. Every
 collective here is called by every rank, in the same order, from the same place in the loop. How
 the model is placed on them (DDP, FSDP2) is the strategy's business: `nlptrain.strategies`.
 """
@@ -14,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,59 @@ def pick_device(local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-class SingleProcess:
+class Backend(Protocol):
+    """The processes a run trains on: who this one is, and the collectives, each called by every
+    rank in the same order."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+    environment: Environment
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that prints, saves and exports."""
+        return self.rank == 0
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """Sum a few host numbers over the ranks."""
+        ...
+
+    def all_sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum a small tensor over the ranks, on its device (no host sync)."""
+        ...
+
+    def agree_min(self, value: int) -> int:
+        ...
+
+    def any(self, flag: bool) -> bool:
+        ...
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows, concatenated in rank order along dim 0 (lengths may differ)."""
+        ...
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        ...
+
+    def broadcast_object(self, obj: Any, group: Any = None) -> Any:
+        """Rank 0's (small, picklable) object, on every rank."""
+        ...
+
+    def barrier(self) -> None:
+        ...
+
+    def on_main(self, work: Callable[[], Any]) -> Any:
+        """Run `work` on rank 0 alone while the others wait; all get its (small, picklable)
+        result, and a failure there raises on every rank."""
+        ...
+
+    def close(self, failed: bool = False) -> None:
+        ...
+
+
+class SingleProcess(Backend):
     """One process, one device: every collective is the identity."""
 
     rank = 0
@@ -45,15 +98,10 @@ class SingleProcess:
         self.device = device or pick_device()
         self.environment = environment or environments.Local()
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     def all_sum(self, values: list[float]) -> list[float]:
         return list(values)
 
     def all_sum_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum a small tensor over the ranks, on its device (no host sync)."""
         return tensor
 
     def agree_min(self, value: int) -> int:
@@ -75,8 +123,6 @@ class SingleProcess:
         pass
 
     def on_main(self, work: Callable[[], Any]) -> Any:
-        """Run `work` on rank 0 alone while the others wait; all get its (small, picklable)
-        result, and a failure there raises on every rank."""
         return work()
 
     def close(self, failed: bool = False) -> None:
@@ -86,7 +132,7 @@ class SingleProcess:
 MAIN_WORK_TIMEOUT_S = 3600.0  # the least the other ranks wait for rank 0's on_main work
 
 
-class Distributed(SingleProcess):
+class Distributed(Backend):
     """One process per device; rank, world and rendezvous come from the launcher's environment
     (torchrun, SLURM, Open MPI, `--nproc`: see nlptrain/environments.py)."""
 
@@ -96,7 +142,7 @@ class Distributed(SingleProcess):
         self.rank = self.environment.rank
         self.world_size = self.environment.world_size
         self.local_rank = self.environment.local_rank
-        super().__init__(device or pick_device(self.local_rank), self.environment)
+        self.device = device or pick_device(self.local_rank)
         self.owns_group = not dist.is_initialized()
         if self.owns_group:
             backend = "nccl" if self.device.type == "cuda" else "gloo"
@@ -226,12 +272,12 @@ def is_peer_failure(error: BaseException) -> bool:
     return isinstance(error, dist.DistError) or "closed by peer" in text or "reset by peer" in text
 
 
-def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -> SingleProcess:
+def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -> Backend:
     """`Distributed` when the launcher's environment (detected, unless given) has more than one
     rank, else `SingleProcess`."""
     environment = environment or environments.detect()
     if environment.world_size > 1:
-        backend: SingleProcess = Distributed(timeout_s, environment=environment)
+        backend: Backend = Distributed(timeout_s, environment=environment)
     else:
         backend = SingleProcess(pick_device(environment.local_rank), environment)
     if backend.is_main:

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
-from nlptrain.distributed import SingleProcess
+from nlptrain.distributed import Backend
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.samplers import EvalSampler
 
@@ -63,7 +63,7 @@ def logits_of(outputs: Any) -> torch.Tensor:
 
 
 @torch.no_grad()
-def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: SingleProcess,
+def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
             collate: Collator, batch_size: int = 64, precision: str = "fp32",
             kind: TaskKind | None = None, equal_steps: bool = False) -> Predictions:
     """Score this rank's share of `dataset`, gather all shares, return them in row order.

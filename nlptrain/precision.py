@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from nlptrain.distributed import Backend
+
 log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 PIN_VARIABLE = "NLPTRAIN_AUTO_PRECISION"  # fp32 | bf16: what "auto" picks, without a probe
@@ -40,7 +42,7 @@ class PrecisionChoice:
                 "probe": self.probe}
 
 
-def choose(requested: str, device: torch.device, dist: Any = None) -> PrecisionChoice:
+def choose(requested: str, device: torch.device, dist: Backend | None = None) -> PrecisionChoice:
     """`requested` as is unless it is "auto"; then bf16 where it is supported and measurably
     faster, else fp32. `dist`: every rank gets rank 0's choice."""
     if requested not in PRECISIONS:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from nlptrain.distributed import Backend
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
@@ -108,7 +109,7 @@ def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list
     log.info("%s: predictions written", path)
 
 
-def run_predict(args: argparse.Namespace, dist: Any) -> None:
+def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict

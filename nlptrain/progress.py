@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nlptrain.checkpoint import rng_state, set_rng_state
+from nlptrain.distributed import Backend
 
 
 @dataclass
@@ -70,7 +71,7 @@ class StepWindow:
         self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
         self.micro_batches += 1
 
-    def agree(self, dist: Any, stop: bool, where: str) -> AgreedStep:
+    def agree(self, dist: Backend, stop: bool, where: str) -> AgreedStep:
         """[loss sum, non-finite count, rows, stop] summed over the ranks: the step's one
         collective, launched on the device; nothing is read back here."""
         self._flags[3] = float(stop)

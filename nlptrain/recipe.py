@@ -56,7 +56,7 @@ def seed_everything(seed: int) -> None:
 
 @contextmanager
 def backend(timeout: float, environment: Environment | None = None
-            ) -> Iterator[distributed.SingleProcess]:
+            ) -> Iterator[distributed.Backend]:
     """The process group of the launcher's environment (detected unless given), torn down after."""
     dist = distributed.from_env(timeout, environment)
     try:
@@ -72,7 +72,7 @@ def collator(tokenizer: Any, task: TaskConfig) -> Collator:
     return Collator(tokenizer.pad_token_id or 0, pad_to)
 
 
-def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -> dict[str, Any]:
+def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict[str, Any]:
     """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
     tokenizer = load_tokenizer(task.model.name)
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
@@ -124,7 +124,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.SingleProcess) -
 
 
 def open_run_dir(task: TaskConfig, opts: RunOptions,
-                 dist: distributed.SingleProcess) -> tuple[Path, bool]:
+                 dist: distributed.Backend) -> tuple[Path, bool]:
     """Rank 0 makes (or reopens, to resume) the run directory; every rank learns its path."""
     # A launcher's restart (torchrun/--nproc --max-restarts, a requeued SLURM job) starts the
     # same command again: it resumes by itself.
@@ -208,7 +208,7 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
     write_model_card(run_dir)
 
 
-def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> None:
+def log_sizes(task: TaskConfig, sets: Any, dist: distributed.Backend) -> None:
     sizes = ", ".join(f"{name} {len(getattr(sets, name))}" for name in ("train", "valid", "test")
                       if getattr(sets, name) is not None)
     log.info("task %s: %s rows; labels %s", task.name, sizes, sets.vocab.names)
@@ -217,7 +217,7 @@ def log_sizes(task: TaskConfig, sets: Any, dist: distributed.SingleProcess) -> N
 
 
 def evaluate(task: TaskConfig, model_dir: str, split: str,
-             dist: distributed.SingleProcess) -> dict[str, Any]:
+             dist: distributed.Backend) -> dict[str, Any]:
     """Metrics of a saved model on one split of the task, single or multi-process alike."""
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)

@@ -16,14 +16,14 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from nlptrain.distributed import SingleProcess
+from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError
 
 SHARDS = "shards"  # the folder inside a checkpoint
 
 
 def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path,
-                dist: SingleProcess) -> Path:
+                dist: Backend) -> Path:
     """Every rank: write its shard of model and optimizer state for checkpoint `folder` into a
     temporary folder beside it, and return that folder (complete on return, on every rank)."""
     shards = folder.parent / f".tmp-{folder.name}.{SHARDS}"

@@ -25,7 +25,7 @@ from safetensors.torch import load_model, save_model
 from torch.nn.parallel import DistributedDataParallel
 
 from nlptrain.checkpoint import export_model
-from nlptrain.distributed import SingleProcess
+from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class SingleDevice:
     name = "single"
     eval_needs_equal_steps = False
 
-    def __init__(self, dist: SingleProcess) -> None:
+    def __init__(self, dist: Backend) -> None:
         self.dist = dist
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -162,7 +162,7 @@ class FSDP2(SingleDevice):
         parameter (set on every rank at the same step) gets no gradient and no update."""
         return model
 
-    def __init__(self, dist: SingleProcess, reshard_after_forward: bool = True,
+    def __init__(self, dist: Backend, reshard_after_forward: bool = True,
                  precision: str = "fp32") -> None:
         super().__init__(dist)
         if precision == "fp16":
@@ -252,7 +252,7 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else []
 
 
-def make_strategy(config: Any, dist: SingleProcess) -> Strategy:
+def make_strategy(config: Any, dist: Backend) -> Strategy:
     """The strategy `[train] strategy` names, for this world: one rank needs no DDP or sharding."""
     if config.strategy == "fsdp" and dist.world_size > 1:
         return FSDP2(dist, config.reshard_after_forward, config.precision)

@@ -70,7 +70,7 @@ class Trainer:
         callbacks: Sequence[Callback] = (),
         tokenizer: Any = None,
         collate: Collator | None = None,
-        dist: distributed.SingleProcess | None = None,
+        dist: distributed.Backend | None = None,
         kind: TaskKind | None = None,
         label_names: Sequence[str] | None = None,
         metrics: Sequence[MetricFn] = (),

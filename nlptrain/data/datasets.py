@@ -18,7 +18,7 @@ from nlptrain.config import FileSpec, TaskConfig, file_spec
 from nlptrain.data.readers import Examples, format_of, read_examples
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir
-from nlptrain.distributed import SingleProcess
+from nlptrain.distributed import Backend, SingleProcess
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
 
@@ -133,7 +133,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 
-def build_datasets(task: TaskConfig, tokenizer: Any, dist: SingleProcess | None = None,
+def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None,
                    use_cache: bool = True) -> Datasets:
     """The task's train/valid/test sets, with held-out splits made from train where asked."""
     dist = dist or SingleProcess()

@@ -21,11 +21,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from nlptrain.data.tokenized import TokenizedDataset, cached, write_entry
+from nlptrain.distributed import Backend
 from nlptrain.durable import write_text
 from nlptrain.errors import DataError, RemoteRankError
 
@@ -48,7 +48,7 @@ class Share:
     rank: int = 0   # this rank in the job (for messages)
 
     @classmethod
-    def agree(cls, dist: Any) -> Share:
+    def agree(cls, dist: Backend) -> Share:
         """Which ranks share a machine, from one small collective that every rank reaches at
         once (before any long work)."""
         seen = dist.gather_objects((socket.gethostname(), uuid.uuid4().hex))

@@ -29,6 +29,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from nlptrain.config import FileSpec, TrainConfig
 from nlptrain.data.readers import Row, iter_rows
 from nlptrain.data.tokenized import uses_type_ids
+from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind
 
@@ -60,7 +61,7 @@ class StreamingDataset(IterableDataset):
         self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
 
     @classmethod
-    def from_task(cls, task: Any, vocab: Any, tokenizer: Any, dist: Any) -> StreamingDataset:
+    def from_task(cls, task: Any, vocab: Any, tokenizer: Any, dist: Backend) -> StreamingDataset:
         """The task's train file as a stream for this rank (`vocab`: a LabelVocab)."""
         from nlptrain.config import file_spec
         from nlptrain.kinds import from_task
@@ -189,7 +190,7 @@ def batches_per_rank(rows: int, world_size: int, workers: int, batch_size: int,
     return [sum(per_worker[r * step:(r + 1) * step]) for r in range(world_size)]
 
 
-def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Any) -> TrainConfig:
+def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Backend) -> TrainConfig:
     """Count the rows once (rank 0; all ranks learn the count) and return `config` with
     `steps_per_epoch` set to one pass over the shortest rank's share, unless it was set."""
     if dataset.total_rows is None:
