@@ -11,18 +11,17 @@ import itertools
 import logging
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from nlptrain.config import TrainConfig
+from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError
+from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
-
-if TYPE_CHECKING:
-    from nlptrain.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -54,39 +53,40 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
                       drop_last=config.drop_last, **common)
 
 
-def epoch_batches(trainer: Trainer, loader: Any, resumed: int) -> Iterator[dict[str, torch.Tensor]]:
+def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Backend,
+                  resumed: int) -> Iterator[dict[str, torch.Tensor]]:
     """The epoch's batches from `loader`: set_epoch on its samplers, the resume offset (`resumed`
     samples of the epoch already trained), and as many batches on every rank as the shortest
-    shard has (uneven shards would hang DDP), recorded in `trainer.progress`."""
-    config, skip = trainer.config, 0
+    shard has (uneven shards would hang DDP), recorded in `progress`."""
+    skip = 0
     batches = getattr(loader, "batch_sampler", None)
     candidates = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None),
                   getattr(loader, "dataset", None))  # a stream shuffles by epoch too
     for sampler in {id(c): c for c in candidates if c is not None}.values():
         if getattr(sampler, "resumes_by_samples", False):  # ours: ShardedSampler, TokenBudget
-            sampler.set_epoch(trainer.epoch, start=resumed)  # resume without reading batches
+            sampler.set_epoch(progress.epoch, start=resumed)  # resume without reading batches
             resumed = 0
         elif hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(trainer.epoch)
+            sampler.set_epoch(progress.epoch)
     if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
-        skip = trainer.batch_in_epoch
+        skip = progress.batch_in_epoch
         log.warning("resuming inside a user sampler: reading past %d batches", skip)
     if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
         local = len(loader) - skip
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
             local = min(local, config.steps_per_epoch * config.grad_accum
-                        - trainer.batch_in_epoch)
+                        - progress.batch_in_epoch)
     elif config.steps_per_epoch:
         local = config.steps_per_epoch * config.grad_accum
         loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
     else:
         raise ConfigError("the training data has no length: set [train] steps_per_epoch")
     # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
-    agreed = trainer.dist.agree_min(local)
+    agreed = dist.agree_min(local)
     if agreed < local:
         log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
-                    "takes %d (the shortest shard's count)", trainer.dist.rank, local - agreed,
+                    "takes %d (the shortest shard's count)", dist.rank, local - agreed,
                     local, agreed)
-    trainer.progress.batches_per_epoch = trainer.batch_in_epoch + agreed
-    trainer.progress.steps_per_epoch = math.ceil(trainer.batches_per_epoch / config.grad_accum)
+    progress.batches_per_epoch = progress.batch_in_epoch + agreed
+    progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     return itertools.islice(iter(loader), skip, skip + agreed)

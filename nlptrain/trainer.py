@@ -252,7 +252,8 @@ class Trainer:
             raise ConfigError("no training data: pass train_data or set trainer.train_data "
                               "in a callback's on_train_start")
         resumed, self._resume_samples = self._resume_samples, 0
-        return epoch_batches(self, self._loader(self.train_data), resumed)
+        return epoch_batches(self._loader(self.train_data), self.config, self.progress, self.dist,
+                             resumed)
 
     def _loader(self, data: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
