@@ -185,3 +185,15 @@ def slow_main_work_worker(rank: int, world: int) -> tuple:
 def test_ranks_wait_for_slow_rank0_work_beyond_a_short_collective_timeout(tmp_path):
     for result, waited, ranks in run_ranks(slow_main_work_worker, 2, tmp_path):
         assert (result, ranks) == ("written", 2.0) and waited >= 3.5
+
+
+def test_both_backends_implement_every_collective_of_the_backend_protocol():
+    # A protocol method's body is `...`: a backend that inherited it would answer None silently.
+    from nlptrain.distributed import Backend, Distributed, SingleProcess
+
+    methods = [name for name, member in vars(Backend).items()
+               if callable(member) and not name.startswith("_")]
+    assert {"all_sum_tensor", "gather", "on_main", "close"} <= set(methods)
+    for backend in (SingleProcess, Distributed):
+        missing = [name for name in methods if getattr(backend, name) is getattr(Backend, name)]
+        assert not missing, f"{backend.__name__} lacks {missing}"
