@@ -13,7 +13,8 @@ so it is this micro-batch's gradient, not the sum accumulated so far (a common s
 (on_backward_end) sees the complete gradient.
 
 `trainer.last_loss` (and the logs) are the loss on the perturbed embeddings; `clean_loss` holds
-this rank's clean loss of the latest micro-batch.
+this rank's clean loss of the latest micro-batch, a 0-d tensor on the device. Nothing here reads a
+value back to the host, so FGM keeps the step free of stalls (tests/test_host_syncs.py).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def word_embeddings(model: torch.nn.Module) -> torch.nn.Parameter:
 class FGM(Callback):
     def __init__(self, epsilon: float = 1.0) -> None:
         self.epsilon = epsilon
-        self.clean_loss = math.nan
+        self.clean_loss = torch.tensor(math.nan)  # this rank's clean loss, on the device
         self._restore: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, their values)
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
@@ -58,15 +59,21 @@ class FGM(Callback):
                 trainer.scaler.scale(loss / trainer.config.grad_accum).backward()
         finally:
             hook.remove()
-        self.clean_loss = loss.item()
-        grad = sum(caught[1:], caught[0]) if caught else None
-        norm = grad.float().norm() if grad is not None else None
-        if norm is None or not torch.isfinite(norm) or norm == 0:
-            return  # no direction (or an fp16 overflow the scaler will skip): no perturbation
-        rows = batch["input_ids"].unique()  # the gradient is zero on every other row
+        self.clean_loss = loss.detach()
+        if not caught:
+            return
+        grad = sum(caught[1:], caught[0])
+        norm = grad.float().norm()
+        # No direction (a zero gradient, or an fp16 overflow the scaler will skip): no move.
+        # Decided on the device, as is everything here, so the step never waits for the host.
+        usable = torch.isfinite(norm) & (norm > 0)
+        # The batch's token rows, repeats and all (`unique()` would read its size back to the
+        # host): the gradient is zero on every other row, and a repeat writes the same value.
+        rows = batch["input_ids"].flatten().to(weight.device)
         with torch.no_grad():
             self._restore = (rows, weight[rows].clone())
-            weight[rows] += (self.epsilon * grad[rows] / norm).to(weight.dtype)
+            move = torch.where(usable, self.epsilon * grad[rows] / norm, 0.0)
+            weight[rows] += move.to(weight.dtype)
 
     def on_backward_end(self, trainer: Trainer) -> None:
         if self._restore is not None:

@@ -41,6 +41,7 @@ def _toy_train(model_dir):
 def _count(rank, world_size, model_dir):
     import torch
     import torch.distributed as dist
+    from nlptrain.callbacks import FGM
     from transformers import AutoModelForSequenceClassification
 
     from nlptrain import Callback, DistTrainer, TrainConfig
@@ -76,12 +77,13 @@ def _count(rank, world_size, model_dir):
         spy(torch.Tensor, name, "host_reads")
     unfused = lambda groups, config: torch.optim.AdamW(groups, lr=config.lr, foreach=False)  # noqa: E731
     found = {}
-    for name, grad_accum, optimizer in (("fused", 1, None), ("fused", 3, None),
-                                        ("unfused", 1, unfused)):
+    for name, grad_accum, optimizer, more in (("fused", 1, None, []), ("fused", 3, None, []),
+                                              ("fgm", 2, None, [FGM(1.0)]),
+                                              ("unfused", 1, unfused, [])):
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
         seen.clear()
-        trainer = DistTrainer(model, train, callbacks=[AtEachStep()], optimizer=optimizer,
+        trainer = DistTrainer(model, train, callbacks=[AtEachStep(), *more], optimizer=optimizer,
                               config=TrainConfig(epochs=2, batch_size=4, log_every=1000,
                                                  grad_accum=grad_accum))
         trainer.fit()
@@ -110,9 +112,10 @@ def test_one_collective_per_step_and_no_read_of_the_steps_own_flags(ranks):
             # 96 rows: 12 micro-batches of 4 rows per rank and epoch; 2 epochs.
             assert [s["batches"] for s in per_step] == list(range(2 * grad_accum, 13, grad_accum)) * 2
             counted = {(s["collectives"], s["host_reads"], s["own_step_reads"]) for s in per_step}
-            # Fused AdamW skips a step on the device: the step reads the previous step's flags.
-            # An optimizer that cannot must read its own before stepping: the contrast.
-            assert counted == ({(1, 1, 0)} if name == "fused" else {(1, 1, 1)}), (name, per_step)
+            # Fused AdamW skips a step on the device: the step reads the previous step's flags
+            # (FGM's extra pass adds no read and no collective). An optimizer that cannot skip
+            # on the device must read its own flags before stepping: the contrast.
+            assert counted == ({(1, 1, 1)} if name == "unfused" else {(1, 1, 0)}), (name, per_step)
 
 
 def _nan_on_one_rank(rank, world_size, model_dir):
