@@ -3,9 +3,9 @@
 `Backend` is what the loop asks of its processes. `SingleProcess` is the backend of `Trainer`;
 `Distributed` (a process group under any launcher that nlptrain/environments.py knows) is the
 backend of `DistTrainer`. Both are a `Backend`, so the training loop never asks which one it has
-and never tests `rank == 0` itself. Every
-collective here is called by every rank, in the same order, from the same place in the loop. How
-the model is placed on them (DDP, FSDP2) is the strategy's business: `nlptrain.strategies`.
+and never tests `rank == 0` itself. Every collective here is called by every rank, in the same
+order, from the same place in the loop. How the model is placed on them (DDP, FSDP2) is the
+strategy's business: `nlptrain.strategies`.
 """
 
 from __future__ import annotations
@@ -58,9 +58,11 @@ class Backend(Protocol):
         ...
 
     def agree_min(self, value: int) -> int:
+        """The smallest of the ranks' values (e.g. the batches every rank can take)."""
         ...
 
     def any(self, flag: bool) -> bool:
+        """True on every rank when it is true on one."""
         ...
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -68,6 +70,7 @@ class Backend(Protocol):
         ...
 
     def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's (small, picklable) object, in rank order."""
         ...
 
     def broadcast_object(self, obj: Any, group: Any = None) -> Any:
@@ -75,6 +78,7 @@ class Backend(Protocol):
         ...
 
     def barrier(self) -> None:
+        """Wait until every rank is here."""
         ...
 
     def on_main(self, work: Callable[[], Any]) -> Any:
@@ -83,6 +87,7 @@ class Backend(Protocol):
         ...
 
     def close(self, failed: bool = False) -> None:
+        """Release the processes' resources; after an error (`failed`), without waiting on peers."""
         ...
 
 
