@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,3 +24,12 @@ class SaveBestModel(Callback):
         if is_best:
             trainer.strategy.export(trainer.model, trainer.tokenizer, self.folder)
             self.saved_metrics = metrics
+
+    # A resumed run that finds no better model must still hand back this one (`final_metrics`).
+    # As JSON, like metrics.jsonl: a user's metric may be a numpy float, which a
+    # `weights_only` load refuses.
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        state["best_model_metrics"] = json.dumps(self.saved_metrics)
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        self.saved_metrics = json.loads(state.get("best_model_metrics", "null"))

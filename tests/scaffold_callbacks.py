@@ -98,3 +98,24 @@ class DamageLatestCheckpointThenDie(Callback):
             with open(weights, "r+b") as handle:
                 handle.truncate(weights.stat().st_size // 2)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SpoilEvaluationsAfter(Callback):
+    """Every evaluation after step BEST_STEP sees a confidently wrong classifier (weights back
+    after it), so the best model is the one of BEST_STEP whatever the training does."""
+
+    def on_valid_start(self, trainer) -> None:
+        self.kept = None
+        if trainer.global_step > int(os.environ["BEST_STEP"]):
+            head = trainer.unwrapped_model.classifier
+            self.kept = head.weight.detach().clone(), head.bias.detach().clone()
+            with torch.no_grad():
+                head.weight.zero_()
+                head.bias.copy_(torch.tensor([50.0, -50.0]))  # "neg" for every row
+
+    def on_valid_end(self, trainer, metrics, is_best) -> None:
+        if self.kept is not None:
+            head = trainer.unwrapped_model.classifier
+            with torch.no_grad():
+                head.weight.copy_(self.kept[0])
+                head.bias.copy_(self.kept[1])

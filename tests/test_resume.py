@@ -166,3 +166,35 @@ def test_resume_with_another_world_size_trains_each_remaining_row_once(toy_task,
     after = [int(line.split()[3]) for line in rows_file.read_text().splitlines()]
     assert len(after) == 160 - 64
     assert sorted(kept + after) == list(range(160))  # every row once, none skipped or repeated
+
+
+def _best_run(toy_task: Path, run: Path, *extra: str) -> list[str]:
+    """Train with 40 of the 160 rows held out (15 steps an epoch), the best model by loss; the
+    evaluations after BEST_STEP are spoiled, so the best stays the one of BEST_STEP."""
+    return ["train", "--task", str(toy_task), "--output-dir", str(run), "--valid-size", "0.25",
+            "--metric-for-best", "loss", "--callback", f"{SCAFFOLD}:SpoilEvaluationsAfter", *extra]
+
+
+@pytest.mark.parametrize(("extra", "best_step", "crashes"), [
+    # An epoch-end checkpoint (step 15, also a --checkpoint-every step) and a later one (24).
+    (("--checkpoint-every", "3"), "15", ("16", "25")),
+    # A checkpoint at a step that also evaluates (--eval-every), crash before the next.
+    (("--checkpoint-every", "5", "--eval-every", "5"), "5", ("7",)),
+])
+def test_a_resume_that_finds_no_better_model_keeps_the_best(toy_task, tmp_path, monkeypatch,
+                                                              extra, best_step, crashes):
+    """The checkpoint holds the step's evaluation and the best model's metrics: a resumed run
+    whose evaluations never beat the best still ends with it, as the run that never stopped."""
+    monkeypatch.setenv("BEST_STEP", best_step)
+    whole = tmp_path / "whole"
+    assert main(_best_run(toy_task, whole, *extra)) == 0
+    assert results(whole)["valid"]["step"] == int(best_step)
+    for crash in crashes:
+        run = tmp_path / f"crash-{crash}"
+        monkeypatch.setenv("AT_STEP", crash)
+        with pytest.raises(RuntimeError, match=f"injected crash at step {crash}"):
+            main([*_best_run(toy_task, run, *extra), "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+        assert main([*_best_run(toy_task, run, *extra), "--resume"]) == 0
+        assert_same_run(whole, run)
+        assert results(run)["valid"] == results(whole)["valid"]
+
