@@ -76,8 +76,8 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
             local = min(local, config.steps_per_epoch * config.grad_accum
                         - progress.batch_in_epoch)
-    elif config.steps_per_epoch:
-        local = config.steps_per_epoch * config.grad_accum
+    elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
+        local = config.steps_per_epoch * config.grad_accum - progress.batch_in_epoch
         loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
     else:
         raise ConfigError("the training data has no length: set [train] steps_per_epoch")

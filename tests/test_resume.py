@@ -198,3 +198,19 @@ def test_a_resume_that_finds_no_better_model_keeps_the_best(toy_task, tmp_path, 
         assert_same_run(whole, run)
         assert results(run)["valid"] == results(whole)["valid"]
 
+
+def test_a_stream_resumed_mid_epoch_equals_an_uninterrupted_run(toy_task, tmp_path, monkeypatch):
+    """A stream resumes by reading past the batches done: the epoch keeps its length (20 steps
+    of 8 rows), no batch is trained twice, and the weights are those of the run never stopped."""
+    def args(run: Path) -> list[str]:
+        return ["train", "--task", str(toy_task), "--output-dir", str(run), "--streaming",
+                "--checkpoint-every", "3"]
+
+    assert main(args(tmp_path / "whole")) == 0
+    monkeypatch.setenv("AT_STEP", "25")  # epoch 2, batch 5; the checkpoint is at step 24
+    with pytest.raises(RuntimeError, match="injected crash at step 25"):
+        main([*args(tmp_path / "run"), "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+    assert main([*args(tmp_path / "run"), "--resume"]) == 0
+    assert_same_run(tmp_path / "whole", tmp_path / "run")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert max(steps) == 40  # 2 epochs of 20 steps, the resumed one too
