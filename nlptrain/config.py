@@ -107,9 +107,9 @@ class TrainConfig:
     eval_every: int = opt(0, "also evaluate every N optimizer steps (always at each epoch end)")
     metric_for_best: str = opt(
         "", "metric that picks the best model ('': the kind's own: accuracy, micro_f1, pearson); "
-        "single_label: accuracy | macro_f1 | mcc | f1, multi_label: micro_f1 | macro_f1 | "
-        "subset_accuracy, regression: pearson | spearman | mse | mae; any: loss. mse, mae and "
-        "loss are better lower")
+        "single_label: accuracy | macro_f1 | mcc | f1 (two labels), multi_label: micro_f1 | "
+        "macro_f1 | subset_accuracy, regression: pearson | spearman | mse | mae; any: loss. mse, "
+        "mae and loss are better lower")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
@@ -232,14 +232,15 @@ def validate(task: TaskConfig, source: str) -> None:
                 f"{source}: [{section}] {key} = {value!r}; choose one of {', '.join(sorted(allowed))}"
             )
     positive = [("train", "epochs"), ("train", "batch_size"), ("train", "eval_batch_size"),
-                ("train", "grad_accum"), ("model", "max_length"), ("train", "timeout")]
+                ("train", "grad_accum"), ("train", "log_every"), ("model", "max_length"),
+                ("train", "timeout")]
     for section, key in positive:
         if getattr(getattr(task, section), key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 
-        from_task(task).check_metric(task.train.metric_for_best, source)
+        from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
     validate_finetuning(task.train, task.data.kind, source)
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:

@@ -84,7 +84,8 @@ class TaskKind:
         shown = [k for k in dict.fromkeys((*self.headline, also, "loss")) if k in metrics]
         return ", ".join(f"{metric_label(k)} {metrics[k]:.4f}" for k in shown)
 
-    def check_metric(self, metric: str, source: str) -> None:
+    def check_metric(self, metric: str, source: str, label_names: Sequence[str] = ()) -> None:
+        """`metric` (metric_for_best) is one this kind computes, for these labels where known."""
         if metric not in (*self.metric_names, "loss"):
             raise ConfigError(f"{source}: [train] metric_for_best = {metric!r} is not a metric of "
                               f"{self.name} tasks; choose one of {', '.join(self.metric_names)}, loss")
@@ -99,6 +100,15 @@ def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
     """The numbers among `metrics` (not counts, per-class tables or matrices), in their order."""
     return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float)
             and not isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch")}
+
+
+def best_score(metrics: dict[str, Any], metric: str) -> float:
+    """`metrics[metric]`: the score that picks the best model, or an error naming those there are
+    (a user's metric misspelt, say)."""
+    if metric not in metrics:
+        raise ConfigError(f"metric_for_best = {metric!r} is not among the evaluation's metrics: "
+                          f"{', '.join(scalar_metrics(metrics))}")
+    return metrics[metric]
 
 
 def metric_label(key: str) -> str:
@@ -168,6 +178,13 @@ class SingleLabel(TaskKind):
         found["per_class"] = _per_class(truth, guess, label_names)
         found["confusion_matrix"] = confusion_matrix(truth, guess, labels=ids).tolist()
         return found
+
+    def check_metric(self, metric: str, source: str, label_names: Sequence[str] = ()) -> None:
+        super().check_metric(metric, source)
+        if metric == "f1" and label_names and len(label_names) != 2:
+            raise ConfigError(f"{source}: [train] metric_for_best = 'f1' is the binary F1 of the "
+                              f"second label, for two labels; this task has {len(label_names)}: "
+                              "use macro_f1")
 
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         best = int(output.argmax())

@@ -82,6 +82,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
         config = prepare_stream(sets.train, task.train, dist)
     kind = kinds.from_task(task)
+    if config.metric_for_best:  # the labels are known now, also those read from the data
+        kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     run_dir, has_run = open_run_dir(task, opts, dist)

@@ -219,7 +219,7 @@ class Trainer:
             return {}
         self.callbacks.fire("on_valid_start", self)
         metrics = self.evaluate(self.eval_data)
-        score = metrics[self.metric_for_best]
+        score = kinds.best_score(metrics, self.metric_for_best)
         # Metrics are gathered, hence equal on every rank: so is this decision.
         is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric)
         if is_best:

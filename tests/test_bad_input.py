@@ -70,6 +70,24 @@ def test_unknown_override_key(capsys, toy_task, tmp_path):
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
 
 
+def test_a_metric_for_best_the_task_cannot_compute_is_refused_before_training(capsys, toy_task,
+                                                                               tmp_path):
+    """GLUE's binary F1 on three labels: refused from the task file's labels, and from the labels
+    found in the data, before a step is trained; so is a log interval of 0."""
+    code, err = train(capsys, toy_task, tmp_path / "run", "--metric-for-best", "f1",
+                      "--set", 'data.labels=["neg", "pos", "meh"]')
+    assert code == 1 and "metric_for_best = 'f1' is the binary F1" in err and "has 3" in err
+    edit(toy_task, 'labels = ["neg", "pos"]', "")
+    with (toy_task.parent / "train.tsv").open("a") as handle:
+        handle.write("so-so\tmeh\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--metric-for-best", "f1")
+    assert code == 1 and "task toy: [train] metric_for_best = 'f1'" in err and "has 3" in err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    code, err = train(capsys, toy_task, tmp_path / "run", "--log-every", "0")
+    assert code == 1 and "[train] log_every must be at least 1" in err
+
+
 def test_model_path_without_a_model(capsys, toy_task, tmp_path):
     (tmp_path / "empty-model").mkdir()
     code, err = train(capsys, toy_task, tmp_path / "run", "--model", str(tmp_path / "empty-model"))
