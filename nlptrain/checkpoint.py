@@ -15,6 +15,7 @@ import json
 import logging
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -92,15 +93,14 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
 
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder`, oldest first (temporary folders are not complete)."""
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.glob(f"{PREFIX}*") if (p / "meta.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
+    return [p for p in step_folders(folder) if (p / "meta.json").is_file()]
 
 
 def step_folders(folder: Path) -> list[Path]:
-    """Every `step-*` folder in `folder`, complete or not, oldest first."""
-    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir()] if folder.is_dir() else []
+    """Every `step-N` folder in `folder`, complete or not, oldest first; a copy of one under
+    another name (`step-00000300-backup`) is none of nlptrain's and is left alone."""
+    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir()
+             and re.fullmatch(rf"{PREFIX}\d+", p.name)] if folder.is_dir() else []
     return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 

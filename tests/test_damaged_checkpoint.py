@@ -112,3 +112,9 @@ def test_two_ranks_restarted_by_torchrun_all_resume_from_the_newest_whole_checkp
         trained = [int(step) for r, _, step, _ in rows if r == rank]
         assert trained.count(3) == 2 * 8 and trained.count(2) == 8, rank  # batch size 8
     assert (run / "model" / "model.safetensors").is_file()
+
+
+def test_a_copy_of_a_checkpoint_under_another_name_is_left_alone(tmp_path):
+    for name in ("step-00000004", "step-00000012", "step-00000012-backup", "step-"):
+        fake_checkpoint(tmp_path / name)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000004", "step-00000012"]
