@@ -64,12 +64,10 @@ class ShardedSampler(DistributedSampler):
         return order
 
     def _remaining(self) -> np.ndarray:
-        rest = self.global_order()[self.start :]
-        # Pad like DistributedSampler (repeat from the front) so every rank gets as many samples.
-        short = -len(rest) % self.num_replicas
-        if short:
-            rest = np.concatenate([rest, np.resize(rest, short)]) if len(rest) else rest
-        return rest
+        # Pad like DistributedSampler (repeat from the front) so every rank gets as many samples,
+        # the whole epoch's order before the resume offset: a resume under the same world size
+        # then ends the epoch on the same rows as the run that never stopped.
+        return _pad(_pad(self.global_order(), self.num_replicas)[self.start :], self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
         share = self._remaining()[self.rank :: self.num_replicas]
@@ -77,8 +75,14 @@ class ShardedSampler(DistributedSampler):
             yield from share[begin : begin + 4096].tolist()
 
     def __len__(self) -> int:
-        remaining = max(len(self.dataset) - self.start, 0)
-        return -(-remaining // self.num_replicas)
+        padded = -(-len(self.dataset) // self.num_replicas) * self.num_replicas
+        return -(-max(padded - self.start, 0) // self.num_replicas)
+
+
+def _pad(order: np.ndarray, world: int) -> np.ndarray:
+    """`order` and its first rows again, up to a multiple of `world`."""
+    short = -len(order) % world
+    return np.concatenate([order, np.resize(order, short)]) if short and len(order) else order
 
 
 class EvalSampler(Sampler[int]):

@@ -84,6 +84,20 @@ def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world
     assert order(8, 0, 0) != order(7, 0, 0)
 
 
+@pytest.mark.parametrize(("rows", "world", "start"), [(10, 3, 6), (11, 4, 4), (9, 2, 0)])
+def test_a_resumed_sampler_deals_the_rest_of_the_uninterrupted_epoch(rows, world, start):
+    """The padding (the epoch's first rows again) is the same whether the epoch was resumed at
+    `start` or not: each rank gets exactly the tail of its uninterrupted share."""
+    def share(rank: int, begin: int) -> list[int]:
+        sampler = ShardedSampler(range(rows), world, rank, seed=3)
+        sampler.set_epoch(1, start=begin)
+        assert len(list(sampler)) == len(sampler)
+        return list(sampler)
+
+    for rank in range(world):
+        assert share(rank, start) == share(rank, 0)[start // world :]
+
+
 def test_ddp_broadcasts_buffers_each_step_only_for_running_statistics(tiny_model_dir):
     assert not keeps_running_stats(load_model(str(tiny_model_dir), ["neg", "pos"]))
     assert keeps_running_stats(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
