@@ -11,7 +11,8 @@ alone, and evaluation (which runs on every rank) sees the same averaged model ev
   after.
 - `export=True`: at the end of training the averaged weights replace the trained ones, so the
   final test metrics and `model/` are the average's.
-- The average is saved in checkpoints and a resume continues it exactly.
+- The average is saved in checkpoints (whole, also under FSDP2, where each rank averages its
+  own shard) and a resume continues it exactly.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nlptrain.events import Callback
 
@@ -93,13 +95,25 @@ class EMA(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
         # A checkpoint written at on_step_end before this callback's turn still holds this step.
+        # Whole tensors: under FSDP2 each rank holds a shard of the average (gathered here, on
+        # every rank), and rank 0 alone writes the callbacks' state.
         if self.average is not None:
             self.update(trainer)
-            state["ema"] = {"decay": self.decay, "step": self.step, "average": self.average}
+            whole = {name: t.full_tensor() if isinstance(t, DTensor) else t
+                     for name, t in self.average.items()}
+            state["ema"] = {"decay": self.decay, "step": self.step, "average": whole}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
         saved = state.get("ema")
         if saved is not None:
-            device = trainer.device
-            self.average = {name: t.to(device) for name, t in saved["average"].items()}
+            params = self.averaged(trainer)
+            self.average = {name: _shaped_like(t, params[name], trainer.device)
+                            for name, t in saved["average"].items()}
             self.step = int(saved["step"])
+
+
+def _shaped_like(whole: torch.Tensor, param: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A saved whole tensor as `param` is held: this rank's shard of it under FSDP2."""
+    if isinstance(param, DTensor):
+        return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
+    return whole.to(device)

@@ -99,17 +99,20 @@ def equivalence_worker(rank: int, world: int, folder: str, model_dir: str, grad_
 
 
 def checkpoint_worker(rank: int, world: int, folder: str, model_dir: str, strategy: str,
-                      train_rows: int, resume_from: str = "", record_at: int = 6) -> dict:
+                      train_rows: int, resume_from: str = "", record_at: int = 6,
+                      ema_decay: float = 0.0) -> dict:
     """Train 2 epochs with a checkpoint every 3 steps into FOLDER/<strategy>-<world>/; resume
     from `resume_from` (written by any world size), or else resume the run just made from its
-    checkpoint at `record_at`. Whole weights (rank 0) come back: loaded, at `record_at`, final."""
+    checkpoint at `record_at`. Whole weights (rank 0) come back: loaded, at `record_at`, final
+    (with `ema_decay`, the average's, which EMA exports at the end)."""
     dist = distributed.from_env(60)
     train = toy_set(Path(folder) / f"w{world}-rank{rank}", model_dir, "train", train_rows, seed=1)
     out: dict[str, Any] = {"kind": [], "steps": []}
 
     def run(resume: Path | None, record: RecordSteps) -> DistTrainer:
         saver = Checkpointer(Path(folder) / f"{strategy}-{world}", every=3, keep=0)
-        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver], epochs=2)
+        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver], epochs=2,
+                               ema_decay=ema_decay)
         if resume is not None:
             load_checkpoint(trainer, resume)
             out.update(loaded=trainer.strategy.full_state_dict(trainer.model),

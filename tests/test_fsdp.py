@@ -24,6 +24,8 @@ from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.models import load_model
 
+pytestmark = pytest.mark.distributed
+
 
 def max_gap(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
@@ -104,6 +106,19 @@ def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path,
     assert type(trainer.strategy).__name__ == "SingleDevice"
     assert max_gap(trainer.strategy.full_state_dict(trainer.model), two["at"][6]) == 0
     assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
+
+
+def test_ema_under_fsdp2_is_checkpointed_whole_and_resumes_exactly(tmp_path, tiny_model_dir):
+    """Each rank averages its own shard; the checkpoint holds the whole average, and a resume
+    from step 6 ends on the same averaged weights (exported at the end) as the run never stopped."""
+    two = run_ranks(checkpoint_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir), "fsdp", 48,
+                    "", 6, 0.9)[0]
+    assert two["kind"] == ["FSDP2", "FSDP2"] and two["steps"] == [12, 12]
+    saved = torch.load(tmp_path / "fsdp-2" / "step-00000006" / "state.pt", weights_only=True)
+    average = saved["callbacks"]["ema"]["average"]
+    assert {name: tuple(t.shape) for name, t in average.items()} == {
+        name: tuple(t.shape) for name, t in two["loaded"].items() if name in average}
+    assert max_gap(two["resumed_final"], two["final"]) == 0
 
 
 def test_freezing_under_fsdp2_trains_like_ddp_and_leaves_frozen_weights_untouched(tmp_path,
