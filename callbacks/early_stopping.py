@@ -32,3 +32,7 @@ class EarlyStopping(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         self.waited = int(state.get("early_stopping_waited", 0))
+        # The stop was decided before this checkpoint was written: a resume (a restart after a
+        # crash in the final test or export) must not train past it.
+        if self.waited >= self.patience:
+            trainer.should_stop = True

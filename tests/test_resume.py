@@ -199,6 +199,19 @@ def test_a_resume_that_finds_no_better_model_keeps_the_best(toy_task, tmp_path, 
         assert results(run)["valid"] == results(whole)["valid"]
 
 
+def test_a_run_stopped_early_is_not_trained_further_by_a_resume(toy_task, tmp_path, monkeypatch):
+    """Early stopping ends the run after epoch 2 of 4; a resume from its last checkpoint (a
+    restart after a crash in the final test or export) trains no further."""
+    monkeypatch.setenv("BEST_STEP", "15")  # epoch 2's evaluation is worse: patience 1 stops
+    run = tmp_path / "run"
+    args = _best_run(toy_task, run, "--epochs", "4", "--early-stopping", "1")
+    assert main(args) == 0
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000030"
+    assert main([*args, "--resume"]) == 0
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000030"
+    assert max(json.loads(line)["step"] for line in (run / "metrics.jsonl").open()) == 30
+
+
 def test_a_stream_resumed_mid_epoch_equals_an_uninterrupted_run(toy_task, tmp_path, monkeypatch):
     """A stream resumes by reading past the batches done: the epoch keeps its length (20 steps
     of 8 rows), no batch is trained twice, and the weights are those of the run never stopped."""
