@@ -170,7 +170,7 @@ class Trainer:
             if self.metrics.get("step") != self.global_step:
                 self.validate()  # at each epoch end, unless eval_every just did
             self.callbacks.fire("on_epoch_end", self)
-            self._next_epoch()
+            self.progress.next_epoch()
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
         """One micro-batch; False when a stop asked on some rank ends the epoch here."""
@@ -186,7 +186,7 @@ class Trainer:
                 loss = self.loss_fn(self.forward(batch), batch["labels"])
             self.callbacks.fire("on_loss", self, loss)
             self.callbacks.fire("on_backward_start", self)
-            self.scaler.scale(loss / cfg.grad_accum).backward()
+            self.scaler.scale(loss / self.window_size).backward()
         self.callbacks.fire("on_backward_end", self)
         self.window.add(loss, len(batch["labels"]))  # on the device: no host sync
         self.progress.batch_in_epoch += 1
@@ -271,6 +271,12 @@ class Trainer:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is."""
         return as_dataset(data, self.tokenizer, self.label_names, self.kind, what)
 
+    @property
+    def window_size(self) -> int:
+        """Micro-batches in this step; each loss is divided by it, so every step's gradient
+        is a mean over its rows (a short last step of an epoch too)."""
+        return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
+
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
@@ -332,9 +338,6 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
 
-    def _next_epoch(self) -> None:
-        self.progress.next_epoch()
-
     def make_optimizer(self, param_groups: ParamGroupsFn | None = None,
                        optimizer: OptimizerFn | None = None) -> torch.optim.Optimizer:
         """The optimizer over the groups of `param_groups` (default `optim.param_groups`: decay /
@@ -357,7 +360,7 @@ class Trainer:
         self.progress.load_state_dict(state)
         self._resume_samples = self.samples_in_epoch  # the sampler starts after these
         if self.progress.ended_epoch():  # saved at an epoch's end
-            self._next_epoch()
+            self.progress.next_epoch()
             self._resume_samples = 0
 
     # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
@@ -381,12 +384,10 @@ class Trainer:
 
 
 class DistTrainer(Trainer):
-    """`Trainer` under DDP: one process per device, launched by torchrun (`env://`).
-
-    Without a launcher it runs as one process. Each rank gets its share of the data through an
-    injected `ShardedSampler` (a DistributedSampler, set_epoch every epoch), unless the user
-    gave a DataLoader or sampler of their own, which is kept as is.
-    """
+    """`Trainer` under DDP: one process per device, launched by torchrun (`env://`); without a
+    launcher, one process. Each rank gets its share of the data from an injected
+    `ShardedSampler` (a DistributedSampler, set_epoch every epoch), unless the user gave a
+    DataLoader or sampler of their own, which is kept as is."""
 
     def __init__(self, model: torch.nn.Module, *args: Any, timeout: float | None = None,
                  **kwargs: Any) -> None:

@@ -109,3 +109,41 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(tmp_path, tiny_m
             for name, value in single.unwrapped_model.state_dict().items()}
     worst = max(gaps, key=gaps.get)
     assert gaps[worst] < 1e-6, f"{worst} differs by {gaps[worst]:.2e}"
+
+
+class WindowGradients(Callback):
+    """Each micro-batch's gradient of its own loss alone, and each optimizer step's accumulated
+    gradient with the number of micro-batches seen by then."""
+
+    def __init__(self) -> None:
+        self.alone: list[list[torch.Tensor]] = []
+        self.steps: list[tuple[int, list[torch.Tensor]]] = []
+
+    def on_loss(self, trainer, loss) -> None:
+        params = list(trainer.unwrapped_model.parameters())
+        self.alone.append([g if g is not None else torch.zeros_like(p) for g, p in zip(
+            torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True), params)])
+
+    def on_backward_end(self, trainer) -> None:
+        if trainer.is_update_step:
+            self.steps.append((len(self.alone), [p.grad.clone() if p.grad is not None
+                                                 else torch.zeros_like(p)
+                                                 for p in trainer.unwrapped_model.parameters()]))
+
+
+def test_each_step_is_the_mean_gradient_of_its_micro_batches_a_short_last_one_too(
+        tmp_path, tiny_model_dir):
+    """3 micro-batches an epoch, grad_accum 2: the steps are of 2 and 1 micro-batches, and each
+    step's gradient is the mean of its own (the short one is not halved)."""
+    train, _ = toy_datasets(tmp_path, tiny_model_dir, rows=24)
+    spy = WindowGradients()
+    config = TrainConfig(epochs=1, batch_size=BATCH, grad_accum=2, lr=1e-3, max_grad_norm=0.0)
+    trainer = Trainer(model_without_dropout(tiny_model_dir), train, None, config=config,
+                      callbacks=[spy])
+    trainer.fit()
+    trainer.close()
+    assert [seen for seen, _ in spy.steps] == [2, 3]
+    windows = [spy.alone[0:2], spy.alone[2:3]]
+    for (_, accumulated), window in zip(spy.steps, windows, strict=True):
+        for got, *own in zip(accumulated, *window, strict=True):
+            torch.testing.assert_close(got, sum(own) / len(own))
