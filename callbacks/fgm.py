@@ -46,6 +46,13 @@ class FGM(Callback):
         self.clean_loss = torch.tensor(math.nan)  # this rank's clean loss, on the device
         self._restore: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, their values)
 
+    def on_train_start(self, trainer: Trainer) -> None:
+        # FSDP2 computes with gathered copies of the sharded embedding matrix: a hook on the
+        # sharded parameter never fires, so FGM would silently add the clean gradient twice.
+        if trainer.strategy.name == "fsdp":
+            raise ConfigError("FGM moves rows of the whole word-embedding matrix, which FSDP2 "
+                              "shards across the ranks: train with strategy = \"ddp\"")
+
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         weight = word_embeddings(trainer.unwrapped_model)
         if not weight.requires_grad:  # frozen (Freeze): no gradient to follow, a plain step

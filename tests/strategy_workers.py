@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 from conftest import REPO, SHARED_DATA, write_toy_tsv
-from nlptrain.callbacks import Checkpointer, Freeze, GradClip
+from nlptrain.callbacks import FGM, Checkpointer, Freeze, GradClip
 from transformers import AutoTokenizer
 
 from nlptrain import Callback, DistTrainer, TrainConfig, distributed
@@ -17,6 +17,7 @@ from nlptrain.checkpoint import checkpoint_name, load_checkpoint
 from nlptrain.config import FileSpec, load_task
 from nlptrain.data import LabelVocab, TokenizedDataset, build_datasets
 from nlptrain.data.readers import read_examples
+from nlptrain.errors import ConfigError
 from nlptrain.models import load_model
 
 LABELS = ["neg", "pos"]
@@ -166,7 +167,7 @@ def scale_worker(rank: int, world: int, folder: str, model_dir: str, written_by:
 
 def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
     """DDP, then FSDP2, with the same gradual Freeze (a block more unfrozen every 2 steps, from
-    the top): whole weights at the start and after each of the 6 steps."""
+    the top): whole weights at the start and after each of the 6 steps; then FGM under FSDP2."""
     dist = distributed.from_env(60)
     train = toy_set(Path(folder) / f"rank{rank}", model_dir, "train", 6 * 4 * world, seed=1)
     out: dict[str, Any] = {}
@@ -178,5 +179,11 @@ def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
         trainer.fit()
         out[strategy] = {0: start, **record.weights, "kind": type(trainer.strategy).__name__}
         trainer.close()
+    trainer = make_trainer(dist, model_dir, train, None, "fsdp", [FGM(1.0)])
+    try:
+        trainer.fit()
+    except ConfigError as error:
+        out["fgm"] = str(error)
+    trainer.close()
     dist.close()
     return out

@@ -121,14 +121,19 @@ class WindowGradients(Callback):
 
     def on_loss(self, trainer, loss) -> None:
         params = list(trainer.unwrapped_model.parameters())
-        self.alone.append([g if g is not None else torch.zeros_like(p) for g, p in zip(
-            torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True), params)])
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        self.alone.append(_dense(grads, params))
 
     def on_backward_end(self, trainer) -> None:
         if trainer.is_update_step:
-            self.steps.append((len(self.alone), [p.grad.clone() if p.grad is not None
-                                                 else torch.zeros_like(p)
-                                                 for p in trainer.unwrapped_model.parameters()]))
+            params = list(trainer.unwrapped_model.parameters())
+            self.steps.append((len(self.alone), _dense([p.grad for p in params], params)))
+
+
+def _dense(grads, params) -> list[torch.Tensor]:
+    """Gradients, zeros for parameters that had none (e.g. an unused pooler)."""
+    return [torch.zeros_like(p) if g is None else g.clone() for g, p in zip(grads, params,
+                                                                             strict=True)]
 
 
 def test_each_step_is_the_mean_gradient_of_its_micro_batches_a_short_last_one_too(

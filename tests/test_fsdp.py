@@ -121,9 +121,10 @@ def test_ema_under_fsdp2_is_checkpointed_whole_and_resumes_exactly(tmp_path, tin
     assert max_gap(two["resumed_final"], two["final"]) == 0
 
 
-def test_freezing_under_fsdp2_trains_like_ddp_and_leaves_frozen_weights_untouched(tmp_path,
-                                                                                 tiny_model_dir):
+def test_freezing_under_fsdp2_trains_like_ddp_and_fgm_is_refused(tmp_path, tiny_model_dir):
     first = run_ranks(freeze_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))[0]
+    # A hook on a sharded parameter never fires: FGM would silently double the clean gradient.
+    assert "FGM moves rows of the whole word-embedding matrix" in first.pop("fgm")
     ddp, fsdp = first["ddp"], first["fsdp"]
     assert (ddp.pop("kind"), fsdp.pop("kind")) == ("DDP", "FSDP2")
     start = fsdp[0]
