@@ -74,6 +74,7 @@ def model_card(run_dir: Path) -> str:
             f"A {kind.name.replace('_', '-')} model" + (" of sentence pairs" if pairs else "") + ".",
             "", "```python", "from transformers import pipeline", "",
             'classify = pipeline("text-classification", model="path/to/this/folder")',
+            "# truncation=True: texts are cut at the max_length the model was trained with",
             *_usage(kind.name, pairs, labels), "```", ""]
     return "\n".join(out)
 
@@ -82,13 +83,14 @@ def _usage(kind: str, pairs: bool, labels: list[str]) -> list[str]:
     text = '{"text": "first sentence", "text_pair": "second sentence"}' if pairs \
         else '"a text to classify"'
     if kind == "multi_label":  # independent labels: a sigmoid each, every label over the threshold
-        return [f'classify({text}, top_k=None, function_to_apply="sigmoid")',
+        return [f'classify({text}, top_k=None, function_to_apply="sigmoid", truncation=True)',
                 "# [{'label': ..., 'score': ...}, ...] for every label; keep those over the "
                 "threshold"]
     if kind == "regression":  # one output, the score itself
-        return [f'classify({text}, function_to_apply="none")   # [{{"label": "score", '
+        return [f'classify({text}, function_to_apply="none", truncation=True)   # [{{"label": "score", '
                 '"score": 3.8}]']
-    return [f'classify({text})   # [{{"label": "{labels[0] if labels else "..."}", "score": ...}}]']
+    return [f'classify({text}, truncation=True)   '
+            f'# [{{"label": "{labels[0] if labels else "..."}", "score": ...}}]']
 
 
 def write_model_card(run_dir: str | Path) -> Path:

@@ -114,6 +114,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         trainer.fit()
         results = final_metrics(trainer, sets, best, run_dir)
         found = trainer.predictions if results["test"] else None  # the test set's, if scored
+        # The export truncates as training did: pipeline(..., truncation=True) and a copied
+        # model/ folder's predict read the length from the tokenizer's config.
+        tokenizer.model_max_length = task.model.max_length
         trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
         dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
     finally:
