@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,18 +38,36 @@ def resolve_model_path(name: str) -> Path:
             raise ConfigError(f"model '{name}' is not installed; run: {install}") from None
         return Path(module.get_model_path())
     path = Path(name).expanduser()
+    known = ", ".join(SHORT_NAMES)
     if not (path / "config.json").is_file():
-        known = ", ".join(SHORT_NAMES)
         raise ConfigError(f"{path}: no model here (no config.json); give a folder saved with "
                           f"save_pretrained or a short name ({known})")
+    if "model_type" not in _json_or_empty(path / "config.json"):
+        # A run directory has a config.json too (the run's record): the model is in model/.
+        hint = f"; did you mean {path / 'model'}?" if (path / "model" / "config.json").is_file() \
+            else f"; give a folder saved with save_pretrained or a short name ({known})"
+        raise ConfigError(f"{path / 'config.json'}: not a model's config (no model_type){hint}")
     return path
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def load_tokenizer(name: str) -> Any:
     from transformers import AutoTokenizer
 
     quiet_transformers()
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_path(name)))
+    path = resolve_model_path(name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError) as error:  # no or broken tokenizer files
+        raise ConfigError(f"{path}: no usable tokenizer here ({str(error).splitlines()[0]}); "
+                          "a model folder needs the tokenizer saved beside it") from None
     if not tokenizer.is_fast:
         raise ConfigError(f"{name}: nlptrain needs a fast (Rust) tokenizer; save tokenizer.json")
     return tokenizer

@@ -92,6 +92,27 @@ def test_input_errors_name_the_file_and_the_fix(tmp_path: Path, tiny_model_dir: 
     assert output_format(None, None) == "tsv"
 
 
+def test_a_run_directory_or_a_model_without_tokenizer_is_a_clear_error(
+        tmp_path: Path, sharp_model: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"  # a run directory: its config.json is the run's record
+    shutil.copytree(sharp_model, run / "model")
+    (run / "config.json").write_text(json.dumps({"task": {"name": "toy"}, "world_size": 1}))
+    (tmp_path / "in.txt").write_text("hello\n")
+    args = build_parser().parse_args(["predict", "--model", str(run), "--input",
+                                      str(tmp_path / "in.txt")])
+    with pytest.raises(ConfigError, match=r"run/config.json: not a model's config \(no model_type\);"
+                       r" did you mean .*run/model\?"):
+        run_predict(args, SingleProcess())
+    weights_only = tmp_path / "weights-only"  # save_pretrained of the model alone
+    shutil.copytree(sharp_model, weights_only, ignore=shutil.ignore_patterns("tokenizer*", "vocab*",
+                                                                           "special_tokens*"))
+    args.model = str(weights_only)
+    with pytest.raises(ConfigError, match=r"weights-only: no usable tokenizer here"):
+        run_predict(args, SingleProcess())
+
+
 def test_read_texts_formats(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text('label,text\nx,"hello, world"\ny,"say ""hi"""\n')
     assert read_texts(tmp_path / "a.csv").texts == ["hello, world", 'say "hi"']
