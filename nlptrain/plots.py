@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import from_run_config
 
@@ -85,7 +86,7 @@ def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path
     lr_ax.grid(alpha=0.3)
     for ax in (loss_ax, lr_ax):
         _epoch_marks(ax, train + evals)
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -133,7 +134,7 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
     ax.legend(loc="upper left")  # scores mostly rise: the early top-left stays empty
     ax.grid(alpha=0.3)
     _epoch_marks(ax, evals, label_at="bottom")  # the scores' numbers sit near the top
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -155,7 +156,7 @@ def plot_confusion(matrix: list[list[int]], names: list[str], path: Path, title:
     ax.set_xlabel("predicted label")
     ax.set_ylabel("true label")
     ax.set_title(title)
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -174,7 +175,7 @@ def plot_label_f1(per_class: dict[str, dict[str, float]], path: Path, title: str
     ax.set_xlabel("F1 at the threshold")
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="x")
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -192,7 +193,7 @@ def plot_scatter(truth: Any, predicted: Any, path: Path, title: str) -> Path:
     ax.set_title(title)
     ax.legend(loc="upper left")
     ax.grid(alpha=0.3)
-    fig.savefig(path)
+    _save(fig, path)
     return path
 
 
@@ -267,6 +268,12 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if not written:
         log.warning("%s: nothing to plot yet (metrics.jsonl holds no rows)", run_dir)
     return written
+
+
+def _save(fig: Any, path: Path) -> None:
+    """The PNG written whole or not at all (a crash mid-write leaves the previous one)."""
+    with open_durably(path, "wb") as handle:
+        fig.savefig(handle, format="png")
 
 
 def cmd_plot(args: argparse.Namespace) -> int:

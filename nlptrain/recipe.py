@@ -23,7 +23,7 @@ from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBest
 from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint, saved_precision
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
-from nlptrain.durable import write_text
+from nlptrain.durable import open_durably, write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
@@ -207,7 +207,8 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
             data[name] = {"rows": len(getattr(sets, name)), "source": source}
     write_text(run_dir / "results.json", json.dumps({**results, "data": data}, indent=1))
     if found is not None:
-        np.savez_compressed(run_dir / PREDICTIONS_FILE, outputs=found.outputs, targets=found.labels)
+        with open_durably(run_dir / PREDICTIONS_FILE, "wb") as handle:  # whole or not at all
+            np.savez_compressed(handle, outputs=found.outputs, targets=found.labels)
     plot_run(run_dir)
     write_report(run_dir)
     write_model_card(run_dir)

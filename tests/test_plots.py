@@ -97,3 +97,27 @@ def test_without_a_validation_set_no_best_model_is_claimed(tmp_path: Path) -> No
     report = write_report(run).read_text()
     assert "| last on test | 20 | 2 |" in report
     assert "best on" not in report and "the last model" in report
+
+
+def test_a_plot_that_fails_mid_write_leaves_the_previous_png_whole(tmp_path: Path,
+                                                                    monkeypatch) -> None:
+    from matplotlib.figure import Figure
+
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    plot_run(run)
+    before = (run / "plots" / "training.png").read_bytes()
+    real = Figure.savefig
+
+    def dies_halfway(self, target, **kwargs):  # a full disk, a kill: half the file is written
+        real(self, target, **kwargs)
+        if hasattr(target, "truncate"):
+            target.truncate(target.tell() // 2)
+        else:
+            Path(target).write_bytes(Path(target).read_bytes()[:100])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", dies_halfway)
+    with pytest.raises(OSError, match="No space left"):
+        plot_run(run)
+    assert (run / "plots" / "training.png").read_bytes() == before
+    assert [p.name for p in (run / "plots").iterdir() if p.name.startswith(".")] == []
