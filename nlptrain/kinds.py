@@ -169,7 +169,9 @@ class SingleLabel(TaskKind):
             "rows": int(len(truth)),
             "correct": int((truth == guess).sum()),
             "accuracy": float(accuracy_score(truth, guess)),
-            "macro_f1": float(f1_score(truth, guess, labels=ids, average="macro", zero_division=0)),
+            # Over the labels present in the truth or the predictions, as scikit-learn's default:
+            # a class that the set lacks and no row is given is not an F1 of 0.
+            "macro_f1": float(f1_score(truth, guess, average="macro", zero_division=0)),
             "mcc": float(matthews_corrcoef(truth, guess)),
             "loss": float(loss),
         }
@@ -239,11 +241,13 @@ class MultiLabel(TaskKind):
         p = np.clip(outputs, 1e-7, 1 - 1e-7)
         loss = -(truth * np.log(p) + (1 - truth) * np.log(1 - p)).mean() if len(truth) else 0.0
         ids = list(range(len(label_names)))
+        if truth.shape[1] == 1:  # scikit-learn reads one column as binary targets, not one label:
+            truth, guess = (np.hstack([a, np.zeros_like(a)]) for a in (truth, guess))  # scored on ids
         # accuracy_score on multi-hot rows is subset accuracy: every label of the row right.
         found = {
             "rows": int(len(truth)),
-            "micro_f1": float(f1_score(truth, guess, average="micro", zero_division=0)),
-            "macro_f1": float(f1_score(truth, guess, average="macro", zero_division=0)),
+            "micro_f1": float(f1_score(truth, guess, labels=ids, average="micro", zero_division=0)),
+            "macro_f1": float(f1_score(truth, guess, labels=ids, average="macro", zero_division=0)),
             "subset_accuracy": float(accuracy_score(truth, guess)),
             "loss": float(loss),
             "threshold": self.threshold,

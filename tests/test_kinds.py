@@ -108,6 +108,23 @@ def test_single_label_adds_matthews_and_binary_f1():
                                              ["a", "b", "c"])
 
 
+def test_macro_f1_leaves_out_a_class_the_set_lacks_and_no_row_is_given():
+    probs = np.eye(3)[[0, 1, 1, 0]]  # every row right; no row is, or is predicted, 'c'
+    found = SingleLabel().metrics(probs, np.array([0, 1, 1, 0]), ["a", "b", "c"])
+    assert found["accuracy"] == 1.0 and found["macro_f1"] == 1.0
+    assert found["per_class"]["c"]["support"] == 0  # the table still lists every label
+
+
+def test_multi_label_with_one_label_scores_that_label():
+    truth = np.array([[0], [1], [0], [0]], dtype=np.float32)
+    never = MultiLabel().metrics(np.full((4, 1), 0.1), truth, ["spam"])  # never says 'spam'
+    assert never["micro_f1"] == never["macro_f1"] == 0.0
+    assert never["per_class"]["spam"] == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 1}
+    assert never["label_confusion"] == [[[3, 0], [1, 0]]]
+    right = MultiLabel().metrics(truth * 0.8 + 0.1, truth, ["spam"])
+    assert right["micro_f1"] == right["macro_f1"] == right["subset_accuracy"] == 1.0
+
+
 def test_multi_label_metrics_at_the_threshold():
     from sklearn.metrics import f1_score
 
