@@ -218,11 +218,19 @@ def _label_names(metrics: dict[str, Any]) -> list[str]:
 
 def eval_set_name(run_dir: Path) -> str:
     """Which set the evaluations during training scored: validation, else test."""
+    results = run_dir / "results.json"
+    if results.is_file():  # a finished run lists the sets it had
+        sets = json.loads(results.read_text()).get("data")
+        if sets is not None:
+            return "validation" if "valid" in sets else "test"
     config_path = run_dir / "config.json"
     if not config_path.is_file():
         return "validation"
     data = json.loads(config_path.read_text())["task"]["data"]
-    return "validation" if data.get("valid") or data.get("valid_size", 0) > 0 else "test"
+    # Per-rank files and streams hold no rows out (the train rows are read later, per rank).
+    held_out = data.get("valid_size", 0) > 0 and not (data.get("train_shards")
+                                                       or data.get("streaming"))
+    return "validation" if data.get("valid") or held_out else "test"
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:

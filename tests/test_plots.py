@@ -11,7 +11,7 @@ from PIL import Image
 
 from nlptrain.cli import main
 from nlptrain.errors import ConfigError
-from nlptrain.plots import plot_run, read_metrics
+from nlptrain.plots import eval_set_name, plot_run, read_metrics
 
 
 def fake_run(folder: Path, labels: list[str], results: bool = True) -> Path:
@@ -121,3 +121,18 @@ def test_a_plot_that_fails_mid_write_leaves_the_previous_png_whole(tmp_path: Pat
         plot_run(run)
     assert (run / "plots" / "training.png").read_bytes() == before
     assert [p.name for p in (run / "plots").iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_run_without_a_validation_set_names_its_evaluations_test(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", ["neg", "pos"], results=False)
+    config = json.loads((run / "config.json").read_text())
+    config["task"]["data"] = {"valid_size": 0.1, "train_shards": "shards/"}  # nothing held out
+    (run / "config.json").write_text(json.dumps(config))
+    assert eval_set_name(run) == "test"
+    config["task"]["data"] = {"valid_size": 0.1}
+    (run / "config.json").write_text(json.dumps(config))
+    assert eval_set_name(run) == "validation"
+    # A finished run says which sets it had: results.json's word is final.
+    (run / "results.json").write_text(json.dumps({"valid": None, "test": None,
+                                                  "data": {"train": {}, "test": {}}}))
+    assert eval_set_name(run) == "test"
