@@ -6,7 +6,9 @@ may read anything (model, optimizer, scheduler, epoch, global_step, steps_per_ep
 change what the trainer does (set `trainer.train_data`, `trainer.should_stop = True`, ...).
 
 Callbacks run on every rank, so one that calls a collective stays in step with the others. One
-that only prints or writes files sets `main_process_only = True` and runs on rank 0 alone.
+that only prints or writes files sets `main_process_only = True` and runs on rank 0 alone. They
+run in the order given, except those that set `runs_last = True` (Checkpointer): a checkpoint
+must hold what every other callback made of the step.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Callback:
     """Base class: every event is a no-op. Override the ones you need."""
 
     main_process_only: bool = False
+    runs_last: bool = False  # after the other callbacks at every event, whatever the list order
 
     def on_train_start(self, trainer: Trainer) -> None:
         """Before the first epoch. The train data may be replaced here."""
@@ -93,7 +96,7 @@ class CallbackList:
     """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
 
     def __init__(self, callbacks: list[Callback], is_main: bool) -> None:
-        self.callbacks = list(callbacks)
+        self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
 
     def fire(self, event: str, trainer: Trainer, *args: Any) -> None:

@@ -196,9 +196,9 @@ class Trainer:
             self._optimizer_step()
             self.progress.global_step += 1
             self.callbacks.fire("on_step_end", self)
-        self.callbacks.fire("on_batch_end", self)
-        if self.is_update_step and cfg.eval_every and self.global_step % cfg.eval_every == 0:
-            self.validate()
+            if cfg.eval_every and self.global_step % cfg.eval_every == 0:
+                self.validate()
+        self.callbacks.fire("on_batch_end", self)  # the micro-batch is over, its evaluation too
         return True
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from finetune_setup import RecordSteps, hand_ema, snapshot, tiny_model, toy_sets
-from nlptrain.callbacks import EMA, FGM, Freeze, RDrop
+from nlptrain.callbacks import EMA, FGM, Checkpointer, Freeze, RDrop
 
 from nlptrain import TrainConfig, Trainer
 from nlptrain.checkpoint import load_checkpoint, save_checkpoint
@@ -170,6 +170,25 @@ def test_fgm_steps_plainly_while_the_embeddings_are_frozen(tmp_path, tiny_model_
                       config=TrainConfig(epochs=1, batch_size=4))
     trainer.fit()
     assert trainer.global_step == 2 and fgm._restore is None
+
+
+def test_a_checkpoint_holds_the_clean_weights_whatever_the_callbacks_order(tmp_path,
+                                                                          tiny_model_dir):
+    """FGM listed before Checkpointer: the step-2 checkpoint still holds the weights that step 2
+    left, not the embeddings FGM moves for the next batch."""
+    from safetensors.torch import load_file
+
+    train, test = toy_sets(tmp_path, tiny_model_dir, rows=24)
+    record = RecordSteps()
+    trainer = Trainer(tiny_model(tiny_model_dir), train, None,
+                      callbacks=[FGM(1.0), Checkpointer(tmp_path / "ckpt", every=2), record],
+                      config=TrainConfig(epochs=1, batch_size=4))
+    trainer.fit()
+    saved = load_file(tmp_path / "ckpt" / "step-00000002" / "model.safetensors")
+    after_step_2 = record.weights[2]
+    assert saved.keys() >= after_step_2.keys()
+    assert all(torch.equal(saved[k], v) for k, v in after_step_2.items()), [
+        k for k, v in after_step_2.items() if not torch.equal(saved[k], v)]
 
 
 # -- EMA --------------------------------------------------------------------------------------
