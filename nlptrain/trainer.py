@@ -136,8 +136,8 @@ class Trainer:
 
     @property
     def last_loss(self) -> float:
-        """The latest optimizer step's loss (its micro-batches, all ranks), read to the host:
-        a sync on a GPU, so a callback that runs every step keeps `step_loss` (on the device)."""
+        """The latest step's loss (all ranks), read to the host: a sync on a GPU, so a callback
+        that runs every step keeps `step_loss` (on the device)."""
         return math.nan if self.step_loss is None else float(self.step_loss)
 
     def fit(self) -> dict[str, Any]:
@@ -155,22 +155,27 @@ class Trainer:
         return self.metrics
 
     def _train_epochs(self) -> None:
-        while self.epoch < self.config.epochs and not self.should_stop:
+        while not self._agree_on_stop() and self.epoch < self.config.epochs:
             self.callbacks.fire("on_epoch_start", self)
             self.model.train()
             for batch in self._epoch_batches():  # read after the event: it may swap the data
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
             self.settle()  # the last step's flags, before the epoch's decisions
-            stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
-            self.should_stop = bool(stop)  # every rank leaves together (it may be the last step)
-            if interrupted:
-                raise Interrupted(f"stopped by a signal after step {self.global_step}; "
-                                  "continue with --resume")
+            self._agree_on_stop()  # every rank leaves together (it may be the last step)
             if self.metrics.get("step") != self.global_step:
                 self.validate()  # at each epoch end, unless eval_every just did
             self.callbacks.fire("on_epoch_end", self)
             self.progress.next_epoch()
+
+    def _agree_on_stop(self) -> bool:
+        """A stop asked on any rank (also during an evaluation) is every rank's; a signal's raises."""
+        stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
+        self.should_stop = bool(stop)
+        if interrupted:
+            raise Interrupted(f"stopped by a signal after step {self.global_step}; "
+                              "continue with --resume")
+        return self.should_stop
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
         """One micro-batch; False when a stop asked on some rank ends the epoch here."""
@@ -202,14 +207,13 @@ class Trainer:
         return True
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The (wrapped) model's logits on a batch already on the device. Callbacks call it for
-        extra passes within a step (R-Drop, FGM); under DDP, several forwards before one backward
-        all-reduce once."""
+        """The (wrapped) model's logits on a batch on the device; callbacks call it for extra
+        passes (R-Drop, FGM): under DDP, several forwards before one backward all-reduce once."""
         return logits_of(self.model(**model_inputs(batch)))
 
     def rewrap_model(self) -> None:
-        """Wrap the model again (DDP registers the parameters that require grad when it wraps):
-        call it on every rank at the same step after changing `requires_grad` (see Freeze)."""
+        """Wrap again (DDP registers the parameters that require grad): on every rank at the
+        same step after changing `requires_grad` (see Freeze)."""
         self.model = self.strategy.rewrap(self.model)
 
     def validate(self) -> dict[str, Any]:
@@ -273,22 +277,20 @@ class Trainer:
 
     @property
     def window_size(self) -> int:
-        """Micro-batches in this step; each loss is divided by it, so every step's gradient
-        is a mean over its rows (a short last step of an epoch too)."""
+        """Micro-batches in this step (an epoch's last may be short): each loss is divided by it."""
         return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
 
     def _ends_accumulation(self) -> bool:
-        done = self.batch_in_epoch + 1
+        done = self.batch_in_epoch + 1  # this micro-batch included
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
 
     def _agree_on_step(self) -> bool:
         """The optimizer step's one collective: every rank's loss, non-finite count, rows and stop
-        flag, summed on the device (`AgreedStep`). When the optimizer can skip a step on the
-        device (fused AdamW, no fp16 scaler) they are read one step late, when they are ready: a
-        non-finite step is skipped there, and the next read raises before any later step. Else
-        they are read now, before the step. A stop asked anywhere ends the run after the step
-        whose flags carry it; a window begun after it is undone on every rank (not counted,
-        random state back)."""
+        flag, summed on the device (`AgreedStep`). Where the optimizer can skip a step on the
+        device (fused AdamW, no fp16 scaler) they are read one step late: a non-finite step is
+        skipped there, and the next read raises before any later step; else they are read now.
+        A stop asked anywhere ends the run after the step whose flags carry it; a window begun
+        after it is undone on every rank (not counted, random state back)."""
         first, last = self.window.first_batch + 1, self.batch_in_epoch
         where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
                  f"(optimizer step {self.global_step + 1})")
@@ -347,8 +349,7 @@ class Trainer:
         groups = (param_groups or optim.param_groups)(self.unwrapped_model, lr, cfg)
         return (optimizer or optim.adamw)(groups, cfg)
 
-    def _request_stop(self) -> None:
-        """A signal asked to stop (SIGTERM/SIGINT): finish the step, stop every rank together."""
+    def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
         self.interrupted = self.should_stop = True
 
     # -- state for checkpoints ----------------------------------------------------------------

@@ -64,6 +64,19 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_pat
     assert_same_run(uninterrupted, run)
 
 
+def test_sigterm_during_the_epoch_end_evaluation_stops_with_130_and_resumes_exactly(
+        toy_task, tmp_path, uninterrupted, capsys, monkeypatch):
+    run = tmp_path / "stopped"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
+    monkeypatch.setenv("AT_STEP", "20")  # epoch 1 of 2 ends at step 20
+    assert main([*args, "--callback", f"{SCAFFOLD}:SigtermDuringEvaluation"]) == 130
+    assert "stopped by a signal after step 20" in capsys.readouterr().err
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000020"
+    assert not (run / "model").exists()  # no export of a run that did not finish
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(uninterrupted, run)
+
+
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(toy_task, tmp_path,
                                                                            capsys, monkeypatch):
     monkeypatch.setenv("AT_STEP", "4")
