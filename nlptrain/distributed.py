@@ -165,7 +165,8 @@ class Distributed(Backend):
                 dist.init_process_group(backend, store=store, rank=self.rank,
                                         world_size=self.world_size, timeout=timeout)
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
-        self.cpu_group = dist.new_group(backend="gloo") if self.device.type == "cuda" else None
+        self.cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) \
+            if self.device.type == "cuda" else None  # (new_group's own default: 30 minutes)
         # Rank 0's file work (a checkpoint, an export, plots) is bounded by the disk, not a hang:
         # the others wait for it in a group of their own, longer than a short collective timeout
         # meant to catch hangs.
@@ -191,17 +192,19 @@ class Distributed(Backend):
         return bool(self._flags([float(flag)], dist.ReduceOp.MAX)[0])
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's tensor along dim 0; the ranks may hold different lengths."""
+        """Concatenate every rank's tensor along dim 0; the ranks may hold different lengths,
+        and a rank with none may not know the other dimensions (a 0-row block of any width)."""
         tensor = tensor.to(self.device).contiguous()
-        length = torch.tensor([tensor.shape[0]], device=self.device)
-        lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
-        dist.all_gather(lengths, length)
-        longest = int(max(n.item() for n in lengths))
-        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-        padded[: tensor.shape[0]] = tensor
+        shape = torch.tensor(tensor.shape, device=self.device)
+        shapes = [torch.zeros_like(shape) for _ in range(self.world_size)]
+        dist.all_gather(shapes, shape)
+        lengths = [int(s[0]) for s in shapes]
+        widest = torch.stack(shapes).amax(dim=0).tolist()  # the rows' shape, from ranks with rows
+        padded = tensor.new_zeros(widest)
+        padded[: tensor.shape[0]] = tensor.reshape(tensor.shape[0], *widest[1:])
         parts = [torch.empty_like(padded) for _ in range(self.world_size)]
         dist.all_gather(parts, padded)
-        return torch.cat([p[: int(n.item())] for p, n in zip(parts, lengths, strict=True)]).cpu()
+        return torch.cat([p[:n] for p, n in zip(parts, lengths, strict=True)]).cpu()
 
     def gather_objects(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size

@@ -132,6 +132,24 @@ def test_distributed_evaluation_equals_one_process_exactly(tmp_path, tiny_model_
                                   torch.from_numpy(reference["probs"]), atol=1e-5)
 
 
+def empty_share_worker(rank: int, world: int) -> dict:
+    """Rank 1 has no rows, and a model without a config cannot tell it their width."""
+    from nlptrain import distributed
+
+    dist = distributed.from_env(30)
+    outputs = torch.arange(6.0).reshape(2, 3) if rank == 0 else torch.zeros(0, 0)
+    index = torch.tensor([1, 0]) if rank == 0 else torch.zeros(0, dtype=torch.long)
+    found = {"outputs": dist.gather(outputs), "index": dist.gather(index)}
+    dist.close()
+    return found
+
+
+def test_a_rank_with_no_rows_gathers_with_the_others(tmp_path):
+    for found in run_ranks(empty_share_worker, 2, tmp_path, timeout=90):
+        assert torch.equal(found["outputs"], torch.arange(6.0).reshape(2, 3))
+        assert found["index"].tolist() == [1, 0]
+
+
 class RaiseOnRank1(Callback):
     def on_batch_end(self, trainer) -> None:
         if trainer.dist.rank == 1 and trainer.batch_in_epoch == 3:
