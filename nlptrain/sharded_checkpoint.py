@@ -34,18 +34,34 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder
 
     dist.on_main(clear)  # also the barrier: nobody writes before the old files are gone
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards))
+    # DCP's collectives in the file-work group: a slow disk is not a hang (distributed.py).
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards),
+             process_group=getattr(dist, "main_work_group", None))
     dist.barrier()  # rank 0 wrote .metadata after every rank reported its shard
     return shards
 
 
-def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards: Path) -> None:
+def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards: Path,
+                dist: Backend | None = None) -> None:
     """Every rank: read the slices of its own shards (any world size wrote them) and set them."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     # The optimizer's state is made (zero steps) so that DCP knows the shapes to read into.
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    # A parameter frozen when the checkpoint was written (Freeze) had no optimizer state: it
+    # gets none now either, as in the run that never stopped.
+    saved = dcp.FileSystemReader(str(shards)).read_metadata().state_dict_metadata
+    stateless = [name for name in optimizer_state["state"]
+                 if not any(key.startswith(f"optimizer.state.{name}.") for key in saved)]
+    for name in stateless:
+        del optimizer_state["state"][name]
     try:
-        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards))
-    except Exception as err:  # DCP wraps a rank's failure in CheckpointException
+        dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(shards),
+                 process_group=getattr(dist, "main_work_group", None))
+    except (Exception, CheckpointException) as err:  # a rank's failure, wrapped by DCP
         raise CheckpointError(f"{shards}: sharded state cannot be read "
                               f"({str(err).splitlines()[0][:200]})") from None
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    params = dict(model.named_parameters())
+    for name in stateless:
+        optimizer.state.pop(params[name], None)

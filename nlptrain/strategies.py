@@ -99,7 +99,7 @@ class SingleDevice:
         from nlptrain.sharded_checkpoint import SHARDS, load_shards
 
         if (folder / SHARDS).is_dir():  # written by FSDP2: DCP puts the shards together
-            load_shards(self.unwrap(model), optimizer, folder / SHARDS)
+            load_shards(self.unwrap(model), optimizer, folder / SHARDS, self.dist)
             return
         missing, unexpected = load_model(self.unwrap(model), str(folder / WEIGHTS_FILE),
                                          strict=False, device=str(self.dist.device))
@@ -220,7 +220,7 @@ class FSDP2(SingleDevice):
         if not (folder / SHARDS).is_dir():
             raise CheckpointError(f"{folder}: holds whole weights (strategy ddp); resume it with "
                                   "[train] strategy = ddp")
-        load_shards(model, optimizer, folder / SHARDS)
+        load_shards(model, optimizer, folder / SHARDS, self.dist)
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Whole weights on rank 0's CPU (empty elsewhere). A collective: every rank calls it."""

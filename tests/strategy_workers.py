@@ -101,19 +101,21 @@ def equivalence_worker(rank: int, world: int, folder: str, model_dir: str, grad_
 
 def checkpoint_worker(rank: int, world: int, folder: str, model_dir: str, strategy: str,
                       train_rows: int, resume_from: str = "", record_at: int = 6,
-                      ema_decay: float = 0.0) -> dict:
+                      ema_decay: float = 0.0, freeze: bool = False) -> dict:
     """Train 2 epochs with a checkpoint every 3 steps into FOLDER/<strategy>-<world>/; resume
     from `resume_from` (written by any world size), or else resume the run just made from its
     checkpoint at `record_at`. Whole weights (rank 0) come back: loaded, at `record_at`, final
-    (with `ema_decay`, the average's, which EMA exports at the end)."""
+    (with `ema_decay`, the average's, which EMA exports at the end). `freeze`: a gradual Freeze
+    (a block more every 2 steps, the embeddings frozen throughout)."""
     dist = distributed.from_env(60)
     train = toy_set(Path(folder) / f"w{world}-rank{rank}", model_dir, "train", train_rows, seed=1)
     out: dict[str, Any] = {"kind": [], "steps": []}
 
     def run(resume: Path | None, record: RecordSteps) -> DistTrainer:
         saver = Checkpointer(Path(folder) / f"{strategy}-{world}", every=3, keep=0)
-        trainer = make_trainer(dist, model_dir, train, None, strategy, [record, saver], epochs=2,
-                               ema_decay=ema_decay)
+        frozen = [Freeze(2, "steps", gradual=True)] if freeze else []
+        trainer = make_trainer(dist, model_dir, train, None, strategy, [*frozen, record, saver],
+                               epochs=2, ema_decay=ema_decay)
         if resume is not None:
             load_checkpoint(trainer, resume)
             out.update(loaded=trainer.strategy.full_state_dict(trainer.model),

@@ -108,11 +108,13 @@ def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path,
     assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
 
 
-def test_ema_under_fsdp2_is_checkpointed_whole_and_resumes_exactly(tmp_path, tiny_model_dir):
+def test_ema_and_frozen_blocks_under_fsdp2_checkpoint_whole_and_resume_exactly(tmp_path,
+                                                                               tiny_model_dir):
     """Each rank averages its own shard; the checkpoint holds the whole average, and a resume
-    from step 6 ends on the same averaged weights (exported at the end) as the run never stopped."""
+    from step 6 ends on the same averaged weights (exported at the end) as the run never stopped.
+    The embeddings are frozen (no optimizer state in the shards) and still resume."""
     two = run_ranks(checkpoint_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir), "fsdp", 48,
-                    "", 6, 0.9)[0]
+                    "", 6, 0.9, True)[0]
     assert two["kind"] == ["FSDP2", "FSDP2"] and two["steps"] == [12, 12]
     saved = torch.load(tmp_path / "fsdp-2" / "step-00000006" / "state.pt", weights_only=True)
     average = saved["callbacks"]["ema"]["average"]
