@@ -17,6 +17,11 @@ SHORT_NAMES = {
 }
 
 
+# What a saved tokenizer's vocabulary lives in (fast; WordPiece; BPE; SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "tokenizer.model", "spiece.model",
+                   "sentencepiece.bpe.model")
+
+
 def quiet_transformers() -> None:
     """Offline, and no messages a user cannot act on (load reports, download bars)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -63,7 +68,12 @@ def load_tokenizer(name: str) -> Any:
 
     quiet_transformers()
     path = resolve_model_path(name)
+    # Without its files transformers builds a tokenizer of an empty vocabulary (every word
+    # [UNK]), silently: refuse the folder instead.
+    found = [f for f in TOKENIZER_FILES if (path / f).is_file()]
     try:
+        if not found:
+            raise ValueError(f"none of {', '.join(TOKENIZER_FILES)}")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as error:  # no or broken tokenizer files
         raise ConfigError(f"{path}: no usable tokenizer here ({str(error).splitlines()[0]}); "
