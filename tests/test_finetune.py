@@ -181,7 +181,7 @@ def test_a_checkpoint_holds_the_clean_weights_whatever_the_callbacks_order(tmp_p
     train, test = toy_sets(tmp_path, tiny_model_dir, rows=24)
     record = RecordSteps()
     trainer = Trainer(tiny_model(tiny_model_dir), train, None,
-                      callbacks=[FGM(1.0), Checkpointer(tmp_path / "ckpt", every=2), record],
+                      callbacks=[FGM(1.0), Checkpointer(tmp_path / "ckpt", every=2, keep=0), record],
                       config=TrainConfig(epochs=1, batch_size=4))
     trainer.fit()
     saved = load_file(tmp_path / "ckpt" / "step-00000002" / "model.safetensors")
