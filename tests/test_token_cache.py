@@ -16,7 +16,7 @@ from nlptrain.callbacks import PerRankData
 
 from nlptrain import TrainConfig, Trainer
 from nlptrain.config import FileSpec, load_task
-from nlptrain.data import LabelVocab, build_datasets, read_examples
+from nlptrain.data import LabelVocab, build_datasets, load_file, read_examples
 from nlptrain.data.split import split_task
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached
 from nlptrain.models import load_model, load_tokenizer
@@ -69,6 +69,23 @@ def test_key_follows_data_tokenizer_and_max_length(tmp_path, tiny_model_dir):
     assert cache_key([data], other, 32, {}) != key
     data.write_text(data.read_text() + "one more row\tpos\n")
     assert cache_key([data], tokenizer, 32, {}) != key
+
+
+def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):
+    """Both change the tokens a row keeps: a left-truncating tokenizer must not map the entry a
+    right-truncating one wrote."""
+    write_toy_tsv(tmp_path / "train.tsv", 30)
+    right, left, untyped = (load_tokenizer(str(tiny_model_dir)) for _ in range(3))
+    left.truncation_side = "left"
+    untyped.model_input_names = ["input_ids", "attention_mask"]  # as DistilBERT's
+    spec, vocab = FileSpec(path="train.tsv"), LabelVocab.from_config(["neg", "pos"])
+    keys = {cache_key([tmp_path / "train.tsv"], t, 8, {}) for t in (right, left, untyped)}
+    assert len(keys) == 3
+    first, _ = load_file(spec, tmp_path, vocab, right, 8, tmp_path / "cache", "train")
+    again, _ = load_file(spec, tmp_path, vocab, left, 8, tmp_path / "cache", "train")
+    examples = read_examples(spec, tmp_path, [])
+    wanted = TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), left, 8)
+    assert np.array_equal(again.ids, wanted.ids) and not np.array_equal(again.ids, first.ids)
 
 
 def digest(dataset: TokenizedDataset) -> str:

@@ -168,12 +168,17 @@ def file_digest(paths: Sequence[Path]) -> str:
 def tokenizer_digest(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return hashlib.blake2b(repr(tokenizer.get_vocab()).encode(), digest_size=8).hexdigest()
-    state = json.loads(backend.to_str())
-    # A call leaves its truncation/padding settings in the backend: without dropping them, the key
-    # of the same tokenizer would change once it has been used (a rank would miss rank 0's entry).
-    state.pop("truncation", None)
-    state.pop("padding", None)
+        state = {"vocab": repr(tokenizer.get_vocab())}
+    else:
+        state = json.loads(backend.to_str())
+        # A call leaves its truncation/padding settings in the backend: without dropping them, the
+        # key of the same tokenizer would change once it has been used (a rank would miss rank 0's
+        # entry).
+        state.pop("truncation", None)
+        state.pop("padding", None)
+    # Set on the Python side, not in the backend, yet they change the tokens a row keeps.
+    state["nlptrain"] = {"truncation_side": getattr(tokenizer, "truncation_side", "right"),
+                         "type_ids": uses_type_ids(tokenizer)}
     return hashlib.blake2b(json.dumps(state, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
