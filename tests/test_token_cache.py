@@ -88,6 +88,20 @@ def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):
     assert np.array_equal(again.ids, wanted.ids) and not np.array_equal(again.ids, first.ids)
 
 
+def test_key_follows_where_each_label_file_ends(tmp_path, tiny_model_dir):
+    """A line moved from the end of one {label} file to the start of the next leaves the bytes
+    back to back the same, but changes the line's label."""
+    (tmp_path / "neg.txt").write_text("bad one\nawful one\n")
+    (tmp_path / "pos.txt").write_text("good one\n")
+    spec, vocab = FileSpec(path="{label}.txt"), LabelVocab.from_config(["neg", "pos"])
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    first, _ = load_file(spec, tmp_path, vocab, tokenizer, 8, tmp_path / "cache", "train")
+    (tmp_path / "neg.txt").write_text("bad one\n")
+    (tmp_path / "pos.txt").write_text("awful one\ngood one\n")
+    again, _ = load_file(spec, tmp_path, vocab, tokenizer, 8, tmp_path / "cache", "train")
+    assert first.labels.tolist() == [0, 0, 1] and again.labels.tolist() == [0, 1, 1]
+
+
 def digest(dataset: TokenizedDataset) -> str:
     return hashlib.blake2b(b"".join(np.ascontiguousarray(a).tobytes() for a in
                                     (dataset.ids, dataset.offsets, dataset.labels))).hexdigest()
