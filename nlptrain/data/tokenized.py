@@ -104,8 +104,7 @@ class TokenizedDataset(Dataset):
         if truncated:
             log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
                      truncated, len(lengths), max_length)
-        targets = labels if isinstance(labels, np.ndarray) else np.asarray(labels, dtype=np.int64)
-        return cls(ids, offsets, targets, type_ids=type_ids)
+        return cls(ids, offsets, as_targets(labels), type_ids=type_ids)
 
     def save(self, folder: Path) -> None:
         for name in ("ids", "offsets", "labels", "type_ids"):
@@ -118,6 +117,15 @@ class TokenizedDataset(Dataset):
                   for name in ("ids", "offsets", "labels", "type_ids")
                   if (folder / f"{name}.npy").is_file()}
         return cls(**arrays)
+
+
+def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """An array as it is; a list stored as the kinds store theirs: scores and multi-hot rows as
+    float32 (3.8 must not become 3), class ids as int64."""
+    if isinstance(labels, np.ndarray):
+        return labels
+    found = np.asarray(labels)
+    return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
 
 
 def uses_type_ids(tokenizer: Any) -> bool:
