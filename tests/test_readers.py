@@ -10,7 +10,7 @@ from conftest import SHARED_DATA, needs_shared_data
 
 from nlptrain.config import FileSpec, file_spec, load_task
 from nlptrain.data import LabelVocab, stratified_split
-from nlptrain.data.readers import read_examples
+from nlptrain.data.readers import iter_rows, read_examples
 from nlptrain.errors import DataError
 
 
@@ -45,6 +45,15 @@ def test_one_file_per_label(tmp_path):
     (tmp_path / "x.neg").write_text("bad one\n\n")
     ex = read_examples(FileSpec(path="x.{label}"), tmp_path, ["neg", "pos"])
     assert ex.labels == ["neg", "pos", "pos"] and ex.texts[0] == "bad one"
+
+
+@pytest.mark.parametrize("values", [["neg", "pos"], []])
+def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, values):
+    (tmp_path / "all.txt").write_text("good one\nbad one\n")
+    rows = iter_rows(FileSpec(path="all.txt", format="lines"), tmp_path, values)
+    with pytest.raises(DataError, match=r"^all\.txt: format 'lines' reads one file per label and "
+                                        r"needs \{label\} in the path"):
+        next(rows)  # before any row is yielded under a label it does not have
 
 
 @pytest.mark.parametrize(("content", "message"), [
