@@ -96,6 +96,22 @@ def test_stratified_split_is_seeded_and_keeps_class_balance():
     assert np.array_equal(held, again) and not set(kept) & set(held)
 
 
+def test_a_split_too_small_for_its_classes_says_what_to_change():
+    labels = np.array([0] * 7 + [1] * 7 + [2] * 6)  # 20 rows: 10% holds out 2, for 3 classes
+    with pytest.raises(DataError, match=r"^train\.tsv: \[data\] valid_size = 0\.1 of 20 train rows "
+                                        r"holds out 2 and keeps 18, but a stratified split needs a "
+                                        r"row of each of the 3 classes on both sides; set "
+                                        r"valid_size between 0\.15 and 0\.85 or give the task a "
+                                        r"\[data\] valid file$"):
+        stratified_split(labels, 0.1, 0, "train.tsv", "valid")
+    kept, held = stratified_split(labels, 0.15, 0, "train.tsv", "valid")  # the suggested low end
+    assert sorted(labels[held]) == [0, 1, 2] and len(kept) == 17
+    scores = np.array([0.5, 1.5, 2.5, 3.5], dtype=np.float32)  # split at random: no classes
+    with pytest.raises(DataError, match=r"^s\.tsv: \[data\] test_size = 0\.9 of 4 train row\(s\) "
+                                        r"leaves none to train on"):
+        stratified_split(scores, 0.9, 0, "s.tsv", "test")
+
+
 @needs_shared_data
 @pytest.mark.parametrize(("task", "counts", "labels"), [
     ("rt-polarity", {"train": 10662}, ["negative", "positive"]),
