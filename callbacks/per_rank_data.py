@@ -171,7 +171,8 @@ class PerRankData(Callback):
         # Each rank caches its own share: the next run maps it instead of tokenizing.
         key = cache_key([part], tokenizer, self.max_length,
                         {"per_rank": part.name, "labels": [labels.values, labels.names],
-                         "kind": self.kind.name, "pairs": self.pairs})
+                         "kind": [self.kind.name, getattr(self.kind, "separator", None)],
+                         "pairs": self.pairs})
         return cached(self.cache_dir / key, build)[0]
 
 

@@ -22,6 +22,13 @@ def edit(task: Path, old: str, new: str) -> Path:
     return task
 
 
+def too_few_to_hold_out(data: Path) -> None:
+    """10 train rows of 2 classes: valid_size 0.1 holds out 1, too few to stratify."""
+    rows = [f"{word} {i}\t{label}" for i in range(5) for word, label in (("good", "pos"), ("bad", "neg"))]
+    (data / "train.tsv").write_text("text\tlabel\n" + "\n".join(rows) + "\n")
+    edit(data / "toy.toml", "[data]\n", "[data]\nvalid_size = 0.1\n")
+
+
 DATA_ERRORS = {
     "missing file": (lambda d: (d / "train.tsv").unlink(), r"train\.tsv: train file not found"),
     "empty file": (lambda d: (d / "train.tsv").write_text(""), r"train\.tsv: train file holds no rows"),
@@ -31,6 +38,10 @@ DATA_ERRORS = {
                       r"test\.tsv:3: label 'meh' is not one of the task's labels"),
     "undecodable bytes": (lambda d: (d / "train.tsv").write_bytes(b"text\tlabel\nna\xefve\tpos\n"),
                           r"train\.tsv:2: byte 0xef at column 3 is not UTF-8"),
+    "too few rows to hold out": (too_few_to_hold_out,
+                                 r"train\.tsv: \[data\] valid_size = 0\.1 of 10 train rows holds "
+                                 r"out 1 and keeps 9, but a stratified split needs a row of each of "
+                                 r"the 2 classes"),
 }
 
 

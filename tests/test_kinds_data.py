@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from nlptrain.cli import main
 from nlptrain.config import load_task
-from nlptrain.data import build_datasets
+from nlptrain.data import TokenizedDataset, build_datasets
 from nlptrain.data.split import Manifest, split_task
 from nlptrain.data.streaming import StreamingDataset
 from nlptrain.models import load_tokenizer
@@ -44,6 +44,18 @@ def test_the_token_cache_keeps_targets_and_type_ids(tmp_path, tiny_model_dir, ki
     dtype = {"pair": np.int64, "multi_label": np.float32, "regression": np.float32}[kind]
     assert cached.train.labels.dtype == dtype
     assert (cached.train.type_ids is not None) == (kind != "multi_label")
+
+
+def test_targets_given_as_a_list_keep_their_kind(tiny_model_dir):
+    """Scores in a Python list stay scores (3.8, not 3), float32 like those read from a file;
+    multi-hot rows float32, class ids int64."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    scores = TokenizedDataset.from_texts(["a", "b"], [3.8, 0.5], tokenizer, 8).labels
+    assert scores.dtype == np.float32 and scores.tolist() == pytest.approx([3.8, 0.5])
+    hot = TokenizedDataset.from_texts(["a", "b"], [[1.0, 0.0], [1.0, 1.0]], tokenizer, 8).labels
+    assert hot.dtype == np.float32 and hot.tolist() == [[1, 0], [1, 1]]
+    ids = TokenizedDataset.from_texts(["a", "b"], [1, 0], tokenizer, 8).labels
+    assert ids.dtype == np.int64 and ids.tolist() == [1, 0]
 
 
 def test_a_stream_yields_what_the_in_memory_set_holds(tmp_path, tiny_model_dir):

@@ -117,6 +117,26 @@ def test_datasets_dataset_errors_are_the_readers_errors(tiny_model_dir):
     assert ids.labels.tolist() == [1, 0]  # ids are accepted beside names
 
 
+def test_names_that_look_like_ids_are_names_and_ints_are_ids(tiny_model_dir):
+    """Star ratings "1".."5": the text "1" is the first label, the id 1 the second; neither is
+    read as the other, whether the ids are plain ints or a ClassLabel's."""
+    tokenizer, stars, texts = tokenizer_of(tiny_model_dir), ["1", "2", "3", "4", "5"], list("abcd")
+    as_text = {"text": texts, "label": ["1", "2", "5", "4"]}
+    as_ids = {"text": texts, "label": [0, 1, 4, 3]}
+    classes = hf_datasets.Features({"text": hf_datasets.Value("string"),
+                                    "label": hf_datasets.ClassLabel(names=stars)})
+    for rows, features in ((as_text, None), (as_ids, None), (as_text, classes)):
+        data = hf_datasets.Dataset.from_dict(rows, features=features)
+        assert from_hf_dataset(data, tokenizer, stars).labels.tolist() == [0, 1, 4, 3]
+    tags = hf_datasets.Dataset.from_dict({"text": ["a", "b"], "label": [["1", "5"], ["2"]]})
+    assert from_hf_dataset(tags, tokenizer, stars, MultiLabel()).labels.tolist() == [
+        [1, 0, 0, 0, 1], [0, 1, 0, 0, 0]]
+    too_big = hf_datasets.Dataset.from_dict({"text": ["a", "b"], "label": [4, 5]})
+    with pytest.raises(DataError, match=r"^train dataset:2: label id 5 is not an id of the labels "
+                                        r"\['1', '2', '3', '4', '5'\] \(0 to 4\)$"):
+        from_hf_dataset(too_big, tokenizer, stars)
+
+
 def _two_ranks(rank, world_size, model_dir, train_rows, test_rows):
     from pathlib import Path
 

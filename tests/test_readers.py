@@ -10,7 +10,7 @@ from conftest import SHARED_DATA, needs_shared_data
 
 from nlptrain.config import FileSpec, file_spec, load_task
 from nlptrain.data import LabelVocab, stratified_split
-from nlptrain.data.readers import read_examples
+from nlptrain.data.readers import iter_rows, read_examples
 from nlptrain.errors import DataError
 
 
@@ -45,6 +45,15 @@ def test_one_file_per_label(tmp_path):
     (tmp_path / "x.neg").write_text("bad one\n\n")
     ex = read_examples(FileSpec(path="x.{label}"), tmp_path, ["neg", "pos"])
     assert ex.labels == ["neg", "pos", "pos"] and ex.texts[0] == "bad one"
+
+
+@pytest.mark.parametrize("values", [["neg", "pos"], []])
+def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, values):
+    (tmp_path / "all.txt").write_text("good one\nbad one\n")
+    rows = iter_rows(FileSpec(path="all.txt", format="lines"), tmp_path, values)
+    with pytest.raises(DataError, match=r"^all\.txt: format 'lines' reads one file per label and "
+                                        r"needs \{label\} in the path"):
+        next(rows)  # before any row is yielded under a label it does not have
 
 
 @pytest.mark.parametrize(("content", "message"), [
@@ -85,6 +94,22 @@ def test_stratified_split_is_seeded_and_keeps_class_balance():
     assert abs(labels[held].sum() - 533.5) <= 1
     again = stratified_split(labels, 0.1, 42)[1]
     assert np.array_equal(held, again) and not set(kept) & set(held)
+
+
+def test_a_split_too_small_for_its_classes_says_what_to_change():
+    labels = np.array([0] * 7 + [1] * 7 + [2] * 6)  # 20 rows: 10% holds out 2, for 3 classes
+    with pytest.raises(DataError, match=r"^train\.tsv: \[data\] valid_size = 0\.1 of 20 train rows "
+                                        r"holds out 2 and keeps 18, but a stratified split needs a "
+                                        r"row of each of the 3 classes on both sides; set "
+                                        r"valid_size between 0\.15 and 0\.85 or give the task a "
+                                        r"\[data\] valid file$"):
+        stratified_split(labels, 0.1, 0, "train.tsv", "valid")
+    kept, held = stratified_split(labels, 0.15, 0, "train.tsv", "valid")  # the suggested low end
+    assert sorted(labels[held]) == [0, 1, 2] and len(kept) == 17
+    scores = np.array([0.5, 1.5, 2.5, 3.5], dtype=np.float32)  # split at random: no classes
+    with pytest.raises(DataError, match=r"^s\.tsv: \[data\] test_size = 0\.9 of 4 train row\(s\) "
+                                        r"leaves none to train on"):
+        stratified_split(scores, 0.9, 0, "s.tsv", "test")
 
 
 @needs_shared_data

@@ -85,6 +85,12 @@ def test_split_one_file_per_label_format(tmp_path):
     assert sorted(written) == sorted([("a fine film", "pos"), ("lovely", "pos"), ("dull", "neg"),
                                       ("too long", "neg"), ("bad acting", "neg")])
     assert manifest.rows == [3, 2] and len(manifest.source["files"]) == 2
+    # 'bad acting' moved to the start of mr.pos: the same bytes back to back, another label.
+    (tmp_path / "mr.neg").write_text("dull\ntoo long\n", encoding="utf-8")
+    (tmp_path / "mr.pos").write_text("bad acting\na fine film\nlovely\n\n", encoding="utf-8")
+    moved = split_task(task, tmp_path / "parts", 2, overwrite=True)
+    assert moved.source["checksum"] != manifest.source["checksum"]
+    assert moved.source["checksum"] == file_digest([tmp_path / "mr.neg", tmp_path / "mr.pos"])
 
 
 def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):

@@ -7,18 +7,22 @@ from __future__ import annotations
 import hashlib
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import write_toy_tsv
 from ddp import run_ranks
+from kinds_data import write_multi_label_tsv
 from nlptrain.callbacks import PerRankData
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.config import FileSpec, load_task
-from nlptrain.data import LabelVocab, build_datasets, read_examples
-from nlptrain.data.split import split_task
+from nlptrain.config import FileSpec, TaskConfig, load_task
+from nlptrain.data import LabelVocab, build_datasets, load_file, read_examples
+from nlptrain.data.split import Manifest, split_task
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached
+from nlptrain.errors import DataError
+from nlptrain.kinds import MultiLabel
 from nlptrain.models import load_model, load_tokenizer
 
 
@@ -69,6 +73,37 @@ def test_key_follows_data_tokenizer_and_max_length(tmp_path, tiny_model_dir):
     assert cache_key([data], other, 32, {}) != key
     data.write_text(data.read_text() + "one more row\tpos\n")
     assert cache_key([data], tokenizer, 32, {}) != key
+
+
+def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):
+    """Both change the tokens a row keeps: a left-truncating tokenizer must not map the entry a
+    right-truncating one wrote."""
+    write_toy_tsv(tmp_path / "train.tsv", 30)
+    right, left, untyped = (load_tokenizer(str(tiny_model_dir)) for _ in range(3))
+    left.truncation_side = "left"
+    untyped.model_input_names = ["input_ids", "attention_mask"]  # as DistilBERT's
+    spec, vocab = FileSpec(path="train.tsv"), LabelVocab.from_config(["neg", "pos"])
+    keys = {cache_key([tmp_path / "train.tsv"], t, 8, {}) for t in (right, left, untyped)}
+    assert len(keys) == 3
+    first, _ = load_file(spec, tmp_path, vocab, right, 8, tmp_path / "cache", "train")
+    again, _ = load_file(spec, tmp_path, vocab, left, 8, tmp_path / "cache", "train")
+    examples = read_examples(spec, tmp_path, [])
+    wanted = TokenizedDataset.from_texts(examples.texts, vocab.encode(examples), left, 8)
+    assert np.array_equal(again.ids, wanted.ids) and not np.array_equal(again.ids, first.ids)
+
+
+def test_key_follows_where_each_label_file_ends(tmp_path, tiny_model_dir):
+    """A line moved from the end of one {label} file to the start of the next leaves the bytes
+    back to back the same, but changes the line's label."""
+    (tmp_path / "neg.txt").write_text("bad one\nawful one\n")
+    (tmp_path / "pos.txt").write_text("good one\n")
+    spec, vocab = FileSpec(path="{label}.txt"), LabelVocab.from_config(["neg", "pos"])
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    first, _ = load_file(spec, tmp_path, vocab, tokenizer, 8, tmp_path / "cache", "train")
+    (tmp_path / "neg.txt").write_text("bad one\n")
+    (tmp_path / "pos.txt").write_text("awful one\ngood one\n")
+    again, _ = load_file(spec, tmp_path, vocab, tokenizer, 8, tmp_path / "cache", "train")
+    assert first.labels.tolist() == [0, 0, 1] and again.labels.tolist() == [0, 1, 1]
 
 
 def digest(dataset: TokenizedDataset) -> str:
@@ -149,8 +184,6 @@ def test_a_rank_that_fails_stops_the_others_instead_of_leaving_them_waiting(
 
 def test_per_rank_share_is_cached(tmp_path, tiny_model_dir):
     write_toy_tsv(tmp_path / "train.tsv", 40)
-    from nlptrain.config import TaskConfig
-
     task = TaskConfig(name="toy", data_dir=str(tmp_path))
     task.data.train = "train.tsv"
     split_task(task, tmp_path / "parts", 1)
@@ -169,3 +202,25 @@ def test_per_rank_share_is_cached(tmp_path, tiny_model_dir):
     assert isinstance(dataset.ids, np.memmap)
     shutil.rmtree(tmp_path / "cache")
     assert not Path(tmp_path / "cache").exists()
+
+
+def test_per_rank_key_follows_the_label_separator(tmp_path, tiny_model_dir):
+    """The same part file read with another separator holds other targets (here: labels that are
+    not the task's), so it must not map the entry of the first."""
+    write_multi_label_tsv(tmp_path / "train.tsv", 40, separator="|")
+    task = TaskConfig(name="tags", data_dir=str(tmp_path))
+    task.data.train, task.data.label_column = "train.tsv", "tags"
+    task.data.kind, task.data.label_separator = "multi_label", "|"
+    split_task(task, tmp_path / "parts", 1)
+    part = Manifest.load(tmp_path / "parts").part_path(tmp_path / "parts", 0)
+    labels = ["food", "music", "sport"]
+    trainer = SimpleNamespace(tokenizer=load_tokenizer(str(tiny_model_dir)), label_names=labels)
+
+    def load(separator: str) -> TokenizedDataset:
+        return PerRankData(tmp_path / "parts", labels, cache_dir=tmp_path / "cache",
+                           kind=MultiLabel(separator))._load(part, trainer)
+
+    assert load("|").labels.sum(axis=1).max() >= 2  # some rows have two labels
+    with pytest.raises(DataError, match=r"label '\w+(\|\w+)+' \(in '[\w|]+'\) is not one of the "
+                                        r"task's labels"):
+        load(",")

@@ -8,6 +8,7 @@ files, so a machine holds one copy of the token ids however many ranks it runs.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,18 +76,35 @@ class Datasets:
     sources: dict[str, str] = field(default_factory=dict)
 
 
-def stratified_split(labels: np.ndarray, size: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(labels: np.ndarray, size: float, seed: int, where: str = "train",
+                     which: str = "valid") -> tuple[np.ndarray, np.ndarray]:
     """(kept, held out) row numbers; stratified by label when every class can be split (single
-    labels only: multi-label and regression targets are split at random)."""
+    labels only: multi-label and regression targets are split at random). A split that leaves
+    nothing to train on, or too few rows for a class on each side, is a DataError naming
+    `where` (the train file) and `which` set's [data] size key."""
     from sklearn.model_selection import train_test_split  # here: a slow import, rarely needed
 
-    rows = np.arange(len(labels))
+    rows, n = np.arange(len(labels)), len(labels)
+    held, kept = math.ceil(size * n), math.floor((1 - size) * n)  # as scikit-learn counts them
+    fix = f"or give the task a [data] {which} file"
+    if kept < 1:
+        raise DataError(f"{where}: [data] {which}_size = {size:g} of {n} train row(s) leaves "
+                        f"none to train on; lower {which}_size {fix}")
     stratify = None
     if labels.ndim == 1 and labels.dtype.kind == "i" and len(labels):  # class ids: stratify
         present = np.bincount(np.clip(labels, 0, None))[np.unique(labels)]
         stratify = labels if present.min() >= 2 else None
-    kept, held = train_test_split(rows, test_size=size, random_state=seed, stratify=stratify)
-    return np.sort(kept), np.sort(held)
+        classes = len(present)
+        # scikit-learn would raise a bare ValueError: say what to change instead.
+        if stratify is not None and min(held, kept) < classes:
+            low, high = math.ceil(100 * classes / n) / 100, math.floor(100 * (n - classes) / n) / 100
+            raise DataError(f"{where}: [data] {which}_size = {size:g} of {n} train rows holds "
+                            f"out {held} and keeps {kept}, but a stratified split needs a row of "
+                            f"each of the {classes} classes on both sides; set {which}_size "
+                            f"between {low:g} and {high:g} {fix}")
+    kept_rows, held_rows = train_test_split(rows, test_size=size, random_state=seed,
+                                            stratify=stratify)
+    return np.sort(kept_rows), np.sort(held_rows)
 
 
 def _files(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None) -> list[Path]:
@@ -175,12 +193,15 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \
             if task.data.streaming else None
         return sets
+    where = str(data_dir / specs["train"].path)  # the file the held-out rows come from
     if sets.test is None and task.data.test_size > 0:
-        kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed)
+        kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed, where,
+                                      "test")
         sets.train, sets.test = sets.train.select(kept), sets.train.select(held)
         sets.sources["test"] = f"{task.data.test_size:.0%} of train (stratified, seed {seed})"
     if sets.valid is None and task.data.valid_size > 0:
-        kept, held = stratified_split(sets.train.label_ids, task.data.valid_size, seed)
+        kept, held = stratified_split(sets.train.label_ids, task.data.valid_size, seed, where,
+                                      "valid")
         sets.train, sets.valid = sets.train.select(kept), sets.train.select(held)
         sets.sources["valid"] = f"{task.data.valid_size:.0%} of the rest of train (seed {seed})"
     return sets

@@ -9,6 +9,7 @@ needs it installed.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,8 +43,8 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
                     max_length: int = MAX_LENGTH, what: str = "train") -> TokenizedDataset:
     """Tokenize a `datasets.Dataset` into the trainer's flat token arrays. `text_pair_column`
     None: "text_pair" when the dataset has that column, else one text a row. A label is a name
-    of `label_names`, an id (an int, or a `ClassLabel` value), a list of either (multi-label),
-    or a number (regression)."""
+    of `label_names` (text), an id (an int, or a `ClassLabel` value), a list of either
+    (multi-label), or a number (regression)."""
     if tokenizer is None:
         raise DataError(f"{what} data is a datasets.Dataset: pass tokenizer= to tokenize it")
     kind = kind or SingleLabel()
@@ -61,28 +62,34 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
     feature = data.features.get(label_column)
     feature = getattr(feature, "feature", feature)  # a list column's items
     class_names = getattr(feature, "names", None)  # a ClassLabel's
+    names = [str(n) for n in label_names]
     examples = Examples()
     number = 0
     for batch in data.select_columns(list(roles.values())).iter(batch_size=4096):
         for i in range(len(batch[text_column])):
             number += 1
-            cells = {role: _cell(batch[column][i], class_names) for role, column in roles.items()}
+            cells = {role: batch[column][i] for role, column in roles.items()}
+            if kind.has_classes:
+                cells["label"] = _named(cells["label"], class_names or names, f"{where}:{number}")
             examples.add(checked_row(cells, where, number))  # type: ignore[arg-type]
     if not examples:
         raise DataError(f"{where}: holds no rows")
-    # Ids are accepted beside the names: '0' and 'negative' both mean label 0.
-    vocab = LabelVocab([str(i) for i in range(len(label_names))], [str(n) for n in label_names])
-    if not kind.has_classes:
-        vocab = LabelVocab([], [])
+    # Every id is a name by now, so a text cell is only ever a name: with star ratings "1".."5",
+    # the text "1" is the first label and the id 1 the second, never both.
+    vocab = LabelVocab(names, names) if kind.has_classes else LabelVocab([], [])
     targets = vocab.encode(examples, kind)
     return TokenizedDataset.from_texts(examples.texts, targets, tokenizer, max_length,
                                        pairs=examples.pairs)
 
 
-def _cell(value: Any, class_names: Sequence[str] | None) -> Any:
-    """A cell as the readers see it: labels as text, a ClassLabel id as its name."""
+def _named(value: Any, names: Sequence[str], where: str) -> Any:
+    """A label cell with each id (an int: a ClassLabel's value, else a position in the label
+    names) as its name; text is a name already."""
     if isinstance(value, list):
-        return [_cell(v, class_names) for v in value]
-    if class_names is not None and isinstance(value, int) and 0 <= value < len(class_names):
-        return class_names[value]
-    return value
+        return [_named(v, names, where) for v in value]
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        return value
+    if not 0 <= value < len(names):
+        raise DataError(f"{where}: label id {value} is not an id of the labels {list(names)} "
+                        f"(0 to {len(names) - 1})")
+    return names[value]

@@ -189,6 +189,9 @@ def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[st
     """The files one [data] entry reads, checked to exist (one per label for format 'lines')."""
     base = Path(data_dir) if data_dir else Path(".")
     if "{label}" not in spec.path:
+        if spec.format == "lines":  # which file holds which label's lines is in the path alone
+            raise DataError(f"{spec.path}: format 'lines' reads one file per label and needs "
+                            "{label} in the path, e.g. 'train.{label}.txt'")
         return [open_checked(base / spec.path, what)]
     if not label_values:
         raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")

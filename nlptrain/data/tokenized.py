@@ -104,8 +104,7 @@ class TokenizedDataset(Dataset):
         if truncated:
             log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
                      truncated, len(lengths), max_length)
-        targets = labels if isinstance(labels, np.ndarray) else np.asarray(labels, dtype=np.int64)
-        return cls(ids, offsets, targets, type_ids=type_ids)
+        return cls(ids, offsets, as_targets(labels), type_ids=type_ids)
 
     def save(self, folder: Path) -> None:
         for name in ("ids", "offsets", "labels", "type_ids"):
@@ -118,6 +117,15 @@ class TokenizedDataset(Dataset):
                   for name in ("ids", "offsets", "labels", "type_ids")
                   if (folder / f"{name}.npy").is_file()}
         return cls(**arrays)
+
+
+def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """An array as it is; a list stored as the kinds store theirs: scores and multi-hot rows as
+    float32 (3.8 must not become 3), class ids as int64."""
+    if isinstance(labels, np.ndarray):
+        return labels
+    found = np.asarray(labels)
+    return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
 
 
 def uses_type_ids(tokenizer: Any) -> bool:
@@ -157,23 +165,34 @@ class Collator:
 
 
 def file_digest(paths: Sequence[Path]) -> str:
-    digest = hashlib.blake2b(digest_size=16)
+    """One file: the digest of its bytes. Several: the digest of their digests, so where one file
+    ends counts (a line moved from the end of `neg.txt` to the start of `pos.txt` is new data)."""
+    digests = []
     for path in paths:
+        digest = hashlib.blake2b(digest_size=16)
         with open(path, "rb") as handle:
             while block := handle.read(1 << 20):
                 digest.update(block)
-    return digest.hexdigest()
+        digests.append(digest.hexdigest())
+    if len(digests) == 1:  # as before: the cache entries and manifests of one file stay valid
+        return digests[0]
+    return hashlib.blake2b(" ".join(digests).encode(), digest_size=16, person=b"files").hexdigest()
 
 
 def tokenizer_digest(tokenizer: Any) -> str:
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        return hashlib.blake2b(repr(tokenizer.get_vocab()).encode(), digest_size=8).hexdigest()
-    state = json.loads(backend.to_str())
-    # A call leaves its truncation/padding settings in the backend: without dropping them, the key
-    # of the same tokenizer would change once it has been used (a rank would miss rank 0's entry).
-    state.pop("truncation", None)
-    state.pop("padding", None)
+        state = {"vocab": repr(tokenizer.get_vocab())}
+    else:
+        state = json.loads(backend.to_str())
+        # A call leaves its truncation/padding settings in the backend: without dropping them, the
+        # key of the same tokenizer would change once it has been used (a rank would miss rank 0's
+        # entry).
+        state.pop("truncation", None)
+        state.pop("padding", None)
+    # Set on the Python side, not in the backend, yet they change the tokens a row keeps.
+    state["nlptrain"] = {"truncation_side": getattr(tokenizer, "truncation_side", "right"),
+                         "type_ids": uses_type_ids(tokenizer)}
     return hashlib.blake2b(json.dumps(state, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
