@@ -20,6 +20,7 @@ from typing import Any
 
 from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+from nlptrain.logs import add_log_level
 
 log = logging.getLogger("nlptrain")
 
@@ -98,8 +99,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
     parser.add_argument("--no-cache", action="store_true",
                         help="tokenize in memory, without the memory-mapped token cache")
-    parser.add_argument("--log-level", default="info",
-                        help="debug | info | warning | error (ranks > 0 show warnings only)")
+    add_log_level(parser)
     # Also after the command; SUPPRESS keeps a value given before it (see build_parser).
     parser.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)

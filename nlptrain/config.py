@@ -202,15 +202,32 @@ def load_task(path: str | Path) -> TaskConfig:
     return task
 
 
+FILES = ("train", "valid", "test")  # [data] entries that may be a table of their own (FileSpec)
+
+
 def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "override") -> None:
-    """Set `section.key` (or a top-level key) to `value`, with the task file's type checks."""
+    """Set `section.key`, `data.FILE.key` (FILE: train, valid, test) or a top-level key to `value`,
+    with the task file's type checks."""
     section, _, key = dotted.rpartition(".")
-    target = getattr(task, section) if section else task
-    if section and section not in SECTIONS:
-        raise ConfigError(f"{source}: unknown section '{section}'. Valid: {', '.join(SECTIONS)}")
-    _fill(type(target), {key: value}, source)  # type and name check only
-    setattr(target, key, value)
+    if section.startswith("data.") and section[5:] in FILES:
+        _set_file_key(task, section[5:], key, value, source)
+    elif section and section not in SECTIONS:  # before getattr: a typo is a one-line error
+        valid = ", ".join([*SECTIONS, *(f"data.{name}" for name in FILES)])
+        raise ConfigError(f"{source}: unknown section '{section}'. Valid: {valid}; or no section "
+                          "for a top-level key (name, description, data_dir)")
+    else:
+        target = getattr(task, section) if section else task
+        _fill(type(target), {key: value}, source)  # type and name check only
+        setattr(target, key, value)
     validate(task, source)
+
+
+def _set_file_key(task: TaskConfig, which: str, key: str, value: Any, source: str) -> None:
+    """`data.test.header=false`: one key of one file's own table (a path alone becomes one)."""
+    _fill(FileSpec, {key: value}, source)
+    entry = getattr(task.data, which)
+    table = dict(entry) if isinstance(entry, dict) else {"path": entry} if entry else {}
+    setattr(task.data, which, {**table, key: value})
 
 
 CHOICES = {
@@ -242,6 +259,11 @@ def validate(task: TaskConfig, source: str) -> None:
 
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
     validate_finetuning(task.train, task.data.kind, source)
+    for which in FILES:  # a file's own table: its keys now, not when the file is read
+        entry = getattr(task.data, which)
+        if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
+            raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path, "
+                              f"or --{which}-file)")
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")

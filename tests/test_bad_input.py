@@ -130,3 +130,35 @@ def test_torchruns_summary_names_nlptrains_error_as_the_root_cause(toy_task, tmp
     # No worker traceback (torchrun still prints its own, ending in ChildFailedError).
     assert not re.search(r'File ".*/nlptrain/', out.stderr), out.stderr
     assert "traceback : stopped: rank 0 failed (see the root cause)" in out.stderr  # rank 1's
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trian.lr=1e-5", "--set trian.lr=1e-5: unknown section 'trian'. Valid: data, model, train, "
+                      "data.train, data.valid, data.test;"),
+    ("data.tset.header=true", "unknown section 'data.tset'"),
+    ("data.test.heder=true", "--set data.test.heder=true: unknown key 'heder'. Valid keys: path,"),
+])
+def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_path, override, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", override)
+    assert code == 1 and message in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_an_override_reaches_one_files_own_table(toy_task):
+    from nlptrain.cli import build_parser, resolve_task
+    from nlptrain.config import file_spec
+
+    args = build_parser().parse_args(["train", "--task", str(toy_task), "--set",
+                                      "data.test.header=false", "--set", "data.valid.path=v.tsv"])
+    task = resolve_task(args)
+    assert (file_spec(task, "test").path, file_spec(task, "test").header) == ("test.tsv", False)
+    assert file_spec(task, "train").header and file_spec(task, "valid").path == "v.tsv"
+
+
+def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--task", str(toy_task), "--log-level", "verbose"])
+    assert stop.value.code == 2 and "invalid choice: 'verbose'" in capsys.readouterr().err
+    from nlptrain.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--log-level", "INFO"]).log_level == "info"
