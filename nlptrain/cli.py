@@ -18,7 +18,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task
+from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task, validate
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.logs import add_log_level
 
@@ -189,18 +189,24 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
 
 
 def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
-    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`."""
+    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
+    together once all are set (an error names them all)."""
+    given = []
     for key, value in vars(args).items():
         if key.startswith("set:") and value is not None:
             section, name = key[4:].split(".")
             hint = typing.get_type_hints(SECTIONS[section])[name]
+            given.append(f"--{name.replace('_', '-')}")
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
-                           else value, f"--{name.replace('_', '-')}")
+                           else value, given[-1])
     for item in args.set:
         dotted, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
-        apply_override(task, dotted.strip(), parse_value(text.strip(), None), f"--set {item}")
+        given.append(f"--set {item}")
+        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1])
+    if given:  # the task file alone was checked when it was read
+        validate(task, ", ".join(given))
     return task
 
 

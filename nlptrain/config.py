@@ -207,7 +207,8 @@ FILES = ("train", "valid", "test")  # [data] entries that may be a table of thei
 
 def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "override") -> None:
     """Set `section.key`, `data.FILE.key` (FILE: train, valid, test) or a top-level key to `value`,
-    with the task file's type checks."""
+    with the task file's type checks. Call `validate` once all overrides are set: one at a time,
+    a valid combination (another kind and its metric) would be refused half-way."""
     section, _, key = dotted.rpartition(".")
     if section.startswith("data.") and section[5:] in FILES:
         _set_file_key(task, section[5:], key, value, source)
@@ -219,7 +220,6 @@ def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "ove
         target = getattr(task, section) if section else task
         _fill(type(target), {key: value}, source)  # type and name check only
         setattr(target, key, value)
-    validate(task, source)
 
 
 def _set_file_key(task: TaskConfig, which: str, key: str, value: Any, source: str) -> None:

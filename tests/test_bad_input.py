@@ -162,3 +162,23 @@ def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
     from nlptrain.cli import build_parser
 
     assert build_parser().parse_args(["train", "--log-level", "INFO"]).log_level == "info"
+
+
+@pytest.mark.parametrize("order", [["--kind", "single_label", "--metric-for-best", "accuracy"],
+                                   ["--set", "train.metric_for_best=accuracy",
+                                    "--set", "data.kind=single_label"]])
+def test_overrides_are_checked_together_in_any_order(tmp_path, order):
+    """STS-B (regression, pearson) as a single_label task with accuracy: each override alone
+    contradicts the other key's value in the task file, together they fit."""
+    from nlptrain.cli import build_parser, resolve_task
+
+    args = build_parser().parse_args(["train", "--task", "stsb", "--data-dir", str(tmp_path), *order])
+    task = resolve_task(args)
+    assert (task.data.kind, task.train.metric_for_best) == ("single_label", "accuracy")
+
+
+def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--kind", "regression",
+                      "--metric-for-best", "accuracy")
+    assert code == 1 and "--kind, --metric-for-best: [train] metric_for_best = 'accuracy' is not " \
+        "a metric of regression tasks" in err, err
