@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nlptrain.config import TrainConfig
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
@@ -58,11 +59,12 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     """Make `folder` ready and write config.json; returns whether there is a run to resume."""
     saved = read_config(folder)
     if saved is not None and resume:
-        # Training options (epochs, lr, ...) may change on resume; data and model may not.
+        # Training options (epochs, cadences, ...) may change on resume; data and model may not.
         changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
         if changed:
             raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)}; "
                               "resume with the same task, or pick another --output-dir")
+        check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
         return True
     if saved is not None or (folder.is_dir() and any(folder.iterdir())):
         if not overwrite:
@@ -76,6 +78,22 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+# The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
+# cannot load at all): a changed value would be silently ignored.
+OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
+
+
+def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a resume whose optimizer settings differ from the run's (config.json)."""
+    defaults = TrainConfig()  # a run recorded before a key existed had its default
+    changed = [f"{key} {saved.get(key, getattr(defaults, key))!r} -> {train[key]!r}"
+               for key in OPTIMIZER_KEYS if train[key] != saved.get(key, getattr(defaults, key))]
+    if changed:
+        raise ConfigError(f"{folder}: a resume keeps the run's optimizer settings, and these "
+                          f"changed: {', '.join(changed)}; resume with the run's values, or start "
+                          "a new run (another --output-dir) to change them")
 
 
 def record_in_config(folder: Path, key: str, value: Any) -> None:
