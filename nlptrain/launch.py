@@ -87,21 +87,25 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
 def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
     """`python -m nlptrain ARGV` on `nproc` workers (the CLI's `--nproc`); returns the exit code.
     The workers get the same ARGV: they see that the launch is theirs and run it."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    with _worker_environment(nproc):
-        try:
+    try:
+        with _worker_environment(nproc):
             elastic_launch(_config(nproc, max_restarts, "spawn"), sys.executable)(
                 "-m", "nlptrain", *argv)
-        except ChildFailedError as err:
-            rank, failure = err.get_first_failure()
-            code = failure.exitcode
-            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-            restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
-            print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
-                  file=sys.stderr)
-            return code if code > 0 else 1
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+        print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
+              file=sys.stderr)
+        return code if code > 0 else 1
+    except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
+        print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
+        return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
 
 
