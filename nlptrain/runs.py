@@ -37,16 +37,37 @@ def git_commit() -> str | None:
         return None
 
 
-def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
-    """`runs/<task>-<timestamp>`; when the launcher restarted the job (torchrun --max-restarts,
-    a requeued SLURM job), the folder of the same launch."""
+def launch_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None
+                   ) -> Path | None:
+    """When the launcher restarted the job (torchrun --max-restarts, a requeued SLURM job), the
+    folder an earlier attempt of the same launch made, if any."""
     run_id = launch.run_id if launch else None
     if run_id and launch.restart_count > 0:
         for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
             saved = read_config(folder)
             if saved and saved.get("launcher_run_id") == run_id:
                 return folder
-    return Path(root) / f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return None
+
+
+def new_run_dir(task_name: str, root: str = "runs") -> Path:
+    """A new, empty `root/<task>-<timestamp>`, made atomically: a run started in the same second
+    (a sweep, a SLURM array) gets the next free `-2`, `-3`, ... instead of another run's folder."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    stem = f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    number = 1
+    while True:
+        folder = Path(root) / (stem if number == 1 else f"{stem}-{number}")
+        try:
+            folder.mkdir()  # exist_ok=False: of two runs, one makes it, the other moves on
+            return folder
+        except FileExistsError:
+            number += 1
+
+
+def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
+    """This launch's folder on a restart (`launch_run_dir`), else a new one (`new_run_dir`)."""
+    return launch_run_dir(task_name, root, launch) or new_run_dir(task_name, root)
 
 
 def read_config(folder: Path) -> dict[str, Any] | None:

@@ -189,3 +189,26 @@ def test_a_resume_may_change_the_plan_but_not_the_optimizer(tmp_path: Path) -> N
         changed["train"][key] = value
         with pytest.raises(ConfigError, match=f"optimizer settings, and these changed: {key} "):
             prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep or a SLURM array starts runs in the same second: each makes its own folder, and
+    --overwrite or --resume never act on a generated name (another run's)."""
+    import time
+
+    from nlptrain import recipe
+    from nlptrain.config import TaskConfig
+    from nlptrain.distributed import SingleProcess
+
+    real = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda fmt, *when: "20260101-120000"
+                        if fmt == "%Y%m%d-%H%M%S" else real(fmt, *when))
+    monkeypatch.chdir(tmp_path)
+    task, dist = TaskConfig(name="toy"), SingleProcess()
+    made = [recipe.open_run_dir(task, opts, dist) for opts in (
+        recipe.RunOptions(), recipe.RunOptions(overwrite=True), recipe.RunOptions(resume=True))]
+    assert [(folder.name, has_run) for folder, has_run in made] == [
+        ("toy-20260101-120000", False), ("toy-20260101-120000-2", False),
+        ("toy-20260101-120000-3", False)]
+    assert all((folder / "config.json").is_file() for folder, _ in made)
