@@ -332,24 +332,6 @@ def _rank_prefix() -> str:
     return "" if rank == 0 else f"[rank {rank}] "
 
 
-def start_workers(args: argparse.Namespace, argv: list[str]) -> int | None:
-    """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
-    process is one of them (then None: run the command)."""
-    from nlptrain.environments import NlptrainLaunch, detect
-
-    environment = detect()
-    if isinstance(environment, NlptrainLaunch):
-        return None
-    if environment.world_size > 1:
-        raise ConfigError(f"--nproc {args.nproc}: this process is already one of "
-                          f"{environment.world_size} ranks ({environment.name}); drop --nproc, "
-                          "or run without the other launcher")
-    from nlptrain.launch import launch_command
-
-    resolve_task(args)  # a mistake in the task is reported once, before any worker starts
-    return launch_command(argv, args.nproc, args.max_restarts)
-
-
 def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
@@ -361,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if getattr(args, "nproc", None):
-            code = start_workers(args, argv)
+        if getattr(args, "nproc", None) is not None:  # --nproc 0 is refused, not ignored
+            from nlptrain.launch import start_workers
+
+            code = start_workers(args, argv, lambda: resolve_task(args))
             if code is not None:
                 return code
         return args.handler(args)

@@ -112,7 +112,7 @@ class TrainConfig:
         "mae and loss are better lower")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
-    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
     steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
@@ -241,6 +241,14 @@ CHOICES = {
 }
 
 
+# Negative, these fail late with a raw traceback (lr, num_workers) or quietly misbehave (eval_every
+# -5 still evaluates, keep_checkpoints -1 prunes the oldest checkpoint alone).
+NOT_NEGATIVE = [("train", key) for key in (
+    "lr", "weight_decay", "max_grad_norm", "max_tokens", "eval_every", "early_stopping",
+    "checkpoint_every", "keep_checkpoints", "steps_per_epoch", "num_workers")] + [
+    ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
+
+
 def validate(task: TaskConfig, source: str) -> None:
     for (section, key), allowed in CHOICES.items():
         value = getattr(getattr(task, section), key)
@@ -254,6 +262,11 @@ def validate(task: TaskConfig, source: str) -> None:
     for section, key in positive:
         if getattr(getattr(task, section), key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
+    for section, key in NOT_NEGATIVE:
+        if getattr(getattr(task, section), key) < 0:
+            raise ConfigError(f"{source}: [{section}] {key} must be at least 0")
+    if not 0 <= task.train.warmup_ratio <= 1:
+        raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 

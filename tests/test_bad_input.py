@@ -188,3 +188,25 @@ def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_t
                       "--metric-for-best", "accuracy")
     assert code == 1 and "--kind, --metric-for-best: [train] metric_for_best = 'accuracy' is not " \
         "a metric of regression tasks" in err, err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
+    ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
+def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, tmp_path, flag,
+                                                              value):
+    code, err = train(capsys, toy_task, tmp_path / "run", f"{flag}={value}")  # -1e-5: not a flag
+    key = flag[2:].replace("-", "_")
+    assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--nproc", "0"], "--nproc 0: give at least 1 process"),
+    (["--nproc", "-1"], "--nproc -1: give at least 1 process"),
+    (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: give 0 or more")])
+def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", *option)
+    assert code == 1 and f"error: {message}" in err, err
+    assert not (tmp_path / "run").exists()
