@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import time
@@ -15,6 +16,7 @@ from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 
 CONFIG_FILE = "config.json"
+log = logging.getLogger(__name__)
 
 
 def versions() -> dict[str, str]:
@@ -41,12 +43,17 @@ def launch_run_dir(task_name: str, root: str = "runs", launch: Environment | Non
                    ) -> Path | None:
     """When the launcher restarted the job (torchrun --max-restarts, a requeued SLURM job), the
     folder an earlier attempt of the same launch made, if any."""
-    run_id = launch.run_id if launch else None
-    if run_id and launch.restart_count > 0:
+    if launch is None or launch.restart_count == 0:
+        return None
+    if launch.run_id:
         for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
             saved = read_config(folder)
-            if saved and saved.get("launcher_run_id") == run_id:
+            if saved and saved.get("launcher_run_id") == launch.run_id:
                 return folder
+    # Said, as a restart that starts over loses the first attempt's steps.
+    log.warning("restart %d: no run directory of this launch (run id %s) in %s/: a new run starts; "
+                "give --output-dir (or torchrun --rdzv-id) for a restart to resume",
+                launch.restart_count, launch.run_id or "none", root)
     return None
 
 
