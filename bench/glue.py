@@ -51,7 +51,7 @@ def data_dir() -> str:
 
 def load_task(name: str, args: argparse.Namespace):
     """The shipped task with the run_glue settings (and the contender's own, if any)."""
-    from nlptrain.config import apply_override
+    from nlptrain.config import apply_override, validate
     from nlptrain.config import load_task as read
 
     task = read(BENCH.parent / "tasks" / f"{name}.toml")
@@ -62,6 +62,7 @@ def load_task(name: str, args: argparse.Namespace):
                        "train.max_grad_norm": 1.0, "train.seed": args.seed,
                        "train.early_stopping": 0, **NLPTRAIN.get(args.contender, {})}.items():
         apply_override(task, key, value)
+    validate(task, "bench/glue.py")
     return task
 
 

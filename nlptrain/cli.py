@@ -18,8 +18,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task
+from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task, validate
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+from nlptrain.logs import add_log_level
 
 log = logging.getLogger("nlptrain")
 
@@ -98,8 +99,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
     parser.add_argument("--no-cache", action="store_true",
                         help="tokenize in memory, without the memory-mapped token cache")
-    parser.add_argument("--log-level", default="info",
-                        help="debug | info | warning | error (ranks > 0 show warnings only)")
+    add_log_level(parser)
     # Also after the command; SUPPRESS keeps a value given before it (see build_parser).
     parser.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)
@@ -189,18 +189,24 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
 
 
 def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
-    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`."""
+    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
+    together once all are set (an error names them all)."""
+    given = []
     for key, value in vars(args).items():
         if key.startswith("set:") and value is not None:
             section, name = key[4:].split(".")
             hint = typing.get_type_hints(SECTIONS[section])[name]
+            given.append(f"--{name.replace('_', '-')}")
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
-                           else value, f"--{name.replace('_', '-')}")
+                           else value, given[-1])
     for item in args.set:
         dotted, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
-        apply_override(task, dotted.strip(), parse_value(text.strip(), None), f"--set {item}")
+        given.append(f"--set {item}")
+        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1])
+    if given:  # the task file alone was checked when it was read
+        validate(task, ", ".join(given))
     return task
 
 
@@ -326,24 +332,6 @@ def _rank_prefix() -> str:
     return "" if rank == 0 else f"[rank {rank}] "
 
 
-def start_workers(args: argparse.Namespace, argv: list[str]) -> int | None:
-    """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
-    process is one of them (then None: run the command)."""
-    from nlptrain.environments import NlptrainLaunch, detect
-
-    environment = detect()
-    if isinstance(environment, NlptrainLaunch):
-        return None
-    if environment.world_size > 1:
-        raise ConfigError(f"--nproc {args.nproc}: this process is already one of "
-                          f"{environment.world_size} ranks ({environment.name}); drop --nproc, "
-                          "or run without the other launcher")
-    from nlptrain.launch import launch_command
-
-    resolve_task(args)  # a mistake in the task is reported once, before any worker starts
-    return launch_command(argv, args.nproc, args.max_restarts)
-
-
 def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
@@ -355,8 +343,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        if getattr(args, "nproc", None):
-            code = start_workers(args, argv)
+        if getattr(args, "nproc", None) is not None:  # --nproc 0 is refused, not ignored
+            from nlptrain.launch import start_workers
+
+            code = start_workers(args, argv, lambda: resolve_task(args))
             if code is not None:
                 return code
         return args.handler(args)

@@ -112,7 +112,7 @@ class TrainConfig:
         "mae and loss are better lower")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
-    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep")
+    keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
     steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
@@ -202,15 +202,32 @@ def load_task(path: str | Path) -> TaskConfig:
     return task
 
 
+FILES = ("train", "valid", "test")  # [data] entries that may be a table of their own (FileSpec)
+
+
 def apply_override(task: TaskConfig, dotted: str, value: Any, source: str = "override") -> None:
-    """Set `section.key` (or a top-level key) to `value`, with the task file's type checks."""
+    """Set `section.key`, `data.FILE.key` (FILE: train, valid, test) or a top-level key to `value`,
+    with the task file's type checks. Call `validate` once all overrides are set: one at a time,
+    a valid combination (another kind and its metric) would be refused half-way."""
     section, _, key = dotted.rpartition(".")
-    target = getattr(task, section) if section else task
-    if section and section not in SECTIONS:
-        raise ConfigError(f"{source}: unknown section '{section}'. Valid: {', '.join(SECTIONS)}")
-    _fill(type(target), {key: value}, source)  # type and name check only
-    setattr(target, key, value)
-    validate(task, source)
+    if section.startswith("data.") and section[5:] in FILES:
+        _set_file_key(task, section[5:], key, value, source)
+    elif section and section not in SECTIONS:  # before getattr: a typo is a one-line error
+        valid = ", ".join([*SECTIONS, *(f"data.{name}" for name in FILES)])
+        raise ConfigError(f"{source}: unknown section '{section}'. Valid: {valid}; or no section "
+                          "for a top-level key (name, description, data_dir)")
+    else:
+        target = getattr(task, section) if section else task
+        _fill(type(target), {key: value}, source)  # type and name check only
+        setattr(target, key, value)
+
+
+def _set_file_key(task: TaskConfig, which: str, key: str, value: Any, source: str) -> None:
+    """`data.test.header=false`: one key of one file's own table (a path alone becomes one)."""
+    _fill(FileSpec, {key: value}, source)
+    entry = getattr(task.data, which)
+    table = dict(entry) if isinstance(entry, dict) else {"path": entry} if entry else {}
+    setattr(task.data, which, {**table, key: value})
 
 
 CHOICES = {
@@ -222,6 +239,14 @@ CHOICES = {
     ("data", "kind"): {"single_label", "multi_label", "regression"},
     ("train", "strategy"): {"auto", "ddp", "fsdp"},
 }
+
+
+# Negative, these fail late with a raw traceback (lr, num_workers) or quietly misbehave (eval_every
+# -5 still evaluates, keep_checkpoints -1 prunes the oldest checkpoint alone).
+NOT_NEGATIVE = [("train", key) for key in (
+    "lr", "weight_decay", "max_grad_norm", "max_tokens", "eval_every", "early_stopping",
+    "checkpoint_every", "keep_checkpoints", "steps_per_epoch", "num_workers")] + [
+    ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
 
 
 def validate(task: TaskConfig, source: str) -> None:
@@ -237,11 +262,21 @@ def validate(task: TaskConfig, source: str) -> None:
     for section, key in positive:
         if getattr(getattr(task, section), key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
+    for section, key in NOT_NEGATIVE:
+        if getattr(getattr(task, section), key) < 0:
+            raise ConfigError(f"{source}: [{section}] {key} must be at least 0")
+    if not 0 <= task.train.warmup_ratio <= 1:
+        raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
     validate_finetuning(task.train, task.data.kind, source)
+    for which in FILES:  # a file's own table: its keys now, not when the file is read
+        entry = getattr(task.data, which)
+        if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
+            raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path, "
+                              f"or --{which}-file)")
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")

@@ -143,8 +143,14 @@ class TorchElastic(Environment):
     rank = property(lambda self: self._int("RANK"))
     world_size = property(lambda self: self._int("WORLD_SIZE"))
     restart_count = property(lambda self: self._int("TORCHELASTIC_RESTART_COUNT", 0))
-    run_id = property(lambda self: self.environ.get("TORCHELASTIC_RUN_ID"))
     uses_agent_store = property(lambda self: self.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+
+    @property
+    def run_id(self) -> str | None:
+        # torchrun's default --rdzv-id, "none", also under a static rendezvous (--master-port), is
+        # the same for every launch: it names none of them.
+        value = self.environ.get("TORCHELASTIC_RUN_ID")
+        return value if value not in (None, "", "none") else None
 
     @property
     def local_rank(self) -> int:

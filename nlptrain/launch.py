@@ -8,6 +8,7 @@ reported), the same variables in each worker. The rendezvous is c10d on port 0, 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.environments import LAUNCHER_MARK
+from nlptrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -84,24 +86,50 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     return [results[rank] for rank in range(nproc)]
 
 
+def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callable[[], Any]
+                  ) -> int | None:
+    """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
+    process is one of them (then None: run the command). `check_task` reads the task, so that a
+    mistake in it is reported once, before any worker starts."""
+    from nlptrain.environments import NlptrainLaunch, detect
+
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 or more")
+    environment = detect()
+    if isinstance(environment, NlptrainLaunch):
+        return None
+    if environment.world_size > 1:
+        raise ConfigError(f"--nproc {args.nproc}: this process is already one of "
+                          f"{environment.world_size} ranks ({environment.name}); drop --nproc, "
+                          "or run without the other launcher")
+    check_task()
+    return launch_command(argv, args.nproc, args.max_restarts)
+
+
 def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
     """`python -m nlptrain ARGV` on `nproc` workers (the CLI's `--nproc`); returns the exit code.
     The workers get the same ARGV: they see that the launch is theirs and run it."""
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    with _worker_environment(nproc):
-        try:
+    try:
+        with _worker_environment(nproc):
             elastic_launch(_config(nproc, max_restarts, "spawn"), sys.executable)(
                 "-m", "nlptrain", *argv)
-        except ChildFailedError as err:
-            rank, failure = err.get_first_failure()
-            code = failure.exitcode
-            how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-            restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
-            print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
-                  file=sys.stderr)
-            return code if code > 0 else 1
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
+        print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
+              file=sys.stderr)
+        return code if code > 0 else 1
+    except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
+        print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
+        return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
 
 

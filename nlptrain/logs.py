@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import warnings
+
+LEVELS = ("debug", "info", "warning", "error")
 
 # Warnings a user of nlptrain cannot act on.
 _NOISE = (
@@ -24,6 +27,13 @@ class _TqdmHandler(logging.StreamHandler):
             tqdm.write(self.format(record), file=self.stream)
         except Exception:  # logging must never raise
             self.handleError(record)
+
+
+def add_log_level(parser: argparse.ArgumentParser) -> None:
+    """`--log-level`, one of LEVELS (any case): a typo is argparse's one-line usage error."""
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LEVELS,
+                        metavar="LEVEL", help=f"{' | '.join(LEVELS)} (default: info; ranks > 0 "
+                        "show warnings only)")
 
 
 def setup_logging(rank: int = 0, level: str = "info") -> None:

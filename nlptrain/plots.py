@@ -23,6 +23,7 @@ from typing import Any
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import from_run_config
+from nlptrain.logs import add_log_level
 
 log = logging.getLogger("nlptrain")
 
@@ -299,5 +300,5 @@ def add_command(commands: Any) -> None:
                                  "RUN_DIR/plots/: loss and learning rate per step, accuracy and "
                                  "macro-F1 per evaluation, and the confusion matrix.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<task>-<time>)")
-    parser.add_argument("--log-level", default="info", help="debug | info | warning | error")
+    add_log_level(parser)
     parser.set_defaults(handler=cmd_plot)

@@ -20,6 +20,7 @@ from nlptrain.distributed import Backend
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
+from nlptrain.logs import add_log_level
 
 log = logging.getLogger("nlptrain")
 
@@ -179,6 +180,5 @@ def add_command(commands: Any) -> None:
                         help="fp32 | bf16 | fp16 (autocast)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds a rank waits for the others before failing")
-    parser.add_argument("--log-level", default="info",
-                        help="debug | info | warning | error (ranks > 0 show warnings only)")
+    add_log_level(parser)
     parser.set_defaults(handler=cmd_predict)

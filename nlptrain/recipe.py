@@ -29,7 +29,7 @@ from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import load_model, load_saved_model, load_tokenizer
-from nlptrain.runs import default_run_dir, prepare_run_dir, record_in_config
+from nlptrain.runs import launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")
@@ -134,12 +134,17 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
     # A launcher's restart (torchrun/--nproc --max-restarts, a requeued SLURM job) starts the
     # same command again: it resumes by itself.
     launch = dist.environment
-    resume = opts.resume or launch.restart_count > 0
 
     def make() -> tuple[str, bool]:
-        folder = Path(opts.output_dir) if opts.output_dir else default_run_dir(task.name, launch=launch)
+        if opts.output_dir:
+            folder, overwrite = Path(opts.output_dir), opts.overwrite
+            resume = opts.resume or launch.restart_count > 0
+        else:  # a generated name: this launch's own on a restart, else new and empty, never
+            # another run's (--resume and --overwrite are for a folder the user names)
+            mine = launch_run_dir(task.name, launch=launch)
+            folder, resume, overwrite = mine or new_run_dir(task.name), mine is not None, False
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
-                                overwrite=opts.overwrite, launch=launch)
+                                overwrite=overwrite, launch=launch)
         return str(folder), found
 
     folder, has_run = dist.on_main(make)

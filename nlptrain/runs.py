@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
+from nlptrain.config import TrainConfig
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 
 CONFIG_FILE = "config.json"
+log = logging.getLogger(__name__)
 
 
 def versions() -> dict[str, str]:
@@ -36,16 +39,42 @@ def git_commit() -> str | None:
         return None
 
 
-def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
-    """`runs/<task>-<timestamp>`; when the launcher restarted the job (torchrun --max-restarts,
-    a requeued SLURM job), the folder of the same launch."""
-    run_id = launch.run_id if launch else None
-    if run_id and launch.restart_count > 0:
+def launch_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None
+                   ) -> Path | None:
+    """When the launcher restarted the job (torchrun --max-restarts, a requeued SLURM job), the
+    folder an earlier attempt of the same launch made, if any."""
+    if launch is None or launch.restart_count == 0:
+        return None
+    if launch.run_id:
         for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
             saved = read_config(folder)
-            if saved and saved.get("launcher_run_id") == run_id:
+            if saved and saved.get("launcher_run_id") == launch.run_id:
                 return folder
-    return Path(root) / f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # Said, as a restart that starts over loses the first attempt's steps.
+    log.warning("restart %d: no run directory of this launch (run id %s) in %s/: a new run starts; "
+                "give --output-dir (or torchrun --rdzv-id) for a restart to resume",
+                launch.restart_count, launch.run_id or "none", root)
+    return None
+
+
+def new_run_dir(task_name: str, root: str = "runs") -> Path:
+    """A new, empty `root/<task>-<timestamp>`, made atomically: a run started in the same second
+    (a sweep, a SLURM array) gets the next free `-2`, `-3`, ... instead of another run's folder."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    stem = f"{task_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    number = 1
+    while True:
+        folder = Path(root) / (stem if number == 1 else f"{stem}-{number}")
+        try:
+            folder.mkdir()  # exist_ok=False: of two runs, one makes it, the other moves on
+            return folder
+        except FileExistsError:
+            number += 1
+
+
+def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
+    """This launch's folder on a restart (`launch_run_dir`), else a new one (`new_run_dir`)."""
+    return launch_run_dir(task_name, root, launch) or new_run_dir(task_name, root)
 
 
 def read_config(folder: Path) -> dict[str, Any] | None:
@@ -58,11 +87,12 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     """Make `folder` ready and write config.json; returns whether there is a run to resume."""
     saved = read_config(folder)
     if saved is not None and resume:
-        # Training options (epochs, lr, ...) may change on resume; data and model may not.
+        # Training options (epochs, cadences, ...) may change on resume; data and model may not.
         changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
         if changed:
             raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)}; "
                               "resume with the same task, or pick another --output-dir")
+        check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
         return True
     if saved is not None or (folder.is_dir() and any(folder.iterdir())):
         if not overwrite:
@@ -76,6 +106,22 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+# The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
+# cannot load at all): a changed value would be silently ignored.
+OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
+
+
+def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a resume whose optimizer settings differ from the run's (config.json)."""
+    defaults = TrainConfig()  # a run recorded before a key existed had its default
+    changed = [f"{key} {saved.get(key, getattr(defaults, key))!r} -> {train[key]!r}"
+               for key in OPTIMIZER_KEYS if train[key] != saved.get(key, getattr(defaults, key))]
+    if changed:
+        raise ConfigError(f"{folder}: a resume keeps the run's optimizer settings, and these "
+                          f"changed: {', '.join(changed)}; resume with the run's values, or start "
+                          "a new run (another --output-dir) to change them")
 
 
 def record_in_config(folder: Path, key: str, value: Any) -> None:

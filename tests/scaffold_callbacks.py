@@ -44,6 +44,15 @@ class SigtermRank0(Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+class SignalTheLauncher(Callback):
+    """Signal SIGNAL (default SIGINT) to rank 0's parent, the launcher, at AT_STEP: a Ctrl-C or a
+    scheduler's SIGTERM to `--nproc`'s own process."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step() and trainer.dist.rank == 0:
+            os.kill(os.getppid(), getattr(signal, os.environ.get("SIGNAL", "SIGINT")))
+
+
 class PoisonWeights(Callback):
     """Weights become NaN before the batch after AT_STEP, so that batch's loss is NaN."""
 

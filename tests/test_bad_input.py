@@ -120,6 +120,12 @@ def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, run, "--epochs", "1")
     assert code == 1 and "already holds a run; use --resume to continue it, --overwrite" in err
     assert sorted(p.name for p in run.iterdir()) == before  # untouched
+    # The checkpoint's optimizer would bring back the old lr, or fail to load other groups.
+    code, err = train(capsys, toy_task, run, "--resume", "--lr", "1e-5", "--layer-lr-decay", "0.9")
+    assert code == 1 and "a resume keeps the run's optimizer settings, and these changed: lr " \
+        "0.001 -> 1e-05, layer_lr_decay 1.0 -> 0.9; resume with the run's values, or start a new " \
+        "run" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
     edit(toy_task, 'labels = ["neg", "pos"]', 'labels = ["pos", "neg"]')
     code, err = train(capsys, toy_task, run, "--resume")
     assert code == 1 and "holds a run with another data" in err
@@ -141,3 +147,77 @@ def test_torchruns_summary_names_nlptrains_error_as_the_root_cause(toy_task, tmp
     # No worker traceback (torchrun still prints its own, ending in ChildFailedError).
     assert not re.search(r'File ".*/nlptrain/', out.stderr), out.stderr
     assert "traceback : stopped: rank 0 failed (see the root cause)" in out.stderr  # rank 1's
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trian.lr=1e-5", "--set trian.lr=1e-5: unknown section 'trian'. Valid: data, model, train, "
+                      "data.train, data.valid, data.test;"),
+    ("data.tset.header=true", "unknown section 'data.tset'"),
+    ("data.test.heder=true", "--set data.test.heder=true: unknown key 'heder'. Valid keys: path,"),
+])
+def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_path, override, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", override)
+    assert code == 1 and message in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_an_override_reaches_one_files_own_table(toy_task):
+    from nlptrain.cli import build_parser, resolve_task
+    from nlptrain.config import file_spec
+
+    args = build_parser().parse_args(["train", "--task", str(toy_task), "--set",
+                                      "data.test.header=false", "--set", "data.valid.path=v.tsv"])
+    task = resolve_task(args)
+    assert (file_spec(task, "test").path, file_spec(task, "test").header) == ("test.tsv", False)
+    assert file_spec(task, "train").header and file_spec(task, "valid").path == "v.tsv"
+
+
+def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--task", str(toy_task), "--log-level", "verbose"])
+    assert stop.value.code == 2 and "invalid choice: 'verbose'" in capsys.readouterr().err
+    from nlptrain.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--log-level", "INFO"]).log_level == "info"
+
+
+@pytest.mark.parametrize("order", [["--kind", "single_label", "--metric-for-best", "accuracy"],
+                                   ["--set", "train.metric_for_best=accuracy",
+                                    "--set", "data.kind=single_label"]])
+def test_overrides_are_checked_together_in_any_order(tmp_path, order):
+    """STS-B (regression, pearson) as a single_label task with accuracy: each override alone
+    contradicts the other key's value in the task file, together they fit."""
+    from nlptrain.cli import build_parser, resolve_task
+
+    args = build_parser().parse_args(["train", "--task", "stsb", "--data-dir", str(tmp_path), *order])
+    task = resolve_task(args)
+    assert (task.data.kind, task.train.metric_for_best) == ("single_label", "accuracy")
+
+
+def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--kind", "regression",
+                      "--metric-for-best", "accuracy")
+    assert code == 1 and "--kind, --metric-for-best: [train] metric_for_best = 'accuracy' is not " \
+        "a metric of regression tasks" in err, err
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
+    ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
+def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, tmp_path, flag,
+                                                              value):
+    code, err = train(capsys, toy_task, tmp_path / "run", f"{flag}={value}")  # -1e-5: not a flag
+    key = flag[2:].replace("-", "_")
+    assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--nproc", "0"], "--nproc 0: give at least 1 process"),
+    (["--nproc", "-1"], "--nproc -1: give at least 1 process"),
+    (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: give 0 or more")])
+def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", *option)
+    assert code == 1 and f"error: {message}" in err, err
+    assert not (tmp_path / "run").exists()

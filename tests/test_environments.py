@@ -3,6 +3,8 @@ mpirun, sbatch and torchrun runs): no processes needed."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from nlptrain import cli
@@ -138,3 +140,23 @@ def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
     requeued = detect({**SRUN, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
     assert default_run_dir("toy", str(tmp_path), requeued) == folder
     assert default_run_dir("toy", str(tmp_path), first) != folder  # a new job: a new folder
+
+
+def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
+    """torchrun's static rendezvous (--master-port, or no --rdzv-id) gives every launch the run id
+    'none': a restart whose first attempt wrote no run directory starts one, never taking an
+    older run's for its own."""
+    from nlptrain.runs import default_run_dir, prepare_run_dir
+
+    static = {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
+    older = tmp_path / "toy-20250101-000000"
+    prepare_run_dir(older, {"name": "toy"}, 2, resume=False, overwrite=False, launch=detect(static))
+    restarted = detect({**static, "TORCHELASTIC_RESTART_COUNT": "1"})
+    assert restarted.run_id is None and detect({**static, "TORCHELASTIC_RUN_ID": ""}).run_id is None
+    logger = logging.getLogger("nlptrain.runs")
+    logger.addHandler(caplog.handler)  # "nlptrain" may not propagate (setup_logging)
+    try:
+        assert default_run_dir("toy", str(tmp_path), restarted) != older
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "restart 1: no run directory of this launch (run id none)" in caplog.text

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, write_toy_task
+from conftest import REPO, child_env, write_toy_task
 
 from nlptrain.environments import detect
 from nlptrain.launch import launch
 
 TRAIN = ["-m", "nlptrain", "train", "--task", "toy.toml", "--epochs", "1"]
+SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 # The console script of the environment running the tests, else one on PATH.
 ACCELERATE = next((str(path) for path in [Path(sys.executable).with_name("accelerate")]
                    if path.exists()), None) or shutil.which("accelerate")
@@ -141,3 +142,33 @@ def test_launch_restarts_all_workers_after_a_failure():
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert launch(report_place, 2, True, max_restarts=1) == [(0, 2, 1), (1, 2, 1)]
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_nproc_launcher_is_one_line_and_its_exit_code(monkeypatch, capsys, signum):
+    """torch's agent stops the workers, then raises SignalException: one line, 128 + signal."""
+    import torch.distributed.launcher.api as agent_api
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from nlptrain.launch import launch_command
+
+    def stopped(*_: object) -> None:
+        raise SignalException(f"Process 1 got signal: {signum}", sigval=signum)
+
+    monkeypatch.setattr(agent_api, "elastic_launch", lambda config, entrypoint: stopped)
+    assert launch_command(["train"], 2) == 128 + signum
+    assert capsys.readouterr().err == f"stopped by {signum.name}: the 2 workers were stopped\n"
+
+
+@pytest.mark.slow  # a whole --nproc 2 launch (about 50 s on 2 busy cores) for what the mock checks
+def test_ctrl_c_on_nproc_checkpoints_and_exits_130(toy, tmp_path):
+    """For real: SIGINT to `--nproc 2`'s process at step 3; the workers finish the step and
+    write a checkpoint, the launcher says so in one line (torch's agent, not a mock)."""
+    out = tmp_path / "stopped"
+    process = subprocess.run([sys.executable, *TRAIN, "--nproc", "2", "--output-dir", str(out),
+                              "--callback", f"{SCAFFOLD}:SignalTheLauncher"], cwd=toy,
+                             env=child_env(AT_STEP="3"), capture_output=True, text=True, timeout=240)
+    assert process.returncode == 130, process.stderr[-3000:]
+    assert "stopped by SIGINT: the 2 workers were stopped" in process.stderr
+    assert "Traceback" not in process.stderr, process.stderr[-3000:]
+    assert list((out / "checkpoints").iterdir())

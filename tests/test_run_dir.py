@@ -166,3 +166,49 @@ def test_model_card_metrics_table_takes_any_scalar_metric() -> None:
     assert metrics_table(results) == ["| metric | validation | test |", "| --- | ---: | ---: |",
                                       "| pearson | 0.9100 | 0.8000 |", "| spearman | 0.9000 |  |",
                                       "| mcc |  | 0.5000 |"]
+
+
+def test_a_resume_may_change_the_plan_but_not_the_optimizer(tmp_path: Path) -> None:
+    """epochs, cadences and patience may change on resume; lr, scale_lr, weight_decay and
+    layer_lr_decay come back from the checkpoint's optimizer, so a change is refused."""
+    import copy
+
+    from nlptrain.config import TaskConfig
+    from nlptrain.errors import ConfigError
+    from nlptrain.runs import prepare_run_dir
+
+    task, folder = TaskConfig(name="toy").to_dict(), tmp_path / "run"
+    assert not prepare_run_dir(folder, task, 1, resume=False, overwrite=False)
+    later = copy.deepcopy(task)
+    later["train"].update(epochs=5, eval_every=3, checkpoint_every=2, keep_checkpoints=4,
+                          early_stopping=2, log_every=1)
+    assert prepare_run_dir(folder, later, 2, resume=True, overwrite=False)
+    for key, value in {"lr": 1e-5, "scale_lr": True, "weight_decay": 0.0,
+                       "layer_lr_decay": 0.9}.items():
+        changed = copy.deepcopy(task)
+        changed["train"][key] = value
+        with pytest.raises(ConfigError, match=f"optimizer settings, and these changed: {key} "):
+            prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
+
+
+def test_runs_started_in_the_same_second_get_folders_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep or a SLURM array starts runs in the same second: each makes its own folder, and
+    --overwrite or --resume never act on a generated name (another run's)."""
+    import time
+
+    from nlptrain import recipe
+    from nlptrain.config import TaskConfig
+    from nlptrain.distributed import SingleProcess
+
+    real = time.strftime
+    monkeypatch.setattr(time, "strftime", lambda fmt, *when: "20260101-120000"
+                        if fmt == "%Y%m%d-%H%M%S" else real(fmt, *when))
+    monkeypatch.chdir(tmp_path)
+    task, dist = TaskConfig(name="toy"), SingleProcess()
+    made = [recipe.open_run_dir(task, opts, dist) for opts in (
+        recipe.RunOptions(), recipe.RunOptions(overwrite=True), recipe.RunOptions(resume=True))]
+    assert [(folder.name, has_run) for folder, has_run in made] == [
+        ("toy-20260101-120000", False), ("toy-20260101-120000-2", False),
+        ("toy-20260101-120000-3", False)]
+    assert all((folder / "config.json").is_file() for folder, _ in made)
