@@ -79,10 +79,13 @@ def test_order_and_probabilities_equal_with_1_and_2_processes(tmp_path: Path, sh
     assert {r["label"] for r in single} == set(names)
 
 
+def predict_args(model: Path, input_file: Path):
+    return build_parser().parse_args(["predict", "--model", str(model), "--input", str(input_file)])
+
+
 def test_input_errors_name_the_file_and_the_fix(tmp_path: Path, tiny_model_dir: Path) -> None:
     (tmp_path / "in.csv").write_text("sentence,id\nhello,1\n")
-    args = build_parser().parse_args(["predict", "--model", str(tiny_model_dir), "--input",
-                                      str(tmp_path / "in.csv")])
+    args = predict_args(tiny_model_dir, tmp_path / "in.csv")
     with pytest.raises(DataError, match=r"in.csv:1: no text column 'text' in the header \['sentence', "
                        r"'id'\]; name the text column with --text-column"):
         run_predict(args, SingleProcess())
@@ -100,8 +103,7 @@ def test_a_run_directory_or_a_model_without_tokenizer_is_a_clear_error(
     shutil.copytree(sharp_model, run / "model")
     (run / "config.json").write_text(json.dumps({"task": {"name": "toy"}, "world_size": 1}))
     (tmp_path / "in.txt").write_text("hello\n")
-    args = build_parser().parse_args(["predict", "--model", str(run), "--input",
-                                      str(tmp_path / "in.txt")])
+    args = predict_args(run, tmp_path / "in.txt")
     with pytest.raises(ConfigError, match=r"run/config.json: not a model's config \(no model_type\);"
                        r" did you mean .*run/model\?"):
         run_predict(args, SingleProcess())
