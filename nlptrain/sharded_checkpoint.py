@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError
@@ -61,7 +61,10 @@ def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards
     except (Exception, CheckpointException) as err:  # a rank's failure, wrapped by DCP
         raise CheckpointError(f"{shards}: sharded state cannot be read "
                               f"({str(err).splitlines()[0][:200]})") from None
-    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    # Not strict: the stateless parameters above are meant to have no optimizer state (every
+    # key DCP was given, it read, so nothing else is missing).
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                   options=StateDictOptions(strict=not stateless))
     params = dict(model.named_parameters())
     for name in stateless:
         optimizer.state.pop(params[name], None)
