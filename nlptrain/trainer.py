@@ -136,8 +136,7 @@ class Trainer:
 
     @property
     def last_loss(self) -> float:
-        """The latest step's loss (all ranks), read to the host: a sync on a GPU, so a callback
-        that runs every step keeps `step_loss` (on the device)."""
+        """The latest step's loss (all ranks), read to the host: a GPU sync (`step_loss` is not)."""
         return math.nan if self.step_loss is None else float(self.step_loss)
 
     def fit(self) -> dict[str, Any]:
