@@ -20,7 +20,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from nlptrain.events import Callback
 
@@ -98,6 +97,8 @@ class EMA(Callback):
         # Whole tensors: under FSDP2 each rank holds a shard of the average (gathered here, on
         # every rank), and rank 0 alone writes the callbacks' state.
         if self.average is not None:
+            from torch.distributed.tensor import DTensor  # here: a slow import, FSDP2's only
+
             self.update(trainer)
             whole = {name: t.full_tensor() if isinstance(t, DTensor) else t
                      for name, t in self.average.items()}
@@ -114,6 +115,8 @@ class EMA(Callback):
 
 def _shaped_like(whole: torch.Tensor, param: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A saved whole tensor as `param` is held: this rank's shard of it under FSDP2."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     if isinstance(param, DTensor):
         return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
     return whole.to(device)

@@ -14,13 +14,15 @@ import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from nlptrain.distributed import Backend
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 from nlptrain.logs import add_log_level
+
+if TYPE_CHECKING:  # torch is imported when a command runs, not for --help
+    from nlptrain.distributed import Backend
 
 log = logging.getLogger("nlptrain")
 

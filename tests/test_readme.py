@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -36,3 +38,11 @@ def test_help_lists_every_task_key_with_its_meaning(capsys):
             if (section, field.name) == ("data", "labels"):
                 continue
             assert field.metadata["help"][:30] in " ".join(text.split()), (section, field.name)
+
+
+def test_help_answers_without_importing_torch():
+    # Every command module is imported for --help; torch (~3 s) waits for a command to run.
+    probe = ("import sys; from nlptrain.cli import build_parser; build_parser(); "
+             "print(sorted(m for m in ('torch', 'transformers', 'sklearn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
