@@ -14,6 +14,7 @@ like ZeRO-2 (gradients and optimizer state sharded, parameters whole during the 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -127,6 +128,11 @@ def keeps_running_stats(model: torch.nn.Module) -> bool:
     return any(getattr(m, "track_running_stats", False) for m in model.modules())
 
 
+# torch 2.13 renamed DDP's `broadcast_buffers` (and warns on the old name).
+SYNC_BUFFERS = ("forward_sync_buffers" if "forward_sync_buffers" in
+                inspect.signature(DistributedDataParallel).parameters else "broadcast_buffers")
+
+
 class DDP(SingleDevice):
     """A full replica per rank; DDP all-reduces the gradients in buckets during the backward."""
 
@@ -138,8 +144,9 @@ class DDP(SingleDevice):
         # Gradients live in the all-reduce buckets: no copy of every gradient each step. Buffers
         # are broadcast once here; again before every forward (a collective a step) only when
         # some module updates its own in training (running statistics).
+        sync_buffers = {SYNC_BUFFERS: keeps_running_stats(model)}
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
-                                       broadcast_buffers=keeps_running_stats(model))
+                                       **sync_buffers)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+import warnings
 from multiprocessing import connection
 from pathlib import Path
 
@@ -41,12 +42,15 @@ def train_worker(rank: int, world: int, folder: str, model_dir: str, rows: int, 
     record = RecordRows()
     config = TrainConfig(epochs=2, batch_size=4, lr=1e-3, seed=seed, timeout=60,
                          grad_accum=grad_accum)
-    trainer = DistTrainer(model, train, test, config=config, callbacks=[record])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = DistTrainer(model, train, test, config=config, callbacks=[record])
     trainer.fit()
     params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
     result = {"rows": record.rows, "params": params, "metrics": trainer.metrics,
               "lengths": train.lengths.tolist(), "world": trainer.dist.world_size,
-              "broadcast_buffers": trainer.model.broadcast_buffers}
+              "broadcast_buffers": trainer.model.broadcast_buffers,
+              "warnings": [str(w.message) for w in caught]}
     trainer.close()
     return result
 
@@ -59,6 +63,7 @@ def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world
                         accumulate)
     assert all(r["world"] == world for r in results)
     assert not any(r["broadcast_buffers"] for r in results)  # BERT's buffers never change
+    assert all(r["warnings"] == [] for r in results), results[0]["warnings"]  # nothing to tell users
     padded = -(-rows // world) * world
     for epoch in (0, 1):
         seen = [i for r in results for i in r["rows"][epoch]]
