@@ -7,6 +7,7 @@ import random
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,36 @@ batch_size = 8
 lr = 1e-3
 """)
     return task
+
+
+@pytest.fixture(scope="session")
+def toy_folder(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """One toy.toml (and its data and token cache) shared by the tests that compare with
+    `two_rank_run`."""
+    folder = tmp_path_factory.mktemp("toy")
+    write_toy_task(folder, tiny_model_dir, folder / "cache")
+    return folder
+
+
+TWO_RANK_TRAIN = ["train", "--task", "toy.toml", "--epochs", "1"]
+
+
+@dataclass
+class FinishedRun:
+    folder: Path
+    log: str  # the launch's stderr
+
+
+@pytest.fixture(scope="session")
+def two_rank_run(toy_folder: Path) -> FinishedRun:
+    """The reference 2-rank job (`--nproc 2`, TWO_RANK_TRAIN in toy_folder): every other way of
+    launching 2 ranks (torchrun agents, srun, mpirun, a restart) must train the same weights."""
+    folder = toy_folder / "nproc"
+    process = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
+                              "--output-dir", str(folder)], cwd=toy_folder, env=child_env(),
+                             capture_output=True, text=True, timeout=240)
+    assert process.returncode == 0, process.stderr[-3000:]
+    return FinishedRun(folder, process.stderr)
 
 
 @pytest.fixture()

@@ -47,3 +47,11 @@ def run_ranks(fn: Callable, world_size: int, out: Path, *args: Any, timeout: flo
         raise
     finally:
         watchdog.cancel()
+
+
+def report_place(restart_failure: bool) -> tuple[int, int, int]:
+    """A worker of `launch` (here, not in a test module: a spawned worker imports its module)."""
+    here = detect()
+    if restart_failure and here.rank == 1 and here.restart_count == 0:
+        raise RuntimeError("rank 1 fails on the first attempt")
+    return here.rank, here.world_size, here.restart_count

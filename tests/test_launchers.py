@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, child_env, write_toy_task
+from conftest import REPO, TWO_RANK_TRAIN, child_env
+from ddp import report_place
 
-from nlptrain.environments import detect
 from nlptrain.launch import launch
 
-TRAIN = ["-m", "nlptrain", "train", "--task", "toy.toml", "--epochs", "1"]
+TRAIN = ["-m", "nlptrain", *TWO_RANK_TRAIN]
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 # The console script of the environment running the tests, else one on PATH.
 ACCELERATE = next((str(path) for path in [Path(sys.executable).with_name("accelerate")]
@@ -26,10 +26,8 @@ ACCELERATE = next((str(path) for path in [Path(sys.executable).with_name("accele
 
 
 @pytest.fixture(scope="module")
-def toy(tmp_path_factory, tiny_model_dir) -> Path:
-    folder = tmp_path_factory.mktemp("launchers")
-    write_toy_task(folder, tiny_model_dir, folder / "cache")
-    return folder
+def toy(toy_folder) -> Path:
+    return toy_folder
 
 
 def run(command: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -37,12 +35,11 @@ def run(command: list[str], cwd: Path, timeout: float = 240) -> subprocess.Compl
                           timeout=timeout)
 
 
-def finished_run(folder: Path, process: subprocess.CompletedProcess) -> dict:
-    assert process.returncode == 0, process.stderr[-3000:]
+def finished_run(folder: Path, log: str) -> dict:
     config = json.loads((folder / "config.json").read_text())
     results = json.loads((folder / "results.json").read_text())
     assert results["test"]["rows"] == 40  # evaluated on every row, once
-    return {"config": config, "results": results, "log": process.stderr,
+    return {"config": config, "results": results, "log": log,
             "weights": _weights(folder / "model")}
 
 
@@ -53,11 +50,9 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def nproc_run(toy) -> dict:
-    """`python -m nlptrain train --nproc 2`: the reference 2-rank job."""
-    out = toy / "nproc"
-    return finished_run(out, run([sys.executable, *TRAIN, "--nproc", "2", "--output-dir", str(out)],
-                                 toy))
+def nproc_run(two_rank_run) -> dict:
+    """`python -m nlptrain train --nproc 2`: the reference 2-rank job (conftest)."""
+    return finished_run(two_rank_run.folder, two_rank_run.log)
 
 
 def assert_same_job(run: dict, reference: dict, launcher: str) -> None:
@@ -90,7 +85,8 @@ def slurm_answers() -> bool:
 def test_srun_tasks_form_one_job_without_torchrun(toy, nproc_run):
     out = toy / "srun"
     process = run(["srun", "-n", "2", sys.executable, *TRAIN, "--output-dir", str(out)], toy)
-    assert_same_job(finished_run(out, process), nproc_run, "SLURM")
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert_same_job(finished_run(out, process.stderr), nproc_run, "SLURM")
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed "
@@ -99,7 +95,8 @@ def test_mpirun_ranks_form_one_job_without_torchrun(toy, nproc_run):
     out = toy / "mpirun"
     process = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
                    sys.executable, *TRAIN, "--output-dir", str(out)], toy)
-    assert_same_job(finished_run(out, process), nproc_run, "Open MPI")
+    assert process.returncode == 0, process.stderr[-3000:]
+    assert_same_job(finished_run(out, process.stderr), nproc_run, "Open MPI")
 
 
 def evaluate(toy: Path, launcher: list[str], nproc_run: dict) -> tuple[dict, str]:
@@ -127,13 +124,6 @@ def test_accelerate_cpu_launch_is_one_process_and_says_so(toy, nproc_run):
                             "--num_machines", "1", "--mixed_precision", "no",
                             "--dynamo_backend", "no"], nproc_run)
     assert "launched by accelerate launch, 1 process" in log
-
-
-def report_place(restart_failure: bool) -> tuple[int, int, int]:
-    here = detect()
-    if restart_failure and here.rank == 1 and here.restart_count == 0:
-        raise RuntimeError("rank 1 fails on the first attempt")
-    return here.rank, here.world_size, here.restart_count
 
 
 def test_launch_restarts_all_workers_after_a_failure():

@@ -7,29 +7,25 @@ import subprocess
 import sys
 
 import torch
-from conftest import child_env, free_port, run_cli
+from conftest import TWO_RANK_TRAIN, child_env, free_port
 from toy_trainer import results, weights
 
 
-def test_two_agents_equal_one_agent_with_two_processes(toy_task, tmp_path):
-    args = ["train", "--task", str(toy_task), "--epochs", "1"]
-    single = run_cli([*args, "--output-dir", str(tmp_path / "one-agent")], tmp_path, nproc=2)
-    assert single.returncode == 0, single.stderr[-2000:]
-
+def test_two_agents_equal_one_agent_with_two_processes(toy_folder, two_rank_run, tmp_path):
     port = free_port()
     agents = []
     for node_rank in (0, 1):
         launcher = ["--nnodes=2", f"--node_rank={node_rank}", "--nproc_per_node=1",
                     "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=nlptrain-test"]
-        command = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "nlptrain", *args,
-                   "--output-dir", str(tmp_path / "two-agents")]
-        agents.append(subprocess.Popen(command, cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE,
+        command = [sys.executable, "-m", "torch.distributed.run", *launcher, "-m", "nlptrain",
+                   *TWO_RANK_TRAIN, "--output-dir", str(tmp_path / "two-agents")]
+        agents.append(subprocess.Popen(command, cwd=toy_folder, env=child_env(), stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, text=True))
     outputs = [agent.communicate(timeout=300) for agent in agents]
     for agent, (_, err) in zip(agents, outputs, strict=True):
         assert agent.returncode == 0, err[-2000:]
-    assert "2 process(es)" in outputs[0][1] + outputs[1][1]
+    assert "launched by torchrun, 2 ranks on 2 nodes" in outputs[0][1] + outputs[1][1]
 
-    one, two = weights(tmp_path / "one-agent"), weights(tmp_path / "two-agents")
+    one, two = weights(two_rank_run.folder), weights(tmp_path / "two-agents")
     assert all(torch.equal(one[name], two[name]) for name in one)
-    assert results(tmp_path / "one-agent")["test"] == results(tmp_path / "two-agents")["test"]
+    assert results(two_rank_run.folder)["test"] == results(tmp_path / "two-agents")["test"]

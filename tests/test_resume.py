@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, run_cli
+from conftest import REPO, TWO_RANK_TRAIN, run_cli
 from safetensors.torch import load_file
 from toy_trainer import make_trainer, results, weights
 
@@ -92,17 +92,15 @@ def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(toy_t
     assert all(torch.isfinite(t).all() for t in saved.values())
 
 
-def test_sigkill_under_torchrun_restarts_and_matches_the_uninterrupted_run(toy_task, tmp_path):
-    common = ["train", "--task", str(toy_task), "--checkpoint-every", "2"]
-    whole = run_cli([*common, "--output-dir", str(tmp_path / "whole")], tmp_path, nproc=2)
-    assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = run_cli([*common, "--output-dir", str(tmp_path / "killed"),
-                      "--callback", f"{SCAFFOLD}:KillRank1"], tmp_path,
+def test_sigkill_under_torchrun_restarts_and_matches_the_uninterrupted_run(toy_folder, two_rank_run,
+                                                                          tmp_path):
+    killed = run_cli([*TWO_RANK_TRAIN, "--output-dir", str(tmp_path / "killed"), "--checkpoint-every",
+                      "2", "--callback", f"{SCAFFOLD}:KillRank1"], toy_folder,
                      torchrun_args=["--standalone", "--nproc_per_node=2", "--max-restarts=1"],
                      AT_STEP="5")
     assert killed.returncode == 0, killed.stderr[-3000:]
     assert "resumed from" in killed.stderr and "step-00000004" in killed.stderr
-    assert_same_run(tmp_path / "whole", tmp_path / "killed")
+    assert_same_run(two_rank_run.folder, tmp_path / "killed")
 
 
 def test_sigterm_to_one_rank_stops_both_after_the_same_step(toy_task, tmp_path):
