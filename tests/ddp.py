@@ -27,6 +27,12 @@ def _entry(fn: Callable, args: tuple) -> Any:
     return fn(here.rank, here.world_size, *args)
 
 
+def start_method() -> str:
+    """fork: a worker starts with the test process's imports (torch, transformers: ~8 s a
+    worker under spawn); spawn once CUDA is initialized here, which a fork cannot inherit."""
+    return "spawn" if torch.cuda.is_initialized() else "fork"
+
+
 def run_ranks(fn: Callable, world_size: int, out: Path, *args: Any, timeout: float = 180) -> list:
     """fn(rank, world_size, *args) on each rank; returns every rank's return value.
     (`out` is where fn's callers keep their files; the results come back through the launcher.)"""
@@ -40,7 +46,7 @@ def run_ranks(fn: Callable, world_size: int, out: Path, *args: Any, timeout: flo
     watchdog = threading.Timer(timeout, stop_workers)
     watchdog.start()
     try:
-        return launch(_entry, world_size, fn, args)
+        return launch(_entry, world_size, fn, args, start_method=start_method())
     except ChildFailedError:
         if timed_out.is_set():
             raise TimeoutError(f"{world_size} ranks did not finish in {timeout} s") from None
