@@ -1,7 +1,8 @@
 """Command line: `python -m nlptrain {train,eval,...}`, the same under `torchrun -m nlptrain`.
 
-Every task-file key is also an option (`--lr 3e-5`, `--max-length 64`, ...), generated from the
-dataclasses in config.py so `--help` always lists them all with their meaning.
+Every task-file key but `[data] labels` is also an option of `train` (`--lr 3e-5`, `--max-length
+64`, ...), generated from the dataclasses in config.py so `--help` lists them with their meaning;
+`--set section.key=value` reaches every key.
 """
 
 from __future__ import annotations
@@ -69,6 +70,12 @@ def parse_value(text: str, hint: Any) -> Any:
         return text
 
 
+def flag_of(section: str, f: dataclasses.Field) -> str:
+    """The option that sets task key `section.f`: `--max-length`, `--train-file`, `--model`."""
+    return FLAG_NAMES.get((section, f.name)) or f.metadata.get("flag") or \
+        "--" + f.name.replace("_", "-")
+
+
 def _task_options(parser: argparse.ArgumentParser) -> None:
     for section, cls in SECTIONS.items():
         group = parser.add_argument_group(f"[{section}] options (override the task file)")
@@ -76,8 +83,7 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(cls):
             if (section, f.name) in NOT_ON_COMMAND_LINE:
                 continue
-            flag = FLAG_NAMES.get((section, f.name)) or f.metadata.get("flag") or \
-                "--" + f.name.replace("_", "-")
+            flag = flag_of(section, f)
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             kwargs: dict[str, Any] = {"dest": f"set:{section}.{f.name}", "default": None,
                                       "help": f"{f.metadata['help']} (default: {default!r})"}
@@ -196,7 +202,7 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
         if key.startswith("set:") and value is not None:
             section, name = key[4:].split(".")
             hint = typing.get_type_hints(SECTIONS[section])[name]
-            given.append(f"--{name.replace('_', '-')}")
+            given.append(flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]))
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
                            else value, given[-1])
     for item in args.set:
@@ -232,7 +238,7 @@ def add_split_command(commands: Any) -> None:
     parser.add_argument("--data-dir", help="folder the task's data paths start from")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
-    for key, help_text in (("format", "tsv | csv | jsonl | lines | auto (by extension)"),
+    for key, help_text in (("format", "tsv | csv | jsonl | parquet | lines | auto (by extension)"),
                            ("text_column", "text column (name or 0-based index)"),
                            ("label_column", "label column (name or 0-based index)")):
         flag = "--data-format" if key == "format" else "--" + key.replace("_", "-")
@@ -301,7 +307,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     environment = launch_environment(args)
     start_logging(args, environment.rank)
     with recipe.backend(task.train.timeout, environment) as dist:
-        metrics = recipe.evaluate(task, args.model, args.split, dist)
+        metrics = recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)
         if dist.is_main:
             print(json.dumps(metrics, indent=1) if args.json else metrics_text(metrics))
     return 0

@@ -41,7 +41,7 @@ class FileSpec:
 @dataclass
 class DataConfig:
     train: str | dict = opt("", "training file; for format 'lines' a path with {label}")
-    valid: str | dict = opt("", "validation file (optional; else held out from train)")
+    valid: str | dict = opt("", "validation file (optional; else valid_size of train, if > 0)")
     test: str | dict = opt("", "test file (optional; else a stratified split of train)")
     format: str = opt("auto", "default format: tsv | csv | jsonl | parquet | lines | auto (by extension)")
     header: bool = opt(True, "tsv/csv files start with a header row")
@@ -85,12 +85,14 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     epochs: int = opt(3, "passes over the training data")
-    batch_size: int = opt(16, "examples per step on each process (global batch = this x world size)")
+    batch_size: int = opt(16, "examples per micro-batch on each process (global batch = this x "
+                          "grad_accum x world size)")
     eval_batch_size: int = opt(64, "examples per evaluation batch on each process")
     lr: float = opt(5e-5, "peak learning rate (AdamW)")
     scale_lr: bool = opt(False, "multiply lr by the world size (linear scaling rule)")
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
-    scheduler: str = opt("linear", "learning-rate schedule: linear | cosine | constant (transformers)")
+    scheduler: str = opt("linear", "learning-rate schedule: linear | cosine | constant | "
+                         "constant_with_warmup (transformers)")
     warmup_ratio: float = opt(0.1, "fraction of all steps spent warming the lr up from 0")
     max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     grad_accum: int = opt(1, "micro-batches per optimizer step")

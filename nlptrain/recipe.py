@@ -223,12 +223,18 @@ def log_sizes(task: TaskConfig, sets: Any, dist: distributed.Backend) -> None:
     sizes = ", ".join(f"{name} {len(getattr(sets, name))}" for name in ("train", "valid", "test")
                       if getattr(sets, name) is not None)
     log.info("task %s: %s rows; labels %s", task.name, sizes, sets.vocab.names)
-    log.info("%d process(es) on %s: batch %d per process, %d in all", dist.world_size,
-             dist.device, task.train.batch_size, task.train.batch_size * dist.world_size)
+    train = task.train
+    accumulated = f" x {train.grad_accum} accumulated" if train.grad_accum > 1 else ""
+    if train.max_tokens:
+        batch = f"batches of up to {train.max_tokens} tokens per process{accumulated}"
+    else:
+        batch = (f"batch {train.batch_size} per process{accumulated}, "
+                 f"{train.batch_size * train.grad_accum * dist.world_size} per optimizer step")
+    log.info("%d process(es) on %s: %s", dist.world_size, dist.device, batch)
 
 
-def evaluate(task: TaskConfig, model_dir: str, split: str,
-             dist: distributed.Backend) -> dict[str, Any]:
+def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Backend,
+             use_cache: bool = True) -> dict[str, Any]:
     """Metrics of a saved model on one split of the task, single or multi-process alike."""
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)
@@ -244,11 +250,12 @@ def evaluate(task: TaskConfig, model_dir: str, split: str,
             raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's "
                               f"{LabelVocab.from_config(task.data.labels).names}; use a model "
                               "trained on this task")
-    sets = build_datasets(task, tokenizer, dist)
+    sets = build_datasets(task, tokenizer, dist, use_cache=use_cache)
     dataset = getattr(sets, split)
     if dataset is None:
+        held_out = f" (or {split}_size)" if split != "train" else ""
         raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
-                          f"the task a [data] {split} file (or {split}_size)")
+                          f"the task a [data] {split} file{held_out}")
     model.to(dist.device)
     chosen = precision.choose(task.train.precision, dist.device, dist).precision
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,

@@ -201,6 +201,11 @@ def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_t
         "a metric of regression tasks" in err, err
 
 
+def test_an_error_names_the_option_as_it_was_typed(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--data-format", "xml")
+    assert code == 1 and "error: --data-format: [data] format = 'xml'" in err, err  # not --format
+
+
 @pytest.mark.parametrize(("flag", "value"), [
     ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
     ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])

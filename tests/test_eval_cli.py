@@ -49,3 +49,12 @@ def test_eval_is_identical_with_1_and_2_processes(toy_task: Path, labelled_model
     for part in (f"rows 41  accuracy {metrics['accuracy']:.4f}  macro-F1 {metrics['macro_f1']:.4f}",
                  "precision", "recall", "confusion matrix (rows: true label, columns: predicted)"):
         assert part in text, part
+
+
+def test_eval_no_cache_leaves_no_token_cache(toy_task: Path, labelled_model: Path, capsys) -> None:
+    args = ["eval", "--model", str(labelled_model), "--task", str(toy_task), "--json"]
+    cache = toy_task.parent / "cache"
+    assert main([*args, "--no-cache"]) == 0 and not cache.exists()
+    uncached = json.loads(capsys.readouterr().out)
+    assert main(args) == 0 and any(cache.iterdir())  # the default writes it
+    assert json.loads(capsys.readouterr().out) == uncached

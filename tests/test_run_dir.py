@@ -212,3 +212,15 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
         ("toy-20260101-120000", False), ("toy-20260101-120000-2", False),
         ("toy-20260101-120000-3", False)]
     assert all((folder / "config.json").is_file() for folder, _ in made)
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--grad-accum", "2"], "1 process(es) on cpu: batch 8 per process x 2 accumulated, 16 per "
+                            "optimizer step"),
+    (["--max-tokens", "256"], "1 process(es) on cpu: batches of up to 256 tokens per process")])
+def test_the_log_states_the_global_batch(toy_task: Path, tmp_path: Path, capsys, extra, said) -> None:
+    from nlptrain.cli import main
+
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                 "--epochs", "1", "--steps-per-epoch", "1", *extra]) == 0
+    assert said in capsys.readouterr().err
