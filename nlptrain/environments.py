@@ -5,7 +5,7 @@ variables.
 
 - `TorchElastic`: torchrun, `torch.distributed.launch`, the deepspeed launcher, `accelerate
   launch --multi_gpu`, or any launcher that sets `RANK`/`WORLD_SIZE` (+ `MASTER_ADDR`/`_PORT`).
-- `NlptrainLaunch`: `--nproc N` / `nlptrain.launch()`: torch's elastic agent, so TorchElastic's
+- `NlptrainLaunch`: `--nproc N` / `nlptrain.launch.launch()`: torch's elastic agent, so TorchElastic's
   variables, with nlptrain's mark on them.
 - `Slurm`: a task of an `srun` step (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, ...).
 - `OpenMPI`: a rank started by Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
@@ -166,7 +166,7 @@ class TorchElastic(Environment):
 
 
 class NlptrainLaunch(TorchElastic):
-    """A worker of `nlptrain ... --nproc N` or `nlptrain.launch()` (torch's elastic agent)."""
+    """A worker of `nlptrain ... --nproc N` or `nlptrain.launch.launch()` (torch's elastic agent)."""
 
     name = "nlptrain --nproc"  # type: ignore[assignment]
 
