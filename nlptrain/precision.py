@@ -53,8 +53,8 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None) ->
     if pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
         if pinned not in ("fp32", "bf16"):
             raise ValueError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16")
-        return PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
-    if device.type == "cuda":
+        choice = PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
+    elif device.type == "cuda":
         if torch.cuda.is_bf16_supported():
             choice = PrecisionChoice("auto", "bf16", f"{torch.cuda.get_device_name(device)} "
                                      "supports bf16")

@@ -4,9 +4,11 @@ logged, written to config.json and to checkpoints, kept on resume; explicit valu
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
+from ddp import run_ranks
 
 from nlptrain import TrainConfig, Trainer
 from nlptrain.cli import main
@@ -39,6 +41,22 @@ def test_the_pin_replaces_the_probe(monkeypatch):
     monkeypatch.setenv(PIN_VARIABLE, "fp16")
     with pytest.raises(ValueError, match="use fp32 or bf16"):
         choose("auto", torch.device("cpu"))
+
+
+def _choose_with_a_pin_of_its_own(rank: int, world: int) -> str:
+    from nlptrain import distributed
+
+    os.environ[PIN_VARIABLE] = "bf16" if rank == 1 else "fp32"
+    dist = distributed.from_env()
+    try:
+        return choose("auto", torch.device("cpu"), dist).precision
+    finally:
+        dist.close()
+
+
+@pytest.mark.distributed
+def test_every_rank_takes_rank_0s_choice_even_a_pinned_one(tmp_path):
+    assert run_ranks(_choose_with_a_pin_of_its_own, 2, tmp_path) == ["fp32", "fp32"]
 
 
 def test_the_trainer_trains_in_the_chosen_precision_and_says_so(tiny_model_dir, caplog, monkeypatch):
