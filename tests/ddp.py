@@ -6,9 +6,13 @@ rendezvous binds a free port itself, so parallel test runs never race for one.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import signal
+import sys
 import threading
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,24 @@ from nlptrain.environments import detect
 from nlptrain.launch import launch
 
 
+def _as_a_new_process() -> None:
+    """A forked worker starts with the test process's state; give it back what a new process
+    has: logs and warnings on its own stderr (not in pytest's capture of the test, closed by
+    now), and the default signal actions (not the agent's handlers, which raise)."""
+    for name in ("", "nlptrain", "py.warnings"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    logging.captureWarnings(False)
+    warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _entry(fn: Callable, args: tuple) -> Any:
+    _as_a_new_process()
     os.environ.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     torch.set_num_threads(1)
     here = detect()
