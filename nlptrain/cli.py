@@ -1,8 +1,8 @@
 """Command line: `python -m nlptrain {train,eval,...}`, the same under `torchrun -m nlptrain`.
 
-Every task-file key but `[data] labels` is also an option of `train` (`--lr 3e-5`, `--max-length
-64`, ...), generated from the dataclasses in config.py so `--help` lists them with their meaning;
-`--set section.key=value` reaches every key.
+Every key of [data], [model] and [train] but labels is also an option of `train` (`--lr 3e-5`,
+`--max-length 64`, ...), generated from the dataclasses in config.py so `--help` lists them with
+their meaning; `--set section.key=value` reaches every key.
 """
 
 from __future__ import annotations

@@ -99,7 +99,11 @@ def report_markdown(run_dir: Path) -> str:
     train, evals = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else ([], [])
     eval_name = eval_set_name(run_dir)
     world = config.get("world_size", 1)
-    global_batch = train_cfg.get("batch_size", 0) * world * train_cfg.get("grad_accum", 1)
+    if train_cfg.get("max_tokens"):  # rows per step vary: the budget is what was asked
+        batch = f"batches of up to {train_cfg['max_tokens']} tokens per process"
+    else:
+        batch = (f"global batch {train_cfg.get('batch_size', 0) * world * train_cfg.get('grad_accum', 1)}"
+                 " per optimizer step")
 
     out = [f"# Run report: {task.get('name', run_dir.name)}", ""]
     if task.get("description"):
@@ -109,7 +113,7 @@ def report_markdown(run_dir: Path) -> str:
             f"- model: `{model_cfg.get('name', '?')}`, max length {model_cfg.get('max_length')} "
             "tokens" + (f", first {model_cfg['num_hidden_layers']} layers"
                         if model_cfg.get("num_hidden_layers") else ""),
-            f"- processes: {world} (global batch {global_batch} per optimizer step)",
+            f"- processes: {world} ({batch})",
             f"- versions: {versions or '?'}; git commit {config.get('git_commit') or 'none'}"]
     if train:
         speed = statistics.median(r["samples_per_s"] for r in train)

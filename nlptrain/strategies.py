@@ -142,8 +142,9 @@ class DDP(SingleDevice):
         model = model.to(self.dist.device)
         ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
         # Gradients live in the all-reduce buckets: no copy of every gradient each step. Buffers
-        # are broadcast once here; again before every forward (a collective a step) only when
-        # some module updates its own in training (running statistics).
+        # are broadcast once here (torch < 2.13: not even here; every rank builds the same ones
+        # from the seed); again before every forward (a collective a step) only when some module
+        # updates its own in training (running statistics).
         sync_buffers = {SYNC_BUFFERS: keeps_running_stats(model)}
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
                                        **sync_buffers)

@@ -109,6 +109,8 @@ def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path,
     assert [str(w.message) for w in caught] == []  # nothing a user should act on
     assert type(trainer.strategy).__name__ == "SingleDevice"
     assert max_gap(trainer.strategy.full_state_dict(trainer.model), two["at"][6]) == 0
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert len(trainer.optimizer.state) == len(trained)  # every parameter's moments came back
     assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
 
 

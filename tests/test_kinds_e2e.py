@@ -115,7 +115,9 @@ def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     assert main(["predict", "--model", str(multi / "run" / "model"), "--input", str(multi / "in.txt")]) == 0
     header, row = capsys.readouterr().out.splitlines()
     assert header == "row\tlabels\tlabel_probabilities\ttext"
+    labels = [name for name in row.split("\t")[1].split(",") if name]
     probabilities = [float(p) for p in row.split("\t")[2].split(",") if p]
+    assert labels and len(probabilities) == len(labels)
     assert all(p >= 0.5 for p in probabilities)  # every label over the threshold, no other
     assert main(["predict", "--model", str(trained["regression"] / "run" / "model"), "--input",
                  str(pairs), "--text-column", "premise", "--text-pair-column", "hypothesis",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -215,12 +216,17 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    (["--grad-accum", "2"], "1 process(es) on cpu: batch 8 per process x 2 accumulated, 16 per "
-                            "optimizer step"),
-    (["--max-tokens", "256"], "1 process(es) on cpu: batches of up to 256 tokens per process")])
-def test_the_log_states_the_global_batch(toy_task: Path, tmp_path: Path, capsys, extra, said) -> None:
+    (["--grad-accum", "2"], ("batch 8 per process x 2 accumulated, 16 per optimizer step",
+                             "processes: 1 (global batch 16 per optimizer step)")),
+    (["--max-tokens", "256"], ("batches of up to 256 tokens per process",
+                               "processes: 1 (batches of up to 256 tokens per process)"))])
+def test_the_log_and_report_state_the_global_batch(toy_task: Path, tmp_path: Path, capsys, extra,
+                                                   said) -> None:
     from nlptrain.cli import main
 
-    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
-                 "--epochs", "1", "--steps-per-epoch", "1", *extra]) == 0
-    assert said in capsys.readouterr().err
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--steps-per-epoch", "1", *extra]) == 0
+    logged, reported = said
+    assert re.search(rf"1 process\(es\) on \S+: {re.escape(logged)}\n", capsys.readouterr().err)
+    assert reported in (run / "report.md").read_text()
