@@ -167,7 +167,6 @@ def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_tas
         assert correct == ours["test"]["correct"], folder  # best is model: one evaluation
 
 
-@pytest.mark.slow
 def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
     """8 ranks (1 thread each): exact evaluation, agreed step counts, and a checkpoint written by 8
     that 4 ranks resume, under DDP and FSDP2."""
