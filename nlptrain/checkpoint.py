@@ -165,7 +165,11 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
     state = read_state(folder / "state.pt")
     trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
                                              state["optimizer"])
-    trainer.scaler.load_state_dict(state["scaler"])
+    if state["scaler"] or not trainer.scaler.is_enabled():
+        trainer.scaler.load_state_dict(state["scaler"])
+    else:  # trained without fp16's scaler (its state is {}): torch refuses to load that
+        log.warning("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler "
+                    "starts at its initial scale", folder)
     trainer.load_progress_state(state["progress"])
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:

@@ -91,3 +91,26 @@ def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, t
     assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
     assert json.loads((sorted((run / "checkpoints").iterdir())[-1] / "meta.json").read_text()
                       )["precision"] == "bf16"
+
+
+def test_a_resume_in_another_explicit_precision_goes_on_as_asked(tiny_model_dir, tmp_path, caplog):
+    from toy_trainer import make_trainer
+
+    from nlptrain.checkpoint import load_checkpoint, save_checkpoint
+
+    first = make_trainer(tmp_path, tiny_model_dir, [], epochs=1, precision="bf16")
+    first.fit()
+    save_checkpoint(first, tmp_path / "bf16")
+    # bf16 (no loss scaler) -> fp16: the scaler starts afresh, training goes on in fp16.
+    resumed = make_trainer(tmp_path, tiny_model_dir, [], epochs=2, precision="fp16")
+    with caplog.at_level("INFO", logger="nlptrain"):
+        load_checkpoint(resumed, tmp_path / "bf16")
+    assert "was trained in bf16; it goes on in fp16, as asked" in caplog.text
+    assert "fp16's loss scaler starts at its initial scale" in caplog.text
+    resumed.fit()
+    assert resumed.global_step == 2 * first.global_step and resumed.scaler.is_enabled()
+    # fp16 -> fp16: the scaler's state (its scale, its growth count) comes back as it was saved.
+    save_checkpoint(resumed, tmp_path / "fp16")
+    again = make_trainer(tmp_path, tiny_model_dir, [], epochs=3, precision="fp16")
+    load_checkpoint(again, tmp_path / "fp16")
+    assert again.scaler.state_dict() == resumed.scaler.state_dict()
