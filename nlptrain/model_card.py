@@ -12,6 +12,7 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.kinds import from_run_config, scalar_metrics
+from nlptrain.report import train_settings
 
 CARD_FILE = "README.md"
 SETTINGS = ("epochs", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",
@@ -49,7 +50,7 @@ def model_card(run_dir: Path) -> str:
     id2label = model_config.get("id2label", {})
     labels = [id2label[k] for k in sorted(id2label, key=int)]
     name, base = task.get("name", "task"), task.get("model", {}).get("name", "?")
-    train = task.get("train", {})
+    train = train_settings(run)  # the precision as trained
     versions = run.get("versions", {})
 
     out = ["---", "library_name: transformers", "pipeline_tag: text-classification", "tags:",

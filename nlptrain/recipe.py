@@ -104,7 +104,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         trainer.precision = precision.PrecisionChoice(
             "auto", kept, f"kept from {checkpoint.name}: a resume goes on in the run's precision")
         log.info("precision auto: %s (%s)", kept, trainer.precision.reason)
-    task.train.precision = trainer.config.precision  # what the report and model card show
+    task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
     dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
     try:
         if checkpoint is not None:

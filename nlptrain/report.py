@@ -22,6 +22,16 @@ PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
                  "scatter.png": "Predicted against true score"}
 
 
+def train_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """config.json's [train] settings, the precision as trained: what "auto" chose (recorded once
+    the run started), not "auto"."""
+    train = dict(config.get("task", {}).get("train", {}))
+    chosen = config.get("precision", {}).get("chosen")
+    if chosen and train.get("precision") == "auto":
+        train["precision"] = f"{chosen} (auto)"
+    return train
+
+
 def metrics_text(metrics: dict[str, Any]) -> str:
     """Every scalar metric, then (classification) per-class precision/recall/F1 and the
     confusion matrix, as text tables."""
@@ -95,7 +105,7 @@ def report_markdown(run_dir: Path) -> str:
     config = _read_json(run_dir / "config.json")
     results = _read_json(run_dir / "results.json")
     task = config.get("task", {})
-    train_cfg, model_cfg = task.get("train", {}), task.get("model", {})
+    train_cfg, model_cfg = train_settings(config), task.get("model", {})
     train, evals = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else ([], [])
     eval_name = eval_set_name(run_dir)
     world = config.get("world_size", 1)

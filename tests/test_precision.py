@@ -83,6 +83,9 @@ def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, t
     assert record["precision"]["chosen"] == "bf16" and record["task"]["train"]["precision"] == "auto"
     step = sorted((run / "checkpoints").iterdir())[-1]
     assert json.loads((step / "meta.json").read_text())["precision"] == "bf16"
+    # The report and the model card say what the run trained in, not only that auto was asked.
+    assert "| precision | bf16 (auto) |" in (run / "report.md").read_text()
+    assert "| precision | bf16 (auto) |" in (run / "model" / "README.md").read_text()
     # Resumed where auto would now pick fp32: the run goes on in the precision it started in.
     monkeypatch.setenv(PIN_VARIABLE, "fp32")
     assert main([*args, "--epochs", "2", "--resume"]) == 0
