@@ -267,6 +267,11 @@ def validate(task: TaskConfig, source: str) -> None:
     for section, key in NOT_NEGATIVE:
         if getattr(getattr(task, section), key) < 0:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 0")
+    if task.train.max_tokens and (task.data.streaming or task.data.train_shards):
+        # Batches by a token budget need every row's length up front, in one in-memory set.
+        raise ConfigError(f"{source}: [train] max_tokens needs the train set in memory; it cannot "
+                          "batch " + ("a stream ([data] streaming)" if task.data.streaming else
+                                      "per-rank files ([data] train_shards)") + ": use batch_size")
     if not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if task.train.metric_for_best:

@@ -53,6 +53,16 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
                       drop_last=config.drop_last, **common)
 
 
+def batched_as_is(data: Any, config: TrainConfig) -> Any:
+    """A user's DataLoader or iterable of batches (e.g. PerRankData's), used as is; refused under
+    max_tokens, which it would silently ignore: its batches are already made."""
+    if config.max_tokens:
+        raise ConfigError(f"[train] max_tokens = {config.max_tokens} cannot batch this training "
+                          f"data: it is already batched ({type(data).__name__}, e.g. per-rank "
+                          "files); give a Dataset, or leave max_tokens at 0")
+    return data
+
+
 def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Backend,
                   resumed: int) -> Iterator[dict[str, torch.Tensor]]:
     """The epoch's batches from `loader`: set_epoch on its samplers, the resume offset (`resumed`

@@ -26,7 +26,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import epoch_batches, train_loader
+from nlptrain.loaders import batched_as_is, epoch_batches, train_loader
 from nlptrain.progress import AgreedStep, Progress, StepWindow
 from nlptrain.signals import stop_on_signals
 
@@ -264,7 +264,7 @@ class Trainer:
             return self._loader_for[1]
         cfg, original, data = self.config, data, self._as_dataset(data, "train")
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
-            return data
+            return batched_as_is(data, cfg)
         loader = train_loader(data, cfg, self.dist.world_size, self.dist.rank, self.collate,
                               self.device)
         self._loader_for = (original, loader)

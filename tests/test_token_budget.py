@@ -79,3 +79,31 @@ def test_the_trainer_steps_and_schedules_on_the_real_batch_count(tmp_path, tiny_
     with pytest.raises(ConfigError, match="max_tokens needs a dataset that knows"):
         Trainer(model, [{"input_ids": [1]}], config=TrainConfig(max_tokens=96))._loader(
             torch.utils.data.TensorDataset(torch.zeros(3)))
+
+
+def test_batched_data_is_refused_not_batched_by_rows_instead(tmp_path, tiny_model_dir):
+    """A DataLoader (a user's, or PerRankData's per-rank files) has its own batch size: under
+    max_tokens it was trained on as is, the budget silently ignored."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.data import Collator
+    from nlptrain.models import load_model
+
+    train, _ = toy_datasets(tmp_path, tiny_model_dir)
+    loader = torch.utils.data.DataLoader(train, batch_size=8, collate_fn=Collator(0))
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), loader,
+                      config=TrainConfig(epochs=1, max_tokens=96))
+    with pytest.raises(ConfigError, match="max_tokens = 96 cannot batch this training data"):
+        trainer.fit()
+    assert trainer.global_step == 0
+
+
+@pytest.mark.parametrize("data, named", [({"streaming": True}, "a stream"),
+                                         ({"train_shards": "parts"}, "per-rank files")])
+def test_the_cli_refuses_a_budget_it_cannot_apply_before_reading_data(data, named):
+    from nlptrain.config import task_from_dict
+
+    raw = {"name": "t", "data": {"train": "t.tsv", **data}, "train": {"max_tokens": 256}}
+    with pytest.raises(ConfigError, match=f"t.toml: \\[train\\] max_tokens needs the train set in "
+                                          f"memory; it cannot batch {named}"):
+        task_from_dict(raw, "t.toml")  # validated as read: before any row is read or counted
