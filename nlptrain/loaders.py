@@ -42,6 +42,11 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         pad_to = getattr(collate, "pad_to", None)  # padding = max_length: every row is that long
         if pad_to:
             lengths = np.full(len(lengths), pad_to)
+        longest = int(np.max(lengths, initial=0))
+        if longest > config.max_tokens:  # a batch of that row alone would exceed the budget
+            raise ConfigError(f"[train] max_tokens = {config.max_tokens} is less than the longest "
+                              f"training row ({longest} tokens): set max_tokens to at least "
+                              f"{longest}, or lower [model] max_length")
         batches = TokenBudgetSampler(lengths, config.max_tokens, world_size, rank, config.seed)
         return DataLoader(data, batch_sampler=batches, **common)
     sampler = None

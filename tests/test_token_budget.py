@@ -107,3 +107,25 @@ def test_the_cli_refuses_a_budget_it_cannot_apply_before_reading_data(data, name
     with pytest.raises(ConfigError, match=f"t.toml: \\[train\\] max_tokens needs the train set in "
                                           f"memory; it cannot batch {named}"):
         task_from_dict(raw, "t.toml")  # validated as read: before any row is read or counted
+
+
+@pytest.mark.parametrize("pad_to, max_tokens", [(None, 12), (32, 31)])
+def test_a_budget_below_the_longest_row_is_refused(tmp_path, tiny_model_dir, pad_to, max_tokens):
+    """Such a row made a batch of its own, over the budget (a budget of 1 trained every row, up
+    to max_length tokens, alone): the budget bounds a step's memory, so it is refused, as
+    fairseq refuses a row over its max_tokens."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.data import Collator
+    from nlptrain.loaders import train_loader
+
+    train, _ = toy_datasets(tmp_path, tiny_model_dir)
+    longest = pad_to or int(train.lengths.max())
+    assert max_tokens < longest
+    with pytest.raises(ConfigError, match=f"max_tokens = {max_tokens} is less than the longest "
+                                          f"training row \\({longest} tokens\\)"):
+        train_loader(train, TrainConfig(max_tokens=max_tokens), 1, 0, Collator(0, pad_to),
+                     torch.device("cpu"))
+    loader = train_loader(train, TrainConfig(max_tokens=longest), 1, 0, Collator(0, pad_to),
+                          torch.device("cpu"))
+    assert sum(len(batch["labels"]) for batch in loader) == len(train)
