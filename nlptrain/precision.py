@@ -44,7 +44,7 @@ class PrecisionChoice:
 
 def choose(requested: str, device: torch.device, dist: Backend | None = None) -> PrecisionChoice:
     """`requested` as is unless it is "auto"; then bf16 where it is supported and measurably
-    faster, else fp32. `dist`: every rank gets rank 0's choice."""
+    faster, else fp32, and the choice is logged. `dist`: every rank gets rank 0's choice."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r}; use one of {', '.join(PRECISIONS)}")
     if requested != "auto":
@@ -71,6 +71,7 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None) ->
         choice = PrecisionChoice("auto", "fp32", f"no probe for {device.type}")
     if dist is not None and dist.world_size > 1:
         choice = dist.broadcast_object(choice)
+    log.info("precision auto: %s (%s)", choice.precision, choice.reason)
     return choice
 
 

@@ -84,8 +84,6 @@ class Trainer:
         # "auto" becomes what this device runs fastest (measured; every rank takes rank 0's).
         self.precision = precision.choose(config.precision, self.device, self.dist)
         self.config = replace(config, precision=self.precision.precision)
-        if self.precision.requested == "auto":
-            log.info("precision auto: %s (%s)", self.precision.precision, self.precision.reason)
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)

@@ -94,6 +94,9 @@ def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, t
     assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
     assert json.loads((sorted((run / "checkpoints").iterdir())[-1] / "meta.json").read_text()
                       )["precision"] == "bf16"
+    # `eval` decides auto the same way, and says what it chose.
+    assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task)]) == 0
+    assert "precision auto: fp32 (pinned by" in capsys.readouterr().err
 
 
 def test_a_resume_in_another_explicit_precision_goes_on_as_asked(tiny_model_dir, tmp_path, caplog):
