@@ -146,6 +146,10 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
             # another run's (--resume and --overwrite are for a folder the user names)
             mine = launch_run_dir(task.name, launch=launch)
             folder, resume, overwrite = mine or new_run_dir(task.name), mine is not None, False
+            if mine is None and (opts.resume or opts.overwrite):  # said: else a silent new run
+                log.warning("%s without --output-dir: a new run starts in %s; give --output-dir "
+                            "to continue or replace a run", "--resume" if opts.resume
+                            else "--overwrite", folder)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                 overwrite=overwrite, launch=launch)
         return str(folder), found
