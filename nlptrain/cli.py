@@ -148,9 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train)
 
     evaluate = commands.add_parser("eval", help="score a saved model on a task's data",
-                                   description="Accuracy, macro-F1, per-class precision/recall "
-                                   "and the confusion matrix of a saved model; the same numbers "
-                                   "with 1 or N processes.")
+                                   description="The task kind's metrics of a saved model "
+                                   "(single-label: accuracy, macro-F1, per-class precision/recall "
+                                   "and the confusion matrix; multi-label: micro/macro-F1 and per "
+                                   "label; regression: Pearson, Spearman, MSE, MAE); the same "
+                                   "numbers with 1 or N processes.")
     add_run_options(evaluate)
     evaluate.add_argument("--model", required=True, help="a saved model folder (run's model/)")
     evaluate.add_argument("--split", default="test", choices=["test", "valid", "train"],

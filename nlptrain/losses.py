@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils.data import IterableDataset
 
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import MultiLabel, SingleLabel, TaskKind
@@ -27,6 +28,8 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 def training_targets(data: Any) -> np.ndarray | None:
     """The targets of a training set (a TokenizedDataset, or a DataLoader over one), if known."""
     data = getattr(data, "dataset", data)
+    if isinstance(data, IterableDataset):
+        return None  # a stream's rows are read later (its `label_ids` maps labels to ids)
     targets = getattr(data, "label_ids", None)
     return None if targets is None else np.asarray(targets)
 

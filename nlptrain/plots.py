@@ -297,8 +297,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def add_command(commands: Any) -> None:
     parser = commands.add_parser("plot", help="draw a run's plots as PNG files",
                                  description="Draw the plots of a run directory into "
-                                 "RUN_DIR/plots/: loss and learning rate per step, accuracy and "
-                                 "macro-F1 per evaluation, and the confusion matrix.")
+                                 "RUN_DIR/plots/: loss and learning rate per step, the task "
+                                 "kind's scores per evaluation, and the test set's confusion "
+                                 "matrix (single-label), F1 per label (multi-label) or predicted "
+                                 "against true scores (regression).")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<task>-<time>)")
     add_log_level(parser)
     parser.set_defaults(handler=cmd_plot)

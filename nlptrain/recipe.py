@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain import distributed, kinds, precision
+from nlptrain import distributed, kinds, losses, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint, saved_precision
 from nlptrain.config import TaskConfig
@@ -84,6 +84,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     kind = kinds.from_task(task)
     if config.metric_for_best:  # the labels are known now, also those read from the data
         kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
+    # Checked now, not in the trainer: a mistake must not leave a run directory that refuses the
+    # corrected command ("already holds a run").
+    losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     run_dir, has_run = open_run_dir(task, opts, dist)
@@ -143,6 +146,10 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
             # another run's (--resume and --overwrite are for a folder the user names)
             mine = launch_run_dir(task.name, launch=launch)
             folder, resume, overwrite = mine or new_run_dir(task.name), mine is not None, False
+            if mine is None and (opts.resume or opts.overwrite):  # said: else a silent new run
+                log.warning("%s without --output-dir: a new run starts in %s; give --output-dir "
+                            "to continue or replace a run", "--resume" if opts.resume
+                            else "--overwrite", folder)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                 overwrite=overwrite, launch=launch)
         return str(folder), found

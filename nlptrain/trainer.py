@@ -382,10 +382,10 @@ class Trainer:
 
 
 class DistTrainer(Trainer):
-    """`Trainer` under DDP: one process per device, launched by torchrun (`env://`); without a
-    launcher, one process. Each rank gets its share of the data from an injected
-    `ShardedSampler` (a DistributedSampler, set_epoch every epoch), unless the user gave a
-    DataLoader or sampler of their own, which is kept as is."""
+    """`Trainer` under DDP: one process per device, from any launcher (torchrun, `--nproc` or
+    `launch()`, srun, mpirun: `nlptrain.environments`); without one, one process. Each rank gets
+    its share of the data from an injected `ShardedSampler` (a DistributedSampler, set_epoch every
+    epoch), unless the user gave a DataLoader or sampler of their own, which is kept as is."""
 
     def __init__(self, model: torch.nn.Module, *args: Any, timeout: float | None = None,
                  **kwargs: Any) -> None:

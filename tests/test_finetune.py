@@ -91,6 +91,16 @@ def test_the_keys_through_the_command_line(toy_task, tmp_path, capsys):
     assert "[train] label_smoothing must be in [0, 1)" in capsys.readouterr().err
 
 
+def test_balanced_weights_on_streaming_data_are_the_one_line_error(toy_task, tmp_path, capsys):
+    # A stream's rows are not known ahead (its `label_ids` is the label vocabulary, not targets):
+    # the README promises the error naming the key, not a TypeError from inside numpy, and before
+    # the run directory is made (else the corrected command is refused: "already holds a run").
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                 "--streaming", "--set", "train.class_weights=balanced"]) == 1
+    assert "class_weights = 'balanced' needs the training targets" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 # -- parameter groups and the optimizer ---------------------------------------------------------
 
 

@@ -215,6 +215,33 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
     assert all((folder / "config.json").is_file() for folder, _ in made)
 
 
+def test_resume_without_output_dir_says_a_new_run_starts(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--resume` acts only on an --output-dir; without one the user is told, not left to find
+    a second run directory."""
+    from nlptrain import recipe
+    from nlptrain.config import TaskConfig
+    from nlptrain.distributed import SingleProcess
+
+    monkeypatch.chdir(tmp_path)
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("nlptrain")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        folder, has_run = recipe.open_run_dir(TaskConfig(name="toy"), recipe.RunOptions(resume=True),
+                                              SingleProcess())
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert not has_run
+    assert any(f"--resume without --output-dir: a new run starts in {folder}" in m
+               for m in messages), messages
+
+
 @pytest.mark.parametrize(("extra", "said"), [
     (["--grad-accum", "2"], ("batch 8 per process x 2 accumulated, 16 per optimizer step",
                              "processes: 1 (global batch 16 per optimizer step)")),
