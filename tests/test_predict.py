@@ -132,6 +132,13 @@ def test_read_texts_formats(tmp_path: Path) -> None:
         read_texts(tmp_path / "missing.tsv")
 
 
+def test_a_tab_inside_a_tsv_text_is_an_error_not_a_cut_text(tmp_path: Path) -> None:
+    (tmp_path / "in.tsv").write_text("text\nfine\ngood\tstuff\n")  # would score "good" alone
+    with pytest.raises(DataError, match=r"in.tsv:3: 2 columns, but the header has 1; a text "
+                       r"holding a tab\?"):
+        read_texts(tmp_path / "in.tsv")
+
+
 def test_tsv_output_keeps_one_line_per_row() -> None:
     probs = np.array([[0.25, 0.75], [0.9, 0.1]])
     out = io.StringIO()
