@@ -198,6 +198,10 @@ def load_task(path: str | Path) -> TaskConfig:
         raise ConfigError(f"{path}: task file not found (see the files in tasks/)") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 by its spec
+        line = err.object[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: byte {err.object[err.start]:#04x} is not UTF-8 (a TOML "
+                          "file must be UTF-8); save it as UTF-8") from None
     task = task_from_dict(raw, str(path))
     if task.data_dir and not Path(task.data_dir).is_absolute():
         task.data_dir = str((path.parent / task.data_dir).resolve())

@@ -76,6 +76,13 @@ def test_invalid_toml_names_the_line(capsys, toy_task, tmp_path):
     assert code == 1 and re.search(r"toy\.toml: not valid TOML: .*line \d+", err)
 
 
+def test_task_file_not_in_utf8_names_the_line(capsys, toy_task, tmp_path):
+    toy_task.write_bytes(toy_task.read_bytes().replace(b'name = "toy"', b'name = "caf\xe9"'))
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert re.search(r"toy\.toml:2: byte 0xe9 is not UTF-8 \(a TOML file must be UTF-8\)", err), err
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
