@@ -283,6 +283,14 @@ def validate(task: TaskConfig, source: str) -> None:
         if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
             raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path, "
                               f"or --{which}-file)")
+    # Each label is one output of the model: a name twice would train two outputs for one class
+    # and fail at the end of the run (plots, the confusion matrix, the export's label2id).
+    labels = task.data.labels
+    names = [str(v) for v in (labels.values() if isinstance(labels, dict) else labels)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{source}: [data] labels: {', '.join(map(repr, twice))} named more than "
+                          "once; give each label one name of its own")
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")

@@ -83,6 +83,16 @@ def test_task_file_not_in_utf8_names_the_line(capsys, toy_task, tmp_path):
     assert re.search(r"toy\.toml:2: byte 0xe9 is not UTF-8 \(a TOML file must be UTF-8\)", err), err
 
 
+@pytest.mark.parametrize("labels", ['["neg", "pos", "pos"]', '{ n = "neg", p = "neg", q = "pos" }'])
+def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_path, labels):
+    edit(toy_task, 'labels = ["neg", "pos"]', f"labels = {labels}")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert "toy.toml: [data] labels: 'neg' named more than once" in err or \
+        "toy.toml: [data] labels: 'pos' named more than once" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
