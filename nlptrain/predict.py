@@ -116,7 +116,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict
-    from nlptrain.models import load_saved_model, load_tokenizer
+    from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
@@ -127,6 +127,8 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     kind = from_model_config(model.config)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model.config)
+    check_max_length(model, max_length, "--max-length" if args.max_length else
+                     str(Path(args.model).parent / "config.json"))
     dataset = TokenizedDataset.from_texts(texts.texts, [-1] * len(texts), tokenizer, max_length,
                                           pairs=texts.pairs)
     log.info("%s: %d %s, %d process(es), max length %d tokens, %s %s", args.input, len(texts),
@@ -147,6 +149,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         setup_logging(dist.rank, args.log_level)
         run_predict(args, dist)
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An option's value that must be a whole number >= 1 (argparse reports anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def add_command(commands: Any) -> None:
@@ -175,9 +188,10 @@ def add_command(commands: Any) -> None:
                         "trained on pairs (default: none)")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
-    parser.add_argument("--max-length", type=int, default=0,
+    parser.add_argument("--max-length", type=positive_int, default=0,
                         help="truncate texts to this many tokens (default: the run's max_length)")
-    parser.add_argument("--batch-size", type=int, default=64, help="texts per batch per process")
+    parser.add_argument("--batch-size", type=positive_int, default=64,
+                        help="texts per batch per process")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="fp32 | bf16 | fp16 (autocast)")
     parser.add_argument("--timeout", type=float, default=600,

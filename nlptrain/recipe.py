@@ -28,7 +28,7 @@ from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
-from nlptrain.models import load_model, load_saved_model, load_tokenizer
+from nlptrain.models import check_max_length, load_model, load_saved_model, load_tokenizer
 from nlptrain.runs import launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
 from nlptrain.trainer import DistTrainer
 
@@ -86,6 +86,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
+    check_max_length(model, task.model.max_length, f"task {task.name} [model]")
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 
@@ -238,6 +239,7 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     """Metrics of a saved model on one split of the task, single or multi-process alike."""
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)
+    check_max_length(model, task.model.max_length, f"task {task.name} [model]")
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     kind = kinds.from_task(task)
     if kind.problem_type != kinds.from_model_config(model.config).problem_type:

@@ -93,6 +93,15 @@ def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(capsys, toy_task,
+                                                                           tmp_path):
+    # The tiny model has 128 positions: the first row over 128 tokens would crash mid-epoch.
+    code, err = train(capsys, toy_task, tmp_path / "run", "--max-length", "512")
+    assert code == 1 and "Traceback" not in err
+    assert "task toy [model]: max_length 512 is more than the model's 128 positions" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
