@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,22 @@ def output_format(output: str | None, chosen: str | None) -> str:
         raise ConfigError(f"{output}: cannot tell the output format from '{suffix}'; name the "
                           "file .tsv or .jsonl, or pass --format tsv|jsonl")
     return OUTPUT_FORMATS[suffix]
+
+
+def check_output(output: str | None) -> None:
+    """Refuse an output path that cannot be written before any text is scored (else the error
+    comes as a traceback after the whole input was scored); makes its folder."""
+    if not output or output == "-":
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{output}: cannot make its folder ({err.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"{output}: its folder {path.parent} is not writable")
 
 
 def default_max_length(model_dir: Path, tokenizer: Any, model_config: Any) -> int:
@@ -119,6 +136,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
+    dist.on_main(lambda: check_output(args.output))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
     texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
                                             args.text_pair_column))

@@ -151,6 +151,18 @@ def test_sizes_below_one_are_usage_errors(tmp_path: Path, capsys, option: list[s
     assert f"argument {option[0]}: '{option[1]}' is not a whole number >= 1" in capsys.readouterr().err
 
 
+def test_an_output_that_cannot_be_written_is_refused_before_scoring(tmp_path: Path,
+                                                                     tiny_model_dir: Path) -> None:
+    (tmp_path / "in.txt").write_text("hello\n")
+    args = predict_args(tiny_model_dir, tmp_path / "in.txt")
+    args.output, args.format = str(tmp_path), "tsv"  # a folder
+    with pytest.raises(ConfigError, match=r": --output is a folder; give a file, e\.g\. .*predictions"):
+        run_predict(args, SingleProcess())
+    args.output = str(tmp_path / "in.txt" / "out.tsv")  # under a file
+    with pytest.raises(ConfigError, match=r"in.txt/out.tsv: cannot make its folder \(.+\)"):
+        run_predict(args, SingleProcess())
+
+
 def test_a_tab_inside_a_tsv_text_is_an_error_not_a_cut_text(tmp_path: Path) -> None:
     (tmp_path / "in.tsv").write_text("text\nfine\ngood\tstuff\n")  # would score "good" alone
     with pytest.raises(DataError, match=r"in.tsv:3: 2 columns, but the header has 1; a text "
