@@ -128,8 +128,12 @@ def test_read_texts_formats(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match=r"empty.txt: input file holds no texts"):
         read_texts(tmp_path / "empty.txt")
-    with pytest.raises(DataError, match=r"missing.tsv: input file not found"):
+    with pytest.raises(DataError, match=r"missing.tsv: input file not found; check --input$"):
         read_texts(tmp_path / "missing.tsv")
+    with pytest.raises(DataError, match=r"missing.txt: input file not found; check --input$"):
+        read_texts(tmp_path / "missing.txt")
+    with pytest.raises(DataError, match=r": a folder, not an? input file; check --input$"):
+        read_texts(tmp_path)
 
 
 def test_a_max_length_beyond_the_models_positions_is_refused_before_scoring(

@@ -76,6 +76,10 @@ def test_bad_rows_name_file_and_line(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"nope\.tsv: data file not found"):
         read_examples(FileSpec(path="nope.tsv"), tmp_path, [])
+    (tmp_path / "dir.tsv").mkdir()
+    with pytest.raises(DataError, match=r"dir\.tsv: a folder, not a data file; check the path or "
+                                        r"--data-dir"):
+        read_examples(FileSpec(path="dir.tsv"), tmp_path, [])
 
 
 def test_unknown_label_names_the_row(tmp_path):

@@ -33,8 +33,13 @@ def format_of(spec: FileSpec) -> str:
 
 
 def open_checked(path: Path, what: str) -> Path:
+    # predict's input is a path of its own: no task, no --data-dir it could be relative to.
+    fix = "check --input" if what == "input" else "check the path or --data-dir"
+    if path.is_dir():
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise DataError(f"{path}: a folder, not {article} {what} file; {fix}")
     if not path.is_file():
-        raise DataError(f"{path}: {what} file not found; check the path or --data-dir")
+        raise DataError(f"{path}: {what} file not found; {fix}")
     return path
 
 
