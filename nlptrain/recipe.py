@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain import distributed, kinds, precision
+from nlptrain import distributed, kinds, losses, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint, saved_precision
 from nlptrain.config import TaskConfig
@@ -87,6 +87,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     check_max_length(model, task.model.max_length, f"task {task.name} [model]")
+    if sets.train is not None or isinstance(config.class_weights, list):  # before the run dir
+        losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 

@@ -102,6 +102,24 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(caps
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("weights", "message"), [
+    ("[1.0, 2.0, 3.0]", r"\[train\] class_weights = \[1\.0, 2\.0, 3\.0\]: give 'balanced' or one "
+                        r"number per label \(2: neg, pos\)"),
+    ('"balanced"', r"\[train\] class_weights = 'balanced': no training row has the label\(s\) "
+                   r"\['pos'\]"),
+])
+def test_class_weights_that_do_not_fit_the_labels_leave_no_run_dir(capsys, toy_task, tmp_path,
+                                                                   weights, message):
+    edit(toy_task, "epochs = 2", f"epochs = 2\nclass_weights = {weights}")
+    train_file = toy_task.parent / "train.tsv"
+    train_file.write_text("\n".join(line for line in train_file.read_text().splitlines()
+                                    if not line.endswith("\tpos")) + "\n")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
