@@ -155,3 +155,10 @@ def test_csv_row_with_more_cells_than_the_header_is_refused_not_shifted(tmp_path
     assert ex.texts == ["fine", "ok"] and ex.labels == ["pos", "neg"]
     ex = read(tmp_path, "c.csv", "3,t,x,y\n", header=False, text_column=1, label_column=0)
     assert ex.texts == ["t"]  # no header: nothing to count the cells against
+
+
+def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):
+    content = 'text,label\nfine,pos\n"unclosed,neg\nok,pos\nalso ok,neg\n'  # csv reads to the end
+    with pytest.raises(DataError, match=r"a\.csv:3: a quoted cell that starts in this row is never "
+                                        r"closed"):
+        read(tmp_path, "a.csv", content)

@@ -147,6 +147,11 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                                 f"{len(header)}; {extra_cells_fix}")
             yield checked_row({role: row[c] for role, c in columns.items()}, path, line)
     except csv.Error as err:
+        if "unexpected end of data" in str(err) and line_of_row:
+            # A quote never closed: csv read to the end of the file; the culprit is where it opened.
+            raise DataError(f"{path}:{line_of_row[0]}: a quoted cell that starts in this row is never "
+                            "closed (no matching \"); close it, or double a quote inside a cell "
+                            "(\"\")") from None
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
 
