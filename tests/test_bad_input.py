@@ -93,12 +93,14 @@ def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_pa
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("length", ["512", "99999999999999999999"])
 def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(capsys, toy_task,
-                                                                           tmp_path):
-    # The tiny model has 128 positions: the first row over 128 tokens would crash mid-epoch.
-    code, err = train(capsys, toy_task, tmp_path / "run", "--max-length", "512")
+                                                                           tmp_path, length):
+    # The tiny model has 128 positions: the first row over 128 tokens would crash mid-epoch (and
+    # a length past 2**64 in the tokenizer, before any row).
+    code, err = train(capsys, toy_task, tmp_path / "run", "--max-length", length)
     assert code == 1 and "Traceback" not in err
-    assert "task toy [model]: max_length 512 is more than the model's 128 positions" in err, err
+    assert f"task toy [model]: max_length {length} is more than the model's 128 positions" in err, err
     assert not (tmp_path / "run").exists()
 
 
