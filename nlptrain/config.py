@@ -198,6 +198,10 @@ def load_task(path: str | Path) -> TaskConfig:
         raise ConfigError(f"{path}: task file not found (see the files in tasks/)") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    except UnicodeDecodeError as err:  # TOML is UTF-8 by its spec
+        line = err.object[:err.start].count(b"\n") + 1
+        raise ConfigError(f"{path}:{line}: byte {err.object[err.start]:#04x} is not UTF-8 (a TOML "
+                          "file must be UTF-8); save it as UTF-8") from None
     task = task_from_dict(raw, str(path))
     if task.data_dir and not Path(task.data_dir).is_absolute():
         task.data_dir = str((path.parent / task.data_dir).resolve())
@@ -284,6 +288,14 @@ def validate(task: TaskConfig, source: str) -> None:
         if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
             raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path, "
                               f"or --{which}-file)")
+    # Each label is one output of the model: a name twice would train two outputs for one class
+    # and fail at the end of the run (plots, the confusion matrix, the export's label2id).
+    labels = task.data.labels
+    names = [str(v) for v in (labels.values() if isinstance(labels, dict) else labels)]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"{source}: [data] labels: {', '.join(map(repr, twice))} named more than "
+                          "once; give each label one name of its own")
     for key in ("test_size", "valid_size"):
         if not 0 <= getattr(task.data, key) < 1:
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")

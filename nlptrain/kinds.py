@@ -140,6 +140,11 @@ class SingleLabel(TaskKind):
     def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
         out = np.empty(len(cells), dtype=np.int64)
         for i, cell in enumerate(cells):
+            if isinstance(cell, list):  # a JSON list: "['neg'] is not one of ['neg', ...]" misleads
+                path, line = where(i)
+                raise DataError(f"{path}:{line}: a list of labels {cell!r}, but the task is "
+                                "single_label (one label a row); give one label, or set [data] "
+                                "kind = \"multi_label\"")
             if not isinstance(cell, str) or cell not in ids:
                 path, line = where(i)
                 raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "

@@ -106,6 +106,24 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     return model
 
 
+def load_config(name: str) -> Any:
+    """The model's config alone (no weights): what can be checked before any data is read."""
+    from transformers import AutoConfig
+
+    quiet_transformers()
+    return AutoConfig.from_pretrained(str(resolve_model_path(name)))
+
+
+def check_max_length(model: Any, max_length: int, source: str) -> None:
+    """Refuse a max_length beyond the model's position embeddings (`model`: a model or its
+    config): else the first text that long fails deep in the forward pass (a RuntimeError
+    mid-epoch, or mid-predict), or a huge one in the tokenizer."""
+    positions = getattr(getattr(model, "config", model), "max_position_embeddings", None)
+    if isinstance(positions, int) and 0 < positions < max_length:
+        raise ConfigError(f"{source}: max_length {max_length} is more than the model's "
+                          f"{positions} positions (max_position_embeddings); use at most {positions}")
+
+
 def load_saved_model(name: str) -> Any:
     """A classifier as saved (its own head and label names), e.g. a run's `model/` folder."""
     from transformers import AutoModelForSequenceClassification

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,22 @@ def output_format(output: str | None, chosen: str | None) -> str:
         raise ConfigError(f"{output}: cannot tell the output format from '{suffix}'; name the "
                           "file .tsv or .jsonl, or pass --format tsv|jsonl")
     return OUTPUT_FORMATS[suffix]
+
+
+def check_output(output: str | None) -> None:
+    """Refuse an output path that cannot be written before any text is scored (else the error
+    comes as a traceback after the whole input was scored); makes its folder."""
+    if not output or output == "-":
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{output}: cannot make its folder ({err.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"{output}: its folder {path.parent} is not writable")
 
 
 def default_max_length(model_dir: Path, tokenizer: Any, model_config: Any) -> int:
@@ -116,9 +133,10 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict
-    from nlptrain.models import load_saved_model, load_tokenizer
+    from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
+    dist.on_main(lambda: check_output(args.output))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
     texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
                                             args.text_pair_column))
@@ -127,6 +145,8 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     kind = from_model_config(model.config)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model.config)
+    check_max_length(model, max_length, "--max-length" if args.max_length else
+                     str(Path(args.model).parent / "config.json"))
     dataset = TokenizedDataset.from_texts(texts.texts, [-1] * len(texts), tokenizer, max_length,
                                           pairs=texts.pairs)
     log.info("%s: %d %s, %d process(es), max length %d tokens, %s %s", args.input, len(texts),
@@ -147,6 +167,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
         setup_logging(dist.rank, args.log_level)
         run_predict(args, dist)
     return 0
+
+
+def positive_int(text: str) -> int:
+    """An option's value that must be a whole number >= 1 (argparse reports anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def add_command(commands: Any) -> None:
@@ -175,9 +206,10 @@ def add_command(commands: Any) -> None:
                         "trained on pairs (default: none)")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
-    parser.add_argument("--max-length", type=int, default=0,
+    parser.add_argument("--max-length", type=positive_int, default=0,
                         help="truncate texts to this many tokens (default: the run's max_length)")
-    parser.add_argument("--batch-size", type=int, default=64, help="texts per batch per process")
+    parser.add_argument("--batch-size", type=positive_int, default=64,
+                        help="texts per batch per process")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
                         help="fp32 | bf16 | fp16 (autocast)")
     parser.add_argument("--timeout", type=float, default=600,

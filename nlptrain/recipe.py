@@ -28,7 +28,7 @@ from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
-from nlptrain.models import load_model, load_saved_model, load_tokenizer
+from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
 from nlptrain.runs import launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
 from nlptrain.trainer import DistTrainer
 
@@ -75,6 +75,7 @@ def collator(tokenizer: Any, task: TaskConfig) -> Collator:
 def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict[str, Any]:
     """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
     tokenizer = load_tokenizer(task.model.name)
+    check_max_length(load_config(task.model.name), task.model.max_length, f"task {task.name} [model]")
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
     config = task.train
     if task.data.streaming:  # rows counted once; every rank takes one pass of the shortest share
@@ -89,6 +90,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
+    if sets.train is not None or isinstance(config.class_weights, list):  # before the run dir
+        losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 
@@ -245,6 +248,7 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     """Metrics of a saved model on one split of the task, single or multi-process alike."""
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)
+    check_max_length(model, task.model.max_length, f"task {task.name} [model]")
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     kind = kinds.from_task(task)
     if kind.problem_type != kinds.from_model_config(model.config).problem_type:

@@ -76,6 +76,52 @@ def test_invalid_toml_names_the_line(capsys, toy_task, tmp_path):
     assert code == 1 and re.search(r"toy\.toml: not valid TOML: .*line \d+", err)
 
 
+def test_task_file_not_in_utf8_names_the_line(capsys, toy_task, tmp_path):
+    toy_task.write_bytes(toy_task.read_bytes().replace(b'name = "toy"', b'name = "caf\xe9"'))
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert re.search(r"toy\.toml:2: byte 0xe9 is not UTF-8 \(a TOML file must be UTF-8\)", err), err
+
+
+@pytest.mark.parametrize("labels", ['["neg", "pos", "pos"]', '{ n = "neg", p = "neg", q = "pos" }'])
+def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_path, labels):
+    edit(toy_task, 'labels = ["neg", "pos"]', f"labels = {labels}")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert "toy.toml: [data] labels: 'neg' named more than once" in err or \
+        "toy.toml: [data] labels: 'pos' named more than once" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("length", ["512", "99999999999999999999"])
+def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(capsys, toy_task,
+                                                                           tmp_path, length):
+    # The tiny model has 128 positions: the first row over 128 tokens would crash mid-epoch (and
+    # a length past 2**64 in the tokenizer, before any row).
+    code, err = train(capsys, toy_task, tmp_path / "run", "--max-length", length)
+    assert code == 1 and "Traceback" not in err
+    assert f"task toy [model]: max_length {length} is more than the model's 128 positions" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("weights", "message"), [
+    ("[1.0, 2.0, 3.0]", r"\[train\] class_weights = \[1\.0, 2\.0, 3\.0\]: give 'balanced' or one "
+                        r"number per label \(2: neg, pos\)"),
+    ('"balanced"', r"\[train\] class_weights = 'balanced': no training row has the label\(s\) "
+                   r"\['pos'\]"),
+])
+def test_class_weights_that_do_not_fit_the_labels_leave_no_run_dir(capsys, toy_task, tmp_path,
+                                                                   weights, message):
+    edit(toy_task, "epochs = 2", f"epochs = 2\nclass_weights = {weights}")
+    train_file = toy_task.parent / "train.tsv"
+    train_file.write_text("\n".join(line for line in train_file.read_text().splitlines()
+                                    if not line.endswith("\tpos")) + "\n")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "Traceback" not in err
+    assert re.search(message, err), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err

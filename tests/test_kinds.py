@@ -59,6 +59,17 @@ def test_multi_label_targets_from_a_json_list_and_a_separated_cell(tmp_path):
         vocab.encode(bad, kind)
 
 
+def test_a_label_list_in_a_single_label_task_says_so(tmp_path):
+    (tmp_path / "l.jsonl").write_text('{"text": "a", "label": "neg"}\n'
+                                      '{"text": "b", "label": ["neg"]}\n')
+    rows = read_examples(FileSpec(path="l.jsonl"), tmp_path, [])
+    vocab = LabelVocab.for_kind(SingleLabel(), rows.labels, [])  # labels from the rows: neg
+    with pytest.raises(DataError, match=r"l.jsonl:2: a list of labels \['neg'\], but the task is "
+                                        r"single_label \(one label a row\); give one label, or set "
+                                        r"\[data\] kind = \"multi_label\""):
+        vocab.encode(rows, SingleLabel())
+
+
 def test_regression_targets_are_floats_and_a_bad_score_names_the_line(tmp_path):
     write_scores(tmp_path / "s.tsv", 6)
     spec = FileSpec(path="s.tsv", text_column="first", text_pair_column="second",

@@ -128,8 +128,50 @@ def test_read_texts_formats(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(DataError, match=r"empty.txt: input file holds no texts"):
         read_texts(tmp_path / "empty.txt")
-    with pytest.raises(DataError, match=r"missing.tsv: input file not found"):
+    with pytest.raises(DataError, match=r"missing.tsv: input file not found; check --input$"):
         read_texts(tmp_path / "missing.tsv")
+    with pytest.raises(DataError, match=r"missing.txt: input file not found; check --input$"):
+        read_texts(tmp_path / "missing.txt")
+    with pytest.raises(DataError, match=r": a folder, not an? input file; check --input$"):
+        read_texts(tmp_path)
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_before_scoring(
+        tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "in.txt").write_text(" ".join(["word"] * 300) + "\n")  # 302 tokens; 128 positions
+    args = predict_args(tiny_model_dir, tmp_path / "in.txt")
+    args.max_length = 1000
+    with pytest.raises(ConfigError, match=r"--max-length: max_length 1000 is more than the model's "
+                       r"128 positions \(max_position_embeddings\); use at most 128"):
+        run_predict(args, SingleProcess())
+
+
+@pytest.mark.parametrize("option", [["--max-length", "-3"], ["--batch-size", "0"],
+                                    ["--batch-size", "many"]])
+def test_sizes_below_one_are_usage_errors(tmp_path: Path, capsys, option: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", "--model", "m", "--input", "in.txt", *option])
+    assert exit_.value.code == 2
+    assert f"argument {option[0]}: '{option[1]}' is not a whole number >= 1" in capsys.readouterr().err
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_scoring(tmp_path: Path,
+                                                                     tiny_model_dir: Path) -> None:
+    (tmp_path / "in.txt").write_text("hello\n")
+    args = predict_args(tiny_model_dir, tmp_path / "in.txt")
+    args.output, args.format = str(tmp_path), "tsv"  # a folder
+    with pytest.raises(ConfigError, match=r": --output is a folder; give a file, e\.g\. .*predictions"):
+        run_predict(args, SingleProcess())
+    args.output = str(tmp_path / "in.txt" / "out.tsv")  # under a file
+    with pytest.raises(ConfigError, match=r"in.txt/out.tsv: cannot make its folder \(.+\)"):
+        run_predict(args, SingleProcess())
+
+
+def test_a_tab_inside_a_tsv_text_is_an_error_not_a_cut_text(tmp_path: Path) -> None:
+    (tmp_path / "in.tsv").write_text("text\nfine\ngood\tstuff\n")  # would score "good" alone
+    with pytest.raises(DataError, match=r"in.tsv:3: 2 columns, but the header has 1; a text "
+                       r"holding a tab\?"):
+        read_texts(tmp_path / "in.tsv")
 
 
 def test_tsv_output_keeps_one_line_per_row() -> None:

@@ -63,6 +63,9 @@ def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, va
     ("sentence\tlabel\nok\tpos\n", r"a\.tsv:1: no text column 'text' in the header"),
     (b"text\tlabel\nok\tpos\ncaf\xe9\tneg\n", r"a\.tsv:3: byte 0xe9 at column 4 is not UTF-8"),
     ("", r"a\.tsv: data file holds no rows"),
+    # A tab inside a text: the label column would read a piece of the text.
+    ("text\tlabel\nok\tpos\nso\tso\tneg\n", r"a\.tsv:3: 3 columns, but the header has 2; a text "
+                                             r"holding a tab\? Replace it by a space"),
     ("text\tlabel\n\n\n", r"a\.tsv: data file holds no rows"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, content, message):
@@ -73,6 +76,10 @@ def test_bad_rows_name_file_and_line(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(DataError, match=r"nope\.tsv: data file not found"):
         read_examples(FileSpec(path="nope.tsv"), tmp_path, [])
+    (tmp_path / "dir.tsv").mkdir()
+    with pytest.raises(DataError, match=r"dir\.tsv: a folder, not a data file; check the path or "
+                                        r"--data-dir"):
+        read_examples(FileSpec(path="dir.tsv"), tmp_path, [])
 
 
 def test_unknown_label_names_the_row(tmp_path):
@@ -138,3 +145,20 @@ def test_csv_quoted_cell_keeps_its_line_break_and_reports_the_rows_first_line(tm
         read(tmp_path, "a.csv", content)
     ex = read(tmp_path, "b.csv", 'text,label\n"two\nlines",pos\n')
     assert ex.texts == ["two\nlines"] and ex.origin(0)[1] == 2
+
+
+def test_csv_row_with_more_cells_than_the_header_is_refused_not_shifted(tmp_path):
+    with pytest.raises(DataError, match=r"a\.csv:3: 3 columns, but the header has 2; a text "
+                                        r"holding a separator\? Quote the cell"):
+        read(tmp_path, "a.csv", 'text,label\n"fine, really",pos\nfine, really,pos\n')
+    ex = read(tmp_path, "b.csv", "text,label\nfine,pos,\nok,neg, \n")  # empty extra cells: fine
+    assert ex.texts == ["fine", "ok"] and ex.labels == ["pos", "neg"]
+    ex = read(tmp_path, "c.csv", "3,t,x,y\n", header=False, text_column=1, label_column=0)
+    assert ex.texts == ["t"]  # no header: nothing to count the cells against
+
+
+def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):
+    content = 'text,label\nfine,pos\n"unclosed,neg\nok,pos\nalso ok,neg\n'  # csv reads to the end
+    with pytest.raises(DataError, match=r"a\.csv:3: a quoted cell that starts in this row is never "
+                                        r"closed"):
+        read(tmp_path, "a.csv", content)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, format_of, read_examples
+from nlptrain.data.readers import Examples, format_of, open_checked, read_examples
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir
 from nlptrain.distributed import Backend, SingleProcess
@@ -140,8 +140,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         dataset = tokenize(0, rows)
     else:
         for path in files:
-            if not path.is_file():
-                raise DataError(f"{path}: {what} file not found; check the path or --data-dir")
+            open_checked(path, what)
         how = {"spec": vars(spec), "labels": vocab and [vocab.values, vocab.names],
                "format": format_of(spec) if "{label}" not in spec.path else "lines",
                "kind": [kind.name, getattr(kind, "separator", None)]}

@@ -33,8 +33,13 @@ def format_of(spec: FileSpec) -> str:
 
 
 def open_checked(path: Path, what: str) -> Path:
+    # predict's input is a path of its own: no task, no --data-dir it could be relative to.
+    fix = "check --input" if what == "input" else "check the path or --data-dir"
+    if path.is_dir():
+        article = "an" if what[:1] in "aeiou" else "a"
+        raise DataError(f"{path}: a folder, not {article} {what} file; {fix}")
     if not path.is_file():
-        raise DataError(f"{path}: {what} file not found; check the path or --data-dir")
+        raise DataError(f"{path}: {what} file not found; {fix}")
     return path
 
 
@@ -109,6 +114,9 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
             yield text + "\n"  # the csv module needs line ends to keep breaks in quoted cells
 
     quoting = csv.QUOTE_NONE if delimiter == "\t" and not spec.quoted else csv.QUOTE_MINIMAL
+    extra_cells_fix = ("a text holding a tab? Replace it by a space (TSV has no quoting)"
+                       if quoting == csv.QUOTE_NONE else 'a text holding a separator? Quote the '
+                       'cell ("...", with "" for a quote inside)')
     csv.field_size_limit(2**31 - 1)  # long documents are rows too (the default refuses > 128 KiB)
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
@@ -132,8 +140,18 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                 where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
                                 f"{max(columns.values()) + 1} ({where})")
+            # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
+            # shifted the cells, so the label column would read a piece of the text.
+            if header is not None and any(cell.strip() for cell in row[len(header):]):
+                raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
+                                f"{len(header)}; {extra_cells_fix}")
             yield checked_row({role: row[c] for role, c in columns.items()}, path, line)
     except csv.Error as err:
+        if "unexpected end of data" in str(err) and line_of_row:
+            # A quote never closed: csv read to the end of the file; the culprit is where it opened.
+            raise DataError(f"{path}:{line_of_row[0]}: a quoted cell that starts in this row is never "
+                            "closed (no matching \"); close it, or double a quote inside a cell "
+                            "(\"\")") from None
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
 

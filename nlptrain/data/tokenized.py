@@ -27,7 +27,8 @@ from nlptrain.durable import replace_folder
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 2  # 2: targets of any kind, type ids of pairs
+CACHE_VERSION = 3  # 2: targets of any kind, type ids of pairs; 3: a row of more cells than its
+# header is refused (an entry of 2 may hold such a row, its label read from a piece of the text)
 
 
 class TokenizedDataset(Dataset):
