@@ -90,8 +90,6 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
-    if sets.train is not None or isinstance(config.class_weights, list):  # before the run dir
-        losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 
