@@ -11,6 +11,8 @@ one callback, the public extension point, that times the loop and the evaluation
     --max-tokens-like-batch  (h) with (d): batches by a token budget of batch_size x the mean
                            tokenized length of the training rows (so as many rows per step on
                            average as (d))
+    --attention eager  (i) with (d): transformers' eager attention instead of SDPA (whose fused
+                           CPU kernel takes no dropout, so training runs its unfused math path)
 
     torchrun --standalone --nproc_per_node 2 bench/nlptrain_bench.py --out /tmp/d --config defaults
 Extra nlptrain options may follow `--`, e.g. `-- --num-workers 1`.
@@ -58,7 +60,7 @@ def token_budget_like_batch(split: common.Split, train_rows: int) -> int:
     return round(common.JOB["batch_size"] * float(np.mean(lengths)))
 
 
-def make_probe(split: common.Split, train_limit: int) -> Any:
+def make_probe(split: common.Split, train_limit: int, attention: str | None = None) -> Any:
     from nlptrain import Callback
 
     class BenchProbe(Callback):
@@ -94,6 +96,8 @@ def make_probe(split: common.Split, train_limit: int) -> Any:
                 wanted = split.train(train_limit)
                 trainer.train_data = train.select(np.searchsorted(train.rows, wanted))
             self.train_rows = len(trainer.train_data)
+            if attention:  # read by every attention layer at each forward
+                trainer.unwrapped_model.set_attn_implementation(attention)
 
         def on_batch_start(self, trainer: Any, batch: dict) -> None:
             self.clock.step_start()
@@ -136,6 +140,8 @@ def main() -> None:
                         help="nlptrain token cache (filled by the first run, then reused)")
     parser.add_argument("--max-tokens-like-batch", action="store_true",
                         help="--max-tokens = batch_size x the mean tokenized training row")
+    parser.add_argument("--attention", choices=["sdpa", "eager"],
+                        help="the model's attention implementation (default: transformers')")
     parser.add_argument("extra", nargs="*", help="more nlptrain train options, after --")
     args = parser.parse_args()
     rank, _ = common.rank_info()
@@ -152,7 +158,7 @@ def main() -> None:
                          extra, args.seed)
     parsed = cli.build_parser().parse_args(argv)
     task = cli.resolve_task(parsed)
-    probe = make_probe(split, args.train_rows)
+    probe = make_probe(split, args.train_rows, args.attention)
     opts = cli.run_options(parsed)  # exactly what `nlptrain train` would run with...
     opts.callbacks.insert(0, probe)  # ...plus the probe
     with recipe.backend(task.train.timeout) as dist:
@@ -168,7 +174,7 @@ def main() -> None:
               "config": args.config,
               "train_rows": probe.train_rows, "eval_s": probe.eval_s, **probe.clock.as_dict(),
               **probe.metrics, "phases_ms": probe.phases.medians_ms(),
-              "precision": args.precision, "device": device,
+              "precision": args.precision, "device": device, "attention": args.attention,
               "threads": torch.get_num_threads(), "argv": argv,
               "settings": {"padding": t.padding, "group_by_length": t.group_by_length,
                            "scheduler": t.scheduler, "warmup": t.warmup_ratio,

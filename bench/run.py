@@ -51,6 +51,8 @@ CONTENDERS = {c.key: c for c in [
               ("--config", "defaults", "--precision", "auto")),
     Contender("h", "(d) with --max-tokens: (d)'s rows per step on average", "nlptrain_bench.py",
               ("--config", "batching", "--max-tokens-like-batch")),
+    Contender("i", "(d) with eager attention, not SDPA", "nlptrain_bench.py",
+              ("--config", "batching", "--attention", "eager")),
 ]}
 DEFAULT_CONTENDERS = "a,b,c,d,e"
 
@@ -74,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
                         "by about a point)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated keys, run "
-                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, f, g, h)")
+                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, f, g, h, i)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                    help="CPU cores to share out; OMP_NUM_THREADS = cores // nproc per rank")
