@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import re
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from log_capture import nlptrain_messages
 from PIL import Image
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
@@ -118,22 +118,12 @@ def test_tensorboard_absent_is_a_warning_not_an_error(monkeypatch: pytest.Monkey
     from nlptrain.distributed import SingleProcess
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import raises ImportError
-    messages: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("nlptrain")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with nlptrain_messages() as messages:
         args = build_parser().parse_args(["train", "--task", str(toy_task), "--epochs", "1",
                                           "--tensorboard"])
         task = resolve_task(args)
         opts = recipe.RunOptions(output_dir=str(tmp_path / "run"), tensorboard=args.tensorboard)
         results = recipe.train(task, opts, SingleProcess())
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     assert results["test"]["rows"] == 40
     assert any("tensorboard package is not installed" in m for m in messages), messages
     assert not (tmp_path / "run" / "tensorboard").exists()
@@ -224,19 +214,9 @@ def test_resume_without_output_dir_says_a_new_run_starts(tmp_path: Path,
     from nlptrain.distributed import SingleProcess
 
     monkeypatch.chdir(tmp_path)
-    messages: list[str] = []
-    handler = logging.Handler()
-    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("nlptrain")
-    logger.addHandler(handler)
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with nlptrain_messages() as messages:
         folder, has_run = recipe.open_run_dir(TaskConfig(name="toy"), recipe.RunOptions(resume=True),
                                               SingleProcess())
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     assert not has_run
     assert any(f"--resume without --output-dir: a new run starts in {folder}" in m
                for m in messages), messages
