@@ -113,6 +113,10 @@ def test_a_split_too_small_for_its_classes_says_what_to_change():
         stratified_split(labels, 0.1, 0, "train.tsv", "valid")
     kept, held = stratified_split(labels, 0.15, 0, "train.tsv", "valid")  # the suggested low end
     assert sorted(labels[held]) == [0, 1, 2] and len(kept) == 17
+    pairs = np.array([0, 0, 1, 1])  # two rows a class: one way only, and it is said so
+    with pytest.raises(DataError, match=r"on both sides; set test_size to 0\.5 or give"):
+        stratified_split(pairs, 0.2, 0, "p.tsv", "test")
+    assert sorted(pairs[stratified_split(pairs, 0.5, 0, "p.tsv", "test")[1]]) == [0, 1]
     scores = np.array([0.5, 1.5, 2.5, 3.5], dtype=np.float32)  # split at random: no classes
     with pytest.raises(DataError, match=r"^s\.tsv: \[data\] test_size = 0\.9 of 4 train row\(s\) "
                                         r"leaves none to train on"):

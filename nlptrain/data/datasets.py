@@ -98,10 +98,11 @@ def stratified_split(labels: np.ndarray, size: float, seed: int, where: str = "t
         # scikit-learn would raise a bare ValueError: say what to change instead.
         if stratify is not None and min(held, kept) < classes:
             low, high = math.ceil(100 * classes / n) / 100, math.floor(100 * (n - classes) / n) / 100
+            span = f"between {low:g} and {high:g}" if low < high else f"to {low:g}"  # 2 per class
             raise DataError(f"{where}: [data] {which}_size = {size:g} of {n} train rows holds "
                             f"out {held} and keeps {kept}, but a stratified split needs a row of "
                             f"each of the {classes} classes on both sides; set {which}_size "
-                            f"between {low:g} and {high:g} {fix}")
+                            f"{span} {fix}")
     kept_rows, held_rows = train_test_split(rows, test_size=size, random_state=seed,
                                             stratify=stratify)
     return np.sort(kept_rows), np.sort(held_rows)
