@@ -114,14 +114,40 @@ def load_config(name: str) -> Any:
     return AutoConfig.from_pretrained(str(resolve_model_path(name)))
 
 
+def usable_positions(model: Any) -> int | None:
+    """How many tokens fit the position embeddings of `model` (a model or its config). RoBERTa's
+    kin number positions from pad_token_id + 1 (roberta-base: 514 embeddings, 512 tokens), so
+    `max_position_embeddings` alone overstates them; the embedding layer says which kind it is."""
+    config = getattr(model, "config", model)
+    if not isinstance(getattr(config, "max_position_embeddings", None), int):
+        return None
+    if not hasattr(model, "named_modules"):  # a config: build the layers without memory
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        try:
+            with torch.device("meta"):
+                model = AutoModelForSequenceClassification.from_config(config)
+        except Exception:  # a config transformers cannot build: loading the model will say why
+            return config.max_position_embeddings
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and hasattr(module, "num_embeddings"):
+            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
+            return module.num_embeddings - offset
+    return config.max_position_embeddings
+
+
 def check_max_length(model: Any, max_length: int, source: str) -> None:
     """Refuse a max_length beyond the model's position embeddings (`model`: a model or its
     config): else the first text that long fails deep in the forward pass (a RuntimeError
     mid-epoch, or mid-predict), or a huge one in the tokenizer."""
-    positions = getattr(getattr(model, "config", model), "max_position_embeddings", None)
-    if isinstance(positions, int) and 0 < positions < max_length:
+    positions = usable_positions(model)
+    if positions is not None and 0 < positions < max_length:
+        embeddings = getattr(model, "config", model).max_position_embeddings
+        why = "max_position_embeddings" if embeddings == positions else \
+            f"of max_position_embeddings {embeddings}, numbered from pad_token_id + 1"
         raise ConfigError(f"{source}: max_length {max_length} is more than the model's "
-                          f"{positions} positions (max_position_embeddings); use at most {positions}")
+                          f"{positions} positions ({why}); use at most {positions}")
 
 
 def load_saved_model(name: str) -> Any:

@@ -21,6 +21,7 @@ from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 from nlptrain.logs import add_log_level
+from nlptrain.models import usable_positions
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not for --help
     from nlptrain.distributed import Backend
@@ -58,16 +59,16 @@ def check_output(output: str | None) -> None:
         raise ConfigError(f"{output}: its folder {path.parent} is not writable")
 
 
-def default_max_length(model_dir: Path, tokenizer: Any, model_config: Any) -> int:
-    """The run's own max_length when the model sits in a run directory, else what fits the model."""
+def default_max_length(model_dir: Path, tokenizer: Any, model: Any) -> int:
+    """The run's own max_length when the model sits in a run directory, else what fits the model
+    (`model`: a model or its config)."""
     run_config = model_dir.parent / "config.json"
     if run_config.is_file():
         try:
             return int(json.loads(run_config.read_text())["task"]["model"]["max_length"])
         except (KeyError, TypeError, ValueError, json.JSONDecodeError):
             pass  # not a run's config.json: fall through
-    limits = [getattr(model_config, "max_position_embeddings", None), tokenizer.model_max_length,
-              512]
+    limits = [usable_positions(model), tokenizer.model_max_length, 512]
     return min(int(n) for n in limits if isinstance(n, int) and n > 0)
 
 
@@ -144,7 +145,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     model = load_saved_model(args.model)
     kind = from_model_config(model.config)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
-    max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model.config)
+    max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model)
     check_max_length(model, max_length, "--max-length" if args.max_length else
                      str(Path(args.model).parent / "config.json"))
     dataset = TokenizedDataset.from_texts(texts.texts, [-1] * len(texts), tokenizer, max_length,

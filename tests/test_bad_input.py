@@ -6,8 +6,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import RobertaConfig, RobertaForSequenceClassification
 
 from nlptrain.cli import main
+from nlptrain.errors import ConfigError
+from nlptrain.models import check_max_length
 
 
 def train(capsys, task: Path, run_dir: Path, *extra: str) -> tuple[int, str]:
@@ -103,6 +107,23 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(caps
     assert f"task toy [model]: max_length {length} is more than the model's 128 positions" in err, err
     assert not (tmp_path / "run").exists()
 
+
+
+def test_robertas_positions_from_pad_token_id_plus_one_are_counted():
+    # RoBERTa numbers positions from pad_token_id + 1: of 34 embeddings 32 take tokens, and a
+    # 33-token row fails in the forward pass, so max_length 33 must be refused.
+    config = RobertaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                           intermediate_size=32, max_position_embeddings=34, pad_token_id=1)
+    model = RobertaForSequenceClassification(config)
+    model(input_ids=torch.full((1, 32), 5))
+    with pytest.raises((IndexError, RuntimeError), match="out of"):
+        model(input_ids=torch.full((1, 33), 5))
+    for source in (model, config):
+        with pytest.raises(ConfigError, match=r"max_length 33 is more than the model's 32 positions "
+                                              r"\(of max_position_embeddings 34, numbered from "
+                                              r"pad_token_id \+ 1\); use at most 32"):
+            check_max_length(source, 33, "task t [model]")
+        check_max_length(source, 32, "task t [model]")
 
 @pytest.mark.parametrize(("weights", "message"), [
     ("[1.0, 2.0, 3.0]", r"\[train\] class_weights = \[1\.0, 2\.0, 3\.0\]: give 'balanced' or one "

@@ -188,9 +188,16 @@ def test_tsv_output_keeps_one_line_per_row() -> None:
 def test_max_length_comes_from_the_run_else_from_the_model(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
     tokenizer = SimpleNamespace(model_max_length=512)
     model_config = SimpleNamespace(max_position_embeddings=128)
     (tmp_path / "model").mkdir()
     assert default_max_length(tmp_path / "model", tokenizer, model_config) == 128
+    # RoBERTa's kin number positions from pad_token_id + 1: 130 embeddings take 128 tokens.
+    roberta = RobertaForSequenceClassification(RobertaConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=130, pad_token_id=1))
+    assert default_max_length(tmp_path / "model", tokenizer, roberta) == 128
     (tmp_path / "config.json").write_text(json.dumps({"task": {"model": {"max_length": 48}}}))
     assert default_max_length(tmp_path / "model", tokenizer, model_config) == 48
