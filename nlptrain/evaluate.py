@@ -75,7 +75,10 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     was_training = model.training
     model.eval()
     sampler = EvalSampler(len(dataset), dist.rank, dist.world_size, dataset.lengths)
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate)
+    # Its own generator: making the iterator then draws nothing from the global RNG, so an
+    # evaluation (one more at a stop, or another eval_every on resume) leaves dropout's as it was.
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                        generator=torch.Generator())
     counted = len(loader)  # the short shares then pad with batches that are not counted
     padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
     filler = (collate([dataset[0]]) for _ in range(padding))

@@ -239,3 +239,13 @@ def test_a_stream_resumed_mid_epoch_equals_an_uninterrupted_run(toy_task, tmp_pa
     assert_same_run(tmp_path / "whole", tmp_path / "run")
     steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert max(steps) == 40  # 2 epochs of 20 steps, the resumed one too
+
+
+def test_an_evaluation_leaves_the_training_randomness_as_it_was(tmp_path, tiny_model_dir):
+    # A run stopped by a callback mid-epoch evaluates once more before its checkpoint, and a
+    # resume may change eval_every: an evaluation that drew from the global RNG (a DataLoader
+    # iterator's seed) would give the resumed run other dropout masks than an uninterrupted one.
+    trainer = make_trainer(tmp_path, tiny_model_dir, [])
+    before = torch.get_rng_state()
+    assert trainer.validate()["rows"] == 10
+    assert torch.equal(torch.get_rng_state(), before)
