@@ -26,7 +26,7 @@ import torch
 from nlptrain.distributed import Backend
 from nlptrain.durable import replace_folder
 from nlptrain.errors import CheckpointError
-from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta
+from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta, verify_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,24 @@ def latest_whole_checkpoint(folder: Path, dist: Backend) -> Path | None:
 
     found = dist.on_main(pick)
     return None if found is None else Path(found)
+
+
+def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
+    """What `Trainer(resume_from=path)` loads: `path` itself when it is one checkpoint (a
+    `step-N` folder, its files checked first), else the newest whole checkpoint in it (a
+    Checkpointer's folder); None when that holds none yet, so a first run starts afresh."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not re.fullmatch(rf"{PREFIX}\d+", path.name):
+        found = latest_whole_checkpoint(path, dist)
+        if found is None:
+            log.info("%s: no checkpoint yet, training starts from the beginning", path)
+        return found
+    problem = dist.on_main(lambda: verify_checkpoint(path))
+    if problem is not None:
+        raise CheckpointError(f"{problem}: cannot resume from {path}")
+    return path
 
 
 def checkpoint_name(step: int) -> str:

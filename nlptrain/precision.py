@@ -13,10 +13,12 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from nlptrain.checkpoint import saved_precision
 from nlptrain.distributed import Backend
 
 log = logging.getLogger(__name__)
@@ -42,15 +44,21 @@ class PrecisionChoice:
                 "probe": self.probe}
 
 
-def choose(requested: str, device: torch.device, dist: Backend | None = None) -> PrecisionChoice:
-    """`requested` as is unless it is "auto"; then bf16 where it is supported and measurably
-    faster, else fp32, and the choice is logged. `dist`: every rank gets rank 0's choice."""
+def choose(requested: str, device: torch.device, dist: Backend | None = None,
+           resumed_from: Path | None = None) -> PrecisionChoice:
+    """`requested` as is unless it is "auto"; then the precision of the checkpoint it resumes
+    from (`resumed_from`), else bf16 where it is supported and measurably faster, else fp32; the
+    choice is logged. `dist`: every rank gets rank 0's choice."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r}; use one of {', '.join(PRECISIONS)}")
     if requested != "auto":
         return PrecisionChoice(requested, requested, "asked for")
+    kept = saved_precision(resumed_from) if resumed_from is not None else None
     pinned = os.environ.get(PIN_VARIABLE, "")
-    if pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
+    if kept:  # the run goes on as it began, whatever this machine would pick now
+        choice = PrecisionChoice("auto", kept, f"kept from {resumed_from.name}: a resume goes on "
+                                 "in the run's precision")
+    elif pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
         if pinned not in ("fp32", "bf16"):
             raise ValueError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16")
         choice = PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")

@@ -11,7 +11,7 @@ import logging
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 
 from nlptrain import distributed, kinds, losses, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import latest_whole_checkpoint, load_checkpoint, saved_precision
+from nlptrain.checkpoint import latest_whole_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import open_durably, write_text
@@ -97,24 +97,15 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     eval_set = sets.valid if sets.valid is not None else sets.test
     # Checked before anything is loaded; every rank takes rank 0's choice.
     checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
-    kept = None
-    if checkpoint is not None and config.precision == "auto":  # a resume keeps what auto chose
-        kept = saved_precision(checkpoint)
-        config = replace(config, precision=kept or "auto")
+    if checkpoint is None and opts.resume:
+        log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
+    # Resumed, it goes on as the run began: weights, data position, "auto"'s precision.
     trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
-                          kind=kind)
-    if kept:
-        trainer.precision = precision.PrecisionChoice(
-            "auto", kept, f"kept from {checkpoint.name}: a resume goes on in the run's precision")
-        log.info("precision auto: %s (%s)", kept, trainer.precision.reason)
+                          kind=kind, resume_from=checkpoint)
     task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
-    dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
     try:
-        if checkpoint is not None:
-            load_checkpoint(trainer, checkpoint)
-        elif opts.resume:
-            log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
+        dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
         trainer.fit()
         results = final_metrics(trainer, sets, best, run_dir)
         found = trainer.predictions if results["test"] else None  # the test set's, if scored

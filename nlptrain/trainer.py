@@ -13,12 +13,13 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from nlptrain import distributed, kinds, losses, optim, precision, strategies
+from nlptrain import checkpoint, distributed, kinds, losses, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
@@ -27,7 +28,7 @@ from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of,
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader
-from nlptrain.progress import AgreedStep, Progress, StepWindow
+from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
@@ -38,27 +39,15 @@ ParamGroupsFn = Callable[[torch.nn.Module, float, TrainConfig], list[dict[str, A
 OptimizerFn = Callable[[list[dict[str, Any]], TrainConfig], torch.optim.Optimizer]
 
 
-def _counter(name: str) -> property:
-    return property(lambda self: getattr(self.progress, name),
-                    doc=f"`trainer.progress.{name}` (read-only here)")
-
-
-class Trainer:
+class Trainer(ProgressCounters):
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
     tensor, or an object/dict with `logits`). Seams (README, "Fine-tuning techniques"): the loss
     is `loss_fn(forward(batch), batch["labels"])`, the kind's by default, and a callback may
     replace `loss_fn` or call `forward` again; the optimizer is `optimizer(param_groups(model,
-    lr, config), config)`, both optional functions (default: AdamW, `nlptrain.optim`)."""
-
-    # The loop's counters live in `self.progress`; callbacks read them under these names.
-    epoch = _counter("epoch")
-    global_step = _counter("global_step")
-    batch_in_epoch = _counter("batch_in_epoch")
-    samples_in_epoch = _counter("samples_in_epoch")
-    batches_per_epoch = _counter("batches_per_epoch")
-    steps_per_epoch = _counter("steps_per_epoch")
-    best_metric = _counter("best_metric")
+    lr, config), config)`, both optional functions (default: AdamW, `nlptrain.optim`).
+    `resume_from`: a checkpoint, or a `Checkpointer`'s folder (its newest whole checkpoint, if
+    any), loaded here: the trainer starts in its state and, under "auto", its precision."""
 
     def __init__(
         self,
@@ -77,12 +66,15 @@ class Trainer:
         strategy: strategies.Strategy | None = None,
         param_groups: ParamGroupsFn | None = None,
         optimizer: OptimizerFn | None = None,
+        resume_from: str | Path | None = None,
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
         config = config or TrainConfig()
-        # "auto" becomes what this device runs fastest (measured; every rank takes rank 0's).
-        self.precision = precision.choose(config.precision, self.device, self.dist)
+        # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
+        self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
+        # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
+        self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from)
         self.config = replace(config, precision=self.precision.precision)
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
@@ -123,6 +115,13 @@ class Trainer:
         self._loader_for: tuple[Any, Any] = (None, None)
         self._failed = False
         self._owns_dist = dist is None
+        if self.resumed_from is not None:
+            try:  # weights, optimizer, progress, every rank's RNG, the callbacks' state
+                checkpoint.load_checkpoint(self, self.resumed_from)
+            except BaseException:
+                self._failed = True
+                self.close()  # no DDP wrapper left for the traceback to hold at exit
+                raise
 
     @property
     def unwrapped_model(self) -> torch.nn.Module:
@@ -355,11 +354,7 @@ class Trainer:
         return self.progress.state_dict()
 
     def load_progress_state(self, state: dict) -> None:
-        self.progress.load_state_dict(state)
-        self._resume_samples = self.samples_in_epoch  # the sampler starts after these
-        if self.progress.ended_epoch():  # saved at an epoch's end
-            self.progress.next_epoch()
-            self._resume_samples = 0
+        self._resume_samples = self.progress.load_state_dict(state)  # the sampler skips these
 
     # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
 

@@ -7,6 +7,7 @@ import dataclasses
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -111,3 +112,18 @@ def test_readme_own_metric_and_techniques_examples_train(tmp_path, tiny_model_di
     trainer = techniques["trainer"]
     assert "accuracy" in trainer.fit() and trainer.global_step == 3 * 2
     trainer.close()
+
+
+def test_readme_library_resume_example_serves_the_first_run_and_the_restart(
+        tmp_path, tiny_model_dir, monkeypatch):
+    from finetune_setup import tiny_model, toy_sets
+
+    train, valid = toy_sets(tmp_path, tiny_model_dir)
+    monkeypatch.chdir(tmp_path)
+    runs = [run_readme_python("resume_from=checkpoints", {
+        "model": tiny_model(tiny_model_dir), "train": train, "valid": valid}, tiny_model_dir
+    )["trainer"] for _ in range(2)]
+    assert runs[0].resumed_from is None and runs[0].global_step > 0
+    assert runs[1].resumed_from == Path("runs/mine/checkpoints") / \
+        f"step-{runs[0].global_step:08d}"  # the last epoch's end: nothing left to train
+    assert runs[1].global_step == runs[0].global_step

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import REPO, TWO_RANK_TRAIN, run_cli
+from finetune_setup import StopAt
+from nlptrain.callbacks import Checkpointer
 from safetensors.torch import load_file
 from toy_trainer import make_trainer, results, weights
 
@@ -17,6 +19,7 @@ from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.cli import main
 from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums
+from nlptrain.precision import PIN_VARIABLE
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 
@@ -249,3 +252,36 @@ def test_an_evaluation_leaves_the_training_randomness_as_it_was(tmp_path, tiny_m
     before = torch.get_rng_state()
     assert trainer.validate()["rows"] == 10
     assert torch.equal(torch.get_rng_state(), before)
+
+def test_the_library_resumes_from_a_checkpointers_folder_in_the_runs_precision(
+        tmp_path, tiny_model_dir, monkeypatch, caplog):
+    # Trainer(resume_from=folder): nothing there yet starts afresh; later, the newest whole
+    # checkpoint, and "auto" keeps the precision the run began in (bf16 here), whatever this
+    # machine would pick now (fp32), so the run ends as an uninterrupted one.
+    folder = tmp_path / "ckpt"
+    monkeypatch.setenv(PIN_VARIABLE, "bf16")
+    whole = make_trainer(tmp_path, tiny_model_dir, [], precision="bf16")
+    whole.fit()
+    with caplog.at_level("INFO", logger="nlptrain"):
+        first = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2, keep=0),
+                                                        StopAt(4)], resume_from=folder, precision="auto")
+    assert first.resumed_from is None and "no checkpoint yet" in caplog.text
+    first.fit()
+    monkeypatch.setenv(PIN_VARIABLE, "fp32")
+    with caplog.at_level("INFO", logger="nlptrain"):
+        resumed = make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder, precision="auto")
+    newest = list_checkpoints(folder)[-1]  # where the first run stopped, mid-epoch 2
+    assert resumed.resumed_from == newest and resumed.global_step == first.global_step < 6
+    assert resumed.config.precision == "bf16" and f"precision auto: bf16 (kept from {newest.name}" \
+        in caplog.text
+    resumed.fit()
+    for (name, a), b in zip(whole.unwrapped_model.state_dict().items(),
+                            resumed.unwrapped_model.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    # One checkpoint by name; a damaged one is refused before anything is loaded.
+    assert make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder / "step-00000002"
+                        ).global_step == 2
+    (folder / "step-00000002" / "state.pt").write_bytes(b"cut short")
+    with pytest.raises(CheckpointError, match=r"step-00000002/state.pt: damaged \(size 9 of \d+ "
+                                              r"bytes\): cannot resume from"):
+        make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder / "step-00000002")

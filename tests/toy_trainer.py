@@ -54,12 +54,13 @@ def toy_datasets(tmp_path: Path, model_dir: Path, rows: int = 24, test_rows: int
     return out
 
 
-def make_trainer(tmp_path, tiny_model_dir, callbacks, **config):
+def make_trainer(tmp_path, tiny_model_dir, callbacks, resume_from=None, **config):
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     torch.manual_seed(0)
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     settings = {"epochs": 2, "batch_size": 8, "lr": 1e-3, **config}
-    return Trainer(model, train, test, config=TrainConfig(**settings), callbacks=callbacks)
+    return Trainer(model, train, test, config=TrainConfig(**settings), callbacks=callbacks,
+                   resume_from=resume_from)
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
