@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 
 import pytest
 from conftest import REPO
 from toy_trainer import Recorder, make_trainer
 
 from nlptrain import EVENTS, Callback
+from nlptrain.errors import Interrupted
 
 STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
         "on_batch_end"]
@@ -89,3 +92,20 @@ def test_each_event_is_fired_from_one_line_of_the_trainer_and_callbacks_are_type
     untyped = [p.name for p, text in sources.items() if "callbacks" in p.parts
                and re.search(r"trainer: Any\b", text)]
     assert untyped == []
+
+
+def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_model_dir):
+    """The epoch is all trained: its evaluation and on_epoch_end run before the stop, as in the run
+    never stopped. Skipped, they would never run: a resume starts at the next epoch."""
+    class SigtermInStep(Callback):
+        def on_batch_start(self, trainer, batch):
+            if trainer.global_step == 2:  # during step 3, the epoch's last (3 batches an epoch)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SigtermInStep(), recorder])
+    with pytest.raises(Interrupted, match="after step 3"):
+        trainer.fit()
+    assert recorder.events[-7:] == ["on_step_end", "on_batch_end", "on_valid_start",
+                                    "on_valid_end", "on_epoch_end", "on_exception", "on_train_end"]
+    assert trainer.metrics["step"] == 3 and trainer.epoch == 1
