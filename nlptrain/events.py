@@ -15,10 +15,13 @@ must hold what every other callback made of the step.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 # In firing order; the README's event table is checked against a recorded run (tests/test_events).
 EVENTS = (
@@ -38,6 +41,9 @@ EVENTS = (
     "on_exception",
     "on_train_end",
 )
+# Every callback gets these, even after an earlier one raised: each closes its own files, writes
+# its checkpoint (Checkpointer on a signal), puts the weights back (EMA, FGM, Freeze).
+CLEANUP_EVENTS = ("on_exception", "on_train_end")
 
 
 class Callback:
@@ -101,11 +107,24 @@ class CallbackList:
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
 
-    def fire(self, event: str, trainer: Trainer, *args: Any) -> None:
+    def fire(self, event: str, trainer: Trainer, *args: Any, failing: bool = False) -> None:
+        """`failing`: the run is ending with an error, which goes on; a cleanup event's own errors
+        are then logged. Otherwise a cleanup event raises its first error once all have run."""
+        errors: list[Exception] = []
         for callback in self.callbacks:
             if callback.main_process_only and not self.is_main:
                 continue
-            getattr(callback, event)(trainer, *args)
+            try:
+                getattr(callback, event)(trainer, *args)
+            except Exception as error:  # a second Ctrl-C (KeyboardInterrupt) still ends it all
+                if event not in CLEANUP_EVENTS:
+                    raise
+                errors.append(error)
+                if failing or len(errors) > 1:
+                    log.error("callback %s.%s raised: %r", type(callback).__name__, event, error,
+                              exc_info=error)
+        if errors and not failing:
+            raise errors[0]
 
     def find(self, kind: type) -> list[Callback]:
         return [c for c in self.callbacks if isinstance(c, kind)]

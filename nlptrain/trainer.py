@@ -145,10 +145,10 @@ class Trainer:
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True
-                self.callbacks.fire("on_exception", self, error)
+                self.callbacks.fire("on_exception", self, error, failing=True)
                 raise
             finally:
-                self.callbacks.fire("on_train_end", self)
+                self.callbacks.fire("on_train_end", self, failing=self._failed)
         return self.metrics
 
     def _train_epochs(self) -> None:

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 from conftest import REPO
+from log_capture import nlptrain_messages
 from toy_trainer import Recorder, make_trainer
 
 from nlptrain import EVENTS, Callback
@@ -109,3 +110,30 @@ def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_mo
     assert recorder.events[-7:] == ["on_step_end", "on_batch_end", "on_valid_start",
                                     "on_valid_end", "on_epoch_end", "on_exception", "on_train_end"]
     assert trainer.metrics["step"] == 3 and trainer.epoch == 1
+
+
+class BrokenCleanup(Callback):
+    def on_exception(self, trainer, error):
+        raise OSError("notifier down")
+
+    def on_train_end(self, trainer):
+        raise OSError("notifier down")
+
+
+def test_every_callback_gets_the_cleanup_events_when_one_raises(tmp_path, tiny_model_dir):
+    """on_exception and on_train_end reach every callback (the checkpointer's save on a signal,
+    the loggers closing their files) though an earlier one raises; the error raised is the run's."""
+    class Boom(Callback):
+        def on_step_end(self, trainer):
+            raise RuntimeError("callback bug")
+
+    recorder = Recorder()
+    with nlptrain_messages() as messages, pytest.raises(RuntimeError, match="callback bug"):
+        make_trainer(tmp_path, tiny_model_dir, [Boom(), BrokenCleanup(), recorder]).fit()
+    assert recorder.events[-2:] == ["on_exception", "on_train_end"]
+    assert sum("BrokenCleanup.on_" in m and "notifier down" in m for m in messages) == 2, messages
+    # A run that ends well raises its callback's cleanup error, once every callback had its turn.
+    recorder = Recorder()
+    with pytest.raises(OSError, match="notifier down"):
+        make_trainer(tmp_path, tiny_model_dir, [BrokenCleanup(), recorder], epochs=1).fit()
+    assert recorder.events[-1] == "on_train_end" and "on_exception" not in recorder.events
