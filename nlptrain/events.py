@@ -15,8 +15,11 @@ must hold what every other callback made of the step.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
+
+from nlptrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -100,10 +103,34 @@ class Callback:
         """Always, last: after the final epoch, an early stop, or an error."""
 
 
+def check_callback(callback: Any) -> None:
+    """Refuse now what would fail at its first event, maybe hours into training: an object that
+    is not a Callback, or an event method that cannot take the event's arguments."""
+    if isinstance(callback, type) and issubclass(callback, Callback):
+        raise ConfigError(f"callback {callback.__name__} is a Callback class: pass an instance, "
+                          f"{callback.__name__}()")
+    name = type(callback).__name__
+    if not isinstance(callback, Callback):
+        raise ConfigError(f"callback {name} is not a Callback: subclass nlptrain.Callback and "
+                          "override the events you need")
+    for event in EVENTS:
+        method = getattr(callback, event)
+        arguments = list(inspect.signature(getattr(Callback, event)).parameters)[1:]
+        try:
+            inspect.signature(method).bind(*arguments)
+        except ValueError:  # no signature to read (a builtin): called as it is
+            continue
+        except TypeError:
+            raise ConfigError(f"callback {name}.{event}{inspect.signature(method)} cannot take the "
+                              f"event's arguments ({', '.join(arguments)})") from None
+
+
 class CallbackList:
     """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
 
     def __init__(self, callbacks: list[Callback], is_main: bool) -> None:
+        for callback in callbacks:
+            check_callback(callback)
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
 

@@ -12,7 +12,7 @@ from log_capture import nlptrain_messages
 from toy_trainer import Recorder, make_trainer
 
 from nlptrain import EVENTS, Callback
-from nlptrain.errors import Interrupted
+from nlptrain.errors import ConfigError, Interrupted
 
 STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
         "on_batch_end"]
@@ -137,3 +137,24 @@ def test_every_callback_gets_the_cleanup_events_when_one_raises(tmp_path, tiny_m
     with pytest.raises(OSError, match="notifier down"):
         make_trainer(tmp_path, tiny_model_dir, [BrokenCleanup(), recorder], epochs=1).fit()
     assert recorder.events[-1] == "on_train_end" and "on_exception" not in recorder.events
+
+
+class WrongArgs(Callback):
+    def on_valid_end(self, trainer):  # the event passes metrics and is_best too
+        pass
+
+
+class NotACallback:
+    def on_epoch_end(self, trainer):
+        pass
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (WrongArgs(), r"WrongArgs\.on_valid_end\(trainer\) cannot take the event's arguments "
+                  r"\(trainer, metrics, is_best\)"),
+    (NotACallback(), r"NotACallback is not a Callback: subclass nlptrain\.Callback"),
+    (Recorder, r"Recorder is a Callback class: pass an instance, Recorder\(\)")])
+def test_a_wrong_callback_is_refused_before_training_naming_it(tmp_path, tiny_model_dir, wrong,
+                                                               message):
+    with pytest.raises(ConfigError, match=message):
+        make_trainer(tmp_path, tiny_model_dir, [wrong])
