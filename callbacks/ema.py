@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from nlptrain.errors import ConfigError
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -66,6 +67,14 @@ class EMA(Callback):
         self._kept = None
 
     def on_train_start(self, trainer: Trainer) -> None:
+        from nlptrain.callbacks.best_model import SaveBestModel
+
+        order = trainer.callbacks.callbacks
+        later = order[next(i for i, c in enumerate(order) if c is self) + 1:]
+        if self.evaluate and any(isinstance(c, SaveBestModel) for c in later):
+            # It would see the training weights back, and save them under the average's metrics.
+            raise ConfigError("SaveBestModel comes after EMA(evaluate=True) in the callbacks: put "
+                              "SaveBestModel before EMA, so that best/ holds the average evaluated")
         if self.average is None:  # else loaded from a checkpoint
             self.average = {name: p.detach().float().clone()
                             for name, p in self.averaged(trainer).items()}

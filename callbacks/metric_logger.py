@@ -1,5 +1,8 @@
 """Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps and one
-row per evaluation. One JSON object a line, so a crashed run keeps every line written so far."""
+row per evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
+resume first drops the rows past its checkpoint's step (the crashed run wrote them, the resumed
+run writes them again) and goes on with the checkpoint's loss window, so the file ends as that
+of the run never stopped."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nlptrain.durable import write_text
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -38,7 +42,10 @@ class MetricLogger(Callback):
         self.handle.flush()
 
     def on_epoch_start(self, trainer: Trainer) -> None:
+        loss_window = self.loss_sum, self.batches
         self._reset(time.perf_counter(), trainer.samples_in_epoch)
+        if trainer.batch_in_epoch:  # resumed mid-epoch: the window of the steps before goes on
+            self.loss_sum, self.batches = loss_window
 
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
@@ -64,7 +71,28 @@ class MetricLogger(Callback):
         self._write({"kind": "eval", "step": trainer.global_step, "epoch": trainer.epoch + 1,
                      "is_best": is_best, "time": time.time(), **found})
 
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        state["metric_logger"] = {"loss_sum": float(self.loss_sum), "batches": self.batches}
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        saved = state.get("metric_logger")
+        if saved is not None:
+            self.loss_sum, self.batches = float(saved["loss_sum"]), int(saved["batches"])
+        if self.path.is_file():  # rows up to the checkpoint's step were written before it
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            kept = [line for line, step in zip(lines, map(_step_of, lines), strict=True)
+                    if step is not None and step <= trainer.global_step]
+            write_text(self.path, "".join(f"{line}\n" for line in kept))
+
     def on_train_end(self, trainer: Trainer) -> None:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+
+
+def _step_of(line: str) -> int | None:
+    """A row's step; None for a torn line (a crash mid-write), which is dropped, not appended to."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None

@@ -35,8 +35,10 @@ class TensorBoardLogger(Callback):
             log.warning("--tensorboard: the tensorboard package is not installed, so nothing is "
                         "logged for it (pip install tensorboard); metrics.jsonl has every value")
             return
-        # On resume, events past the checkpoint's step are dropped, not drawn twice.
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=trainer.global_step or None)
+        # On resume, events past the checkpoint's step are dropped, not drawn twice; its own step
+        # was logged before the checkpoint was written, and is not logged again: it stays.
+        self.writer = SummaryWriter(str(self.log_dir),
+                                    purge_step=trainer.global_step + 1 if trainer.global_step else None)
         self._window = (time.perf_counter(), trainer.samples_in_epoch)
 
     def on_epoch_start(self, trainer: Trainer) -> None:

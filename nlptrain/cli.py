@@ -284,7 +284,16 @@ def run_options(args: argparse.Namespace) -> Any:
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
-                             callbacks=[load_object(spec)() for spec in args.callback])
+                             callbacks=[made_callback(spec) for spec in args.callback])
+
+
+def made_callback(spec: str) -> Any:
+    """A `--callback`, made and checked before the run directory is (nlptrain.events)."""
+    from nlptrain.events import check_callback
+
+    callback = load_object(spec)()
+    check_callback(callback)
+    return callback
 
 
 def cmd_train(args: argparse.Namespace) -> int:

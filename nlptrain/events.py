@@ -15,10 +15,16 @@ must hold what every other callback made of the step.
 
 from __future__ import annotations
 
+import inspect
+import logging
 from typing import TYPE_CHECKING, Any
+
+from nlptrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
+
+log = logging.getLogger(__name__)
 
 # In firing order; the README's event table is checked against a recorded run (tests/test_events).
 EVENTS = (
@@ -38,6 +44,9 @@ EVENTS = (
     "on_exception",
     "on_train_end",
 )
+# Every callback gets these, even after an earlier one raised: each closes its own files, writes
+# its checkpoint (Checkpointer on a signal), puts the weights back (EMA, FGM, Freeze).
+CLEANUP_EVENTS = ("on_exception", "on_train_end")
 
 
 class Callback:
@@ -94,18 +103,55 @@ class Callback:
         """Always, last: after the final epoch, an early stop, or an error."""
 
 
+def check_callback(callback: Any) -> None:
+    """Refuse now what would fail at its first event, maybe hours into training: an object that
+    is not a Callback, or an event method that cannot take the event's arguments."""
+    if isinstance(callback, type) and issubclass(callback, Callback):
+        raise ConfigError(f"callback {callback.__name__} is a Callback class: pass an instance, "
+                          f"{callback.__name__}()")
+    name = type(callback).__name__
+    if not isinstance(callback, Callback):
+        raise ConfigError(f"callback {name} is not a Callback: subclass nlptrain.Callback and "
+                          "override the events you need")
+    for event in EVENTS:
+        method = getattr(callback, event)
+        arguments = list(inspect.signature(getattr(Callback, event)).parameters)[1:]
+        try:
+            inspect.signature(method).bind(*arguments)
+        except ValueError:  # no signature to read (a builtin): called as it is
+            continue
+        except TypeError:
+            raise ConfigError(f"callback {name}.{event}{inspect.signature(method)} cannot take the "
+                              f"event's arguments ({', '.join(arguments)})") from None
+
+
 class CallbackList:
     """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
 
     def __init__(self, callbacks: list[Callback], is_main: bool) -> None:
+        for callback in callbacks:
+            check_callback(callback)
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
 
-    def fire(self, event: str, trainer: Trainer, *args: Any) -> None:
+    def fire(self, event: str, trainer: Trainer, *args: Any, failing: bool = False) -> None:
+        """`failing`: the run is ending with an error, which goes on; a cleanup event's own errors
+        are then logged. Otherwise a cleanup event raises its first error once all have run."""
+        errors: list[Exception] = []
         for callback in self.callbacks:
             if callback.main_process_only and not self.is_main:
                 continue
-            getattr(callback, event)(trainer, *args)
+            try:
+                getattr(callback, event)(trainer, *args)
+            except Exception as error:  # a second Ctrl-C (KeyboardInterrupt) still ends it all
+                if event not in CLEANUP_EVENTS:
+                    raise
+                errors.append(error)
+                if failing or len(errors) > 1:
+                    log.error("callback %s.%s raised: %r", type(callback).__name__, event, error,
+                              exc_info=error)
+        if errors and not failing:
+            raise errors[0]
 
     def find(self, kind: type) -> list[Callback]:
         return [c for c in self.callbacks if isinstance(c, kind)]

@@ -86,7 +86,9 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
         skip = progress.batch_in_epoch
         log.warning("resuming inside a user sampler: reading past %d batches", skip)
-    if hasattr(loader, "__len__") and not isinstance(loader.dataset, IterableDataset):
+    # A list of batches has no `dataset`; a DataLoader over a stream has `__len__`, no length.
+    if hasattr(loader, "__len__") and not isinstance(getattr(loader, "dataset", None),
+                                                     IterableDataset):
         local = len(loader) - skip
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
             local = min(local, config.steps_per_epoch * config.grad_accum

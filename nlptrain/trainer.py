@@ -144,10 +144,10 @@ class Trainer(ProgressCounters):
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True
-                self.callbacks.fire("on_exception", self, error)
+                self.callbacks.fire("on_exception", self, error, failing=True)
                 raise
             finally:
-                self.callbacks.fire("on_train_end", self)
+                self.callbacks.fire("on_train_end", self, failing=self._failed)
         return self.metrics
 
     def _train_epochs(self) -> None:
@@ -158,17 +158,19 @@ class Trainer(ProgressCounters):
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
             self.settle()  # the last step's flags, before the epoch's decisions
-            self._agree_on_stop()  # every rank leaves together (it may be the last step)
+            # Every rank leaves together; a signal read after the epoch's last step lets the epoch
+            # end first (its evaluation: a resume starts at the next epoch), the while test raises.
+            self._agree_on_stop(interrupt=not self.progress.ended_epoch())
             if self.metrics.get("step") != self.global_step:
                 self.validate()  # at each epoch end, unless eval_every just did
             self.callbacks.fire("on_epoch_end", self)
             self.progress.next_epoch()
 
-    def _agree_on_stop(self) -> bool:
-        """A stop asked on any rank (also during an evaluation) is every rank's; a signal's raises."""
+    def _agree_on_stop(self, interrupt: bool = True) -> bool:
+        """A stop asked on any rank (also in an evaluation) is every rank's; a signal's raises."""
         stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
         self.should_stop = bool(stop)
-        if interrupted:
+        if interrupted and interrupt:
             raise Interrupted(f"stopped by a signal after step {self.global_step}; "
                               "continue with --resume")
         return self.should_stop

@@ -293,3 +293,14 @@ def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message)
     code, err = train(capsys, toy_task, tmp_path / "run", *option)
     assert code == 1 and f"error: {message}" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(capsys, toy_task,
+                                                                             tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def on_valid_end(self, trainer):\n        pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1
+    assert "error: callback Notify.on_valid_end(trainer) cannot take the event's arguments" in err
+    assert not (tmp_path / "run").exists()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 
 import pytest
 from conftest import REPO
+from log_capture import nlptrain_messages
 from toy_trainer import Recorder, make_trainer
 
 from nlptrain import EVENTS, Callback
+from nlptrain.errors import ConfigError, Interrupted
 
 STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
         "on_batch_end"]
@@ -89,3 +93,68 @@ def test_each_event_is_fired_from_one_line_of_the_trainer_and_callbacks_are_type
     untyped = [p.name for p, text in sources.items() if "callbacks" in p.parts
                and re.search(r"trainer: Any\b", text)]
     assert untyped == []
+
+
+def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_model_dir):
+    """The epoch is all trained: its evaluation and on_epoch_end run before the stop, as in the run
+    never stopped. Skipped, they would never run: a resume starts at the next epoch."""
+    class SigtermInStep(Callback):
+        def on_batch_start(self, trainer, batch):
+            if trainer.global_step == 2:  # during step 3, the epoch's last (3 batches an epoch)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    recorder = Recorder()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SigtermInStep(), recorder])
+    with pytest.raises(Interrupted, match="after step 3"):
+        trainer.fit()
+    assert recorder.events[-7:] == ["on_step_end", "on_batch_end", "on_valid_start",
+                                    "on_valid_end", "on_epoch_end", "on_exception", "on_train_end"]
+    assert trainer.metrics["step"] == 3 and trainer.epoch == 1
+
+
+class BrokenCleanup(Callback):
+    def on_exception(self, trainer, error):
+        raise OSError("notifier down")
+
+    def on_train_end(self, trainer):
+        raise OSError("notifier down")
+
+
+def test_every_callback_gets_the_cleanup_events_when_one_raises(tmp_path, tiny_model_dir):
+    """on_exception and on_train_end reach every callback (the checkpointer's save on a signal,
+    the loggers closing their files) though an earlier one raises; the error raised is the run's."""
+    class Boom(Callback):
+        def on_step_end(self, trainer):
+            raise RuntimeError("callback bug")
+
+    recorder = Recorder()
+    with nlptrain_messages() as messages, pytest.raises(RuntimeError, match="callback bug"):
+        make_trainer(tmp_path, tiny_model_dir, [Boom(), BrokenCleanup(), recorder]).fit()
+    assert recorder.events[-2:] == ["on_exception", "on_train_end"]
+    assert sum("BrokenCleanup.on_" in m and "notifier down" in m for m in messages) == 2, messages
+    # A run that ends well raises its callback's cleanup error, once every callback had its turn.
+    recorder = Recorder()
+    with pytest.raises(OSError, match="notifier down"):
+        make_trainer(tmp_path, tiny_model_dir, [BrokenCleanup(), recorder], epochs=1).fit()
+    assert recorder.events[-1] == "on_train_end" and "on_exception" not in recorder.events
+
+
+class WrongArgs(Callback):
+    def on_valid_end(self, trainer):  # the event passes metrics and is_best too
+        pass
+
+
+class NotACallback:
+    def on_epoch_end(self, trainer):
+        pass
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (WrongArgs(), r"WrongArgs\.on_valid_end\(trainer\) cannot take the event's arguments "
+                  r"\(trainer, metrics, is_best\)"),
+    (NotACallback(), r"NotACallback is not a Callback: subclass nlptrain\.Callback"),
+    (Recorder, r"Recorder is a Callback class: pass an instance, Recorder\(\)")])
+def test_a_wrong_callback_is_refused_before_training_naming_it(tmp_path, tiny_model_dir, wrong,
+                                                               message):
+    with pytest.raises(ConfigError, match=message):
+        make_trainer(tmp_path, tiny_model_dir, [wrong])

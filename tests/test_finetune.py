@@ -220,6 +220,26 @@ def test_ema_equals_its_definition_and_is_exported(tmp_path, tiny_model_dir):
         assert torch.equal(dict(trainer.unwrapped_model.named_parameters())[name], ema.average[name])
 
 
+def test_best_model_holds_the_average_it_was_chosen_by(tmp_path, tiny_model_dir):
+    """SaveBestModel before EMA saves the averaged weights that were evaluated; after it, it would
+    save the training weights under the average's metrics: refused, naming the order to use."""
+    from nlptrain.callbacks import SaveBestModel
+    from safetensors.torch import load_file
+
+    train, test = toy_sets(tmp_path, tiny_model_dir)
+    config = TrainConfig(epochs=1, batch_size=8, lr=1e-3)
+    ema = EMA(decay=0.5, export=False)
+    Trainer(tiny_model(tiny_model_dir), train, test, config=config,
+            callbacks=[SaveBestModel(tmp_path / "best"), ema]).fit()
+    best = load_file(tmp_path / "best" / "model.safetensors")
+    assert all(torch.equal(best[name], value) for name, value in ema.average.items())
+    wrong = Trainer(tiny_model(tiny_model_dir), train, test, config=config,
+                    callbacks=[EMA(decay=0.5), SaveBestModel(tmp_path / "best2")])
+    with pytest.raises(ConfigError, match="put SaveBestModel before EMA"):
+        wrong.fit()
+    assert not (tmp_path / "best2").exists()
+
+
 # -- FGM --------------------------------------------------------------------------------------
 
 

@@ -146,3 +146,16 @@ def test_a_replanned_schedule_resumes_exactly(tmp_path, tiny_model_dir):
     trainer.fit()
     assert sorted(resumed.lrs) == list(range(8, 23))
     assert resumed.lrs == {s: lr for s, lr in whole.lrs.items() if s >= 8}
+
+
+def test_a_list_of_batches_swapped_in_is_trained_as_is(tmp_path, tiny_model_dir):
+    """An iterable of ready batches (here a list, which has a length but no `dataset`)."""
+    class SwapInBatches(Callback):
+        def on_train_start(self, trainer) -> None:
+            rows = [trainer.train_data[i] for i in range(20)]
+            trainer.train_data = [trainer.collate(rows[i:i + 5]) for i in range(0, 20, 5)]
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SwapInBatches()], epochs=2)
+    trainer.fit()
+    assert trainer.global_step == 8 and trainer.steps_per_epoch == 4
+    assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)

@@ -69,3 +69,36 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
 
 def results(run: Path) -> dict:
     return json.loads((run / "results.json").read_text())
+
+
+class RaiseAfterStep(Callback):
+    """A crash at the end of optimizer step `step`, once the callbacks before it have seen it."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_batch_end(self, trainer) -> None:
+        if trainer.is_update_step and trainer.global_step == self.step:
+            raise RuntimeError(f"crash after step {self.step}")
+
+
+def crash_then_resume(tmp_path: Path, tiny_model_dir: Path, callbacks, crash_after: int,
+                      every: int, **config) -> Trainer:
+    """A run of `callbacks()` (made anew for each run, writing the same files) that crashes after
+    step `crash_after`, with a checkpoint every `every` steps, then resumed from the latest one."""
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+
+    folder = tmp_path / "checkpoints"
+    crashing = make_trainer(tmp_path, tiny_model_dir, [*callbacks(), RaiseAfterStep(crash_after),
+                                                       Checkpointer(folder, every)], **config)
+    try:
+        crashing.fit()
+    except RuntimeError as error:
+        assert str(error) == f"crash after step {crash_after}"
+    resumed = make_trainer(tmp_path, tiny_model_dir, [*callbacks(), Checkpointer(folder, every)],
+                           **config)
+    load_checkpoint(resumed, list_checkpoints(folder)[-1])
+    resumed.fit()
+    return resumed

@@ -1,0 +1,53 @@
+"""The training logs (TensorBoard, metrics.jsonl) of a crashed and resumed run are those of the run
+never stopped: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from nlptrain.callbacks import MetricLogger, TensorBoardLogger
+from toy_trainer import crash_then_resume, make_trainer
+
+HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+STEPS = dict(epochs=1, batch_size=4, log_every=1)  # 24 rows: 6 steps, each logged
+
+
+def scalars(folder) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"] if tag != "train/samples_per_s"}  # a timing
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed")
+def test_tensorboard_after_a_resume_keeps_the_checkpoints_step(tmp_path, tiny_model_dir):
+    make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "whole")], **STEPS).fit()
+    # Steps 1-5 logged, then a crash; the checkpoint of step 4 holds step 4's logging.
+    crash_then_resume(tmp_path, tiny_model_dir, lambda: [TensorBoardLogger(tmp_path / "tb")],
+                      crash_after=5, every=2, **STEPS)
+    whole, resumed = scalars(tmp_path / "whole"), scalars(tmp_path / "tb")
+    assert [step for step, _ in whole["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert resumed == whole
+
+
+def rows(path) -> list[dict]:
+    timings = ("time", "samples_per_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in timings}
+            for line in path.read_text().splitlines()]
+
+
+def test_metrics_jsonl_after_a_resume_has_each_row_once_and_the_same_means(tmp_path, tiny_model_dir):
+    config = {**STEPS, "log_every": 2}  # rows at steps 2, 4, 6: each the mean of its 2 steps
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "whole.jsonl", 2)],
+                 **config).fit()
+    # Rows 2 and 4 written, a crash after step 5, the resume from step 3: row 4 again, once.
+    crash_then_resume(tmp_path, tiny_model_dir, lambda: [MetricLogger(tmp_path / "run.jsonl", 2)],
+                      crash_after=5, every=3, **config)
+    whole = rows(tmp_path / "whole.jsonl")
+    assert [(r["kind"], r["step"]) for r in whole] == [("train", 2), ("train", 4), ("train", 6),
+                                                       ("eval", 6)]
+    assert rows(tmp_path / "run.jsonl") == whole
