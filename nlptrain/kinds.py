@@ -90,6 +90,9 @@ class TaskKind:
             raise ConfigError(f"{source}: [train] metric_for_best = {metric!r} is not a metric of "
                               f"{self.name} tasks; choose one of {', '.join(self.metric_names)}, loss")
 
+    def check_labels(self, label_names: Sequence[str], source: str) -> None:
+        """The task's labels (configured or found in the train rows) make a task of this kind."""
+
     # -- predictions for people ---------------------------------------------------------------
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         """One row of `predict`'s output."""
@@ -192,6 +195,14 @@ class SingleLabel(TaskKind):
             raise ConfigError(f"{source}: [train] metric_for_best = 'f1' is the binary F1 of the "
                               f"second label, for two labels; this task has {len(label_names)}: "
                               "use macro_f1")
+
+    def check_labels(self, label_names: Sequence[str], source: str) -> None:
+        # Cross-entropy over one class is 0 whatever the model says: nothing would be learnt,
+        # and every evaluation would score 1.0.
+        if len(label_names) < 2:
+            raise ConfigError(f"{source}: a single_label task needs two labels or more; it has "
+                              f"{len(label_names)}: {', '.join(map(repr, label_names)) or 'none'} "
+                              "(check [data] label_column and the train rows' labels)")
 
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         best = int(output.argmax())

@@ -83,6 +83,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
         config = prepare_stream(sets.train, task.train, dist)
     kind = kinds.from_task(task)
+    kind.check_labels(sets.vocab.names, f"task {task.name}")
     if config.metric_for_best:  # the labels are known now, also those read from the data
         kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
     # Checked now, not in the trainer: a mistake must not leave a run directory that refuses the

@@ -193,3 +193,27 @@ def test_task_files_choose_the_kind_and_check_metric_for_best():
                        "t.toml")
     with pytest.raises(ConfigError, match=r"\[data\] kind = 'multi'; choose one of"):
         task_from_dict({"data": {"kind": "multi"}}, "t.toml")
+
+
+def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, tiny_model_dir,
+                                                                     capsys):
+    """Every train row 'pos': cross-entropy over one class is 0 whatever the model says, and the
+    run would report accuracy 1.0 for a model that learnt nothing."""
+    from conftest import write_toy_task
+
+    from nlptrain import Trainer
+    from nlptrain.cli import main
+    from nlptrain.models import load_model
+
+    task = write_toy_task(tmp_path, tiny_model_dir)
+    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', ""))
+    for name in ("train.tsv", "test.tsv"):
+        rows = (tmp_path / name).read_text().splitlines()
+        (tmp_path / name).write_text("\n".join(r for r in rows if not r.endswith("\tneg")) + "\n")
+    code = main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "task toy: a single_label task needs two labels or more; it has 1: 'pos'" in err, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"a single_label task needs two labels or more; it has 1"):
+        Trainer(load_model(str(tiny_model_dir), ["pos"]), None, None)
