@@ -364,7 +364,8 @@ def from_model_config(config: Any) -> TaskKind:
     problem = getattr(config, "problem_type", None)
     if problem == "multi_label_classification":
         return MultiLabel(threshold=float(getattr(config, "nlptrain_threshold", 0.5)))
-    if problem == "regression":
+    # No problem_type: transformers' own rule (a classifier's forward): one output is a regression.
+    if problem == "regression" or (problem is None and getattr(config, "num_labels", 2) == 1):
         return Regression()
     return SingleLabel()
 

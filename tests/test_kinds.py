@@ -217,3 +217,25 @@ def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, t
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match=r"a single_label task needs two labels or more; it has 1"):
         Trainer(load_model(str(tiny_model_dir), ["pos"]), None, None)
+
+
+def test_a_transformers_model_of_one_output_without_problem_type_is_a_regression():
+    """transformers reads num_labels == 1 with no problem_type as regression (MSE); a softmax
+    over one logit is 1.0 for every text, and cross-entropy over it 0."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from nlptrain import Trainer
+    from nlptrain.kinds import from_model_config
+
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                        intermediate_size=8, num_labels=1)
+    assert config.problem_type is None
+    assert isinstance(from_model_config(config), Regression)
+    trainer = Trainer(BertForSequenceClassification(config))
+    logits, targets = torch.tensor([[0.5], [2.0]]), torch.tensor([1.0, 1.0])
+    assert trainer.kind.name == "regression"
+    assert trainer.loss_fn(logits, targets).item() == pytest.approx(0.625)
+    for problem, kind in (("single_label_classification", SingleLabel),
+                          ("multi_label_classification", MultiLabel)):
+        assert isinstance(from_model_config(BertConfig(problem_type=problem, num_labels=2)), kind)
+    assert isinstance(from_model_config(BertConfig(num_labels=3)), SingleLabel)
