@@ -93,6 +93,13 @@ class TaskKind:
     def check_labels(self, label_names: Sequence[str], source: str) -> None:
         """The task's labels (configured or found in the train rows) make a task of this kind."""
 
+    def check(self, label_names: Sequence[str], metric: str, source: str) -> None:
+        """Before training: the labels, and `metric` (metric_for_best; '': not checked, e.g. one
+        that a user's own metric function may give)."""
+        self.check_labels(label_names, source)
+        if metric:
+            self.check_metric(metric, source, label_names)
+
     # -- predictions for people ---------------------------------------------------------------
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         """One row of `predict`'s output."""

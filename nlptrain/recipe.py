@@ -83,9 +83,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
         config = prepare_stream(sets.train, task.train, dist)
     kind = kinds.from_task(task)
-    kind.check_labels(sets.vocab.names, f"task {task.name}")
-    if config.metric_for_best:  # the labels are known now, also those read from the data
-        kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
+    # The labels are known now, also those read from the data.
+    kind.check(sets.vocab.names, config.metric_for_best, f"task {task.name}")
     # Checked now, not in the trainer: a mistake must not leave a run directory that refuses the
     # corrected command ("already holds a run").
     losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
