@@ -239,3 +239,19 @@ def test_a_transformers_model_of_one_output_without_problem_type_is_a_regression
                           ("multi_label_classification", MultiLabel)):
         assert isinstance(from_model_config(BertConfig(problem_type=problem, num_labels=2)), kind)
     assert isinstance(from_model_config(BertConfig(num_labels=3)), SingleLabel)
+
+
+@pytest.mark.parametrize("kind", [SingleLabel(), MultiLabel(), Regression()], ids=lambda k: k.name)
+def test_an_empty_evaluation_set_is_one_clear_error(tiny_model_dir, kind):
+    """scikit-learn's 'Found empty input array' (classes), or NaN and a 0.0 Pearson taken for the
+    best model (regression), after an epoch of training: instead, say what is empty."""
+    from nlptrain import Trainer
+    from nlptrain.models import load_model
+
+    names = ["score"] if isinstance(kind, Regression) else ["a", "b"]
+    trainer = Trainer(load_model(str(tiny_model_dir), names, kind=kind), kind=kind)
+    empty = TokenizedDataset(np.zeros(0, np.int32), np.zeros(1, np.int64),
+                             np.zeros((0, 2) if isinstance(kind, MultiLabel) else 0,
+                                      np.float32 if kind.name != "single_label" else np.int64))
+    with pytest.raises(DataError, match=r"the evaluation set holds no rows"):
+        trainer.evaluate(empty)
