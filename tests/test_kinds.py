@@ -255,3 +255,21 @@ def test_an_empty_evaluation_set_is_one_clear_error(tiny_model_dir, kind):
                                       np.float32 if kind.name != "single_label" else np.int64))
     with pytest.raises(DataError, match=r"the evaluation set holds no rows"):
         trainer.evaluate(empty)
+
+
+def test_a_resume_that_picks_the_best_model_by_another_metric_is_refused(tmp_path):
+    """The checkpoint's best score is the old metric's: a loss of 0.4 was compared with an
+    accuracy of 0.9 (and found better), so best/ and early stopping followed neither metric."""
+    from nlptrain.config import TrainConfig
+    from nlptrain.runs import prepare_run_dir
+
+    def task(metric: str) -> dict:
+        return TaskConfig(train=TrainConfig(metric_for_best=metric)).to_dict()
+
+    folder = tmp_path / "run"
+    assert prepare_run_dir(folder, task(""), 1, resume=False, overwrite=False) is False
+    # The kind's own metric, named or not, is the same metric.
+    assert prepare_run_dir(folder, task("accuracy"), 1, resume=True, overwrite=False) is True
+    with pytest.raises(ConfigError, match=r"run: a resume keeps the run's metric_for_best "
+                                          r"\('accuracy' -> 'loss'\)"):
+        prepare_run_dir(folder, task("loss"), 1, resume=True, overwrite=False)
