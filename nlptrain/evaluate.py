@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import Backend
+from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.samplers import EvalSampler
 
@@ -114,4 +115,7 @@ def compute_metrics(predictions: Predictions, label_names: Sequence[str],
                     kind: TaskKind | None = None) -> dict[str, Any]:
     """The kind's metrics (single-label by default: accuracy, macro-F1, MCC, per class, the
     confusion matrix) of gathered predictions, computed with scikit-learn / scipy."""
+    if len(predictions.labels) == 0:  # on every rank alike: the predictions are gathered
+        raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
+                        "(eval_data=None)")
     return (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)

@@ -90,6 +90,16 @@ class TaskKind:
             raise ConfigError(f"{source}: [train] metric_for_best = {metric!r} is not a metric of "
                               f"{self.name} tasks; choose one of {', '.join(self.metric_names)}, loss")
 
+    def check_labels(self, label_names: Sequence[str], source: str) -> None:
+        """The task's labels (configured or found in the train rows) make a task of this kind."""
+
+    def check(self, label_names: Sequence[str], metric: str, source: str) -> None:
+        """Before training: the labels, and `metric` (metric_for_best; '': not checked, e.g. one
+        that a user's own metric function may give)."""
+        self.check_labels(label_names, source)
+        if metric:
+            self.check_metric(metric, source, label_names)
+
     # -- predictions for people ---------------------------------------------------------------
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         """One row of `predict`'s output."""
@@ -192,6 +202,14 @@ class SingleLabel(TaskKind):
             raise ConfigError(f"{source}: [train] metric_for_best = 'f1' is the binary F1 of the "
                               f"second label, for two labels; this task has {len(label_names)}: "
                               "use macro_f1")
+
+    def check_labels(self, label_names: Sequence[str], source: str) -> None:
+        # Cross-entropy over one class is 0 whatever the model says: nothing would be learnt,
+        # and every evaluation would score 1.0.
+        if len(label_names) < 2:
+            raise ConfigError(f"{source}: a single_label task needs two labels or more; it has "
+                              f"{len(label_names)}: {', '.join(map(repr, label_names)) or 'none'} "
+                              "(check [data] label_column and the train rows' labels)")
 
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         best = int(output.argmax())
@@ -353,7 +371,8 @@ def from_model_config(config: Any) -> TaskKind:
     problem = getattr(config, "problem_type", None)
     if problem == "multi_label_classification":
         return MultiLabel(threshold=float(getattr(config, "nlptrain_threshold", 0.5)))
-    if problem == "regression":
+    # No problem_type: transformers' own rule (a classifier's forward): one output is a regression.
+    if problem == "regression" or (problem is None and getattr(config, "num_labels", 2) == 1):
         return Regression()
     return SingleLabel()
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
-from nlptrain.kinds import from_run_config
+from nlptrain.kinds import LOWER_IS_BETTER, from_run_config
 from nlptrain.logs import add_log_level
 
 log = logging.getLogger("nlptrain")
@@ -254,8 +254,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if train:
         written.append(plot_training(train, evals, out / "training.png", name))
     if evals:
-        written.append(plot_evaluation(evals, out / "evaluation.png", name, best_key,
-                                       kind.plotted))
+        keys = kind.plotted
+        if best_key and best_key not in keys and best_key not in LOWER_IS_BETTER:
+            keys = (*keys, best_key)  # CoLA's MCC, MRPC's F1: the score the best model is picked by
+        written.append(plot_evaluation(evals, out / "evaluation.png", name, best_key, keys))
     final, where = _final_metrics(run_dir, evals)
     if final is not None and final.get("confusion_matrix"):  # single-label
         written.append(plot_confusion(final["confusion_matrix"], _label_names(final),

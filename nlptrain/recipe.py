@@ -83,8 +83,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
         config = prepare_stream(sets.train, task.train, dist)
     kind = kinds.from_task(task)
-    if config.metric_for_best:  # the labels are known now, also those read from the data
-        kind.check_metric(config.metric_for_best, f"task {task.name}", sets.vocab.names)
+    # The labels are known now, also those read from the data.
+    kind.check(sets.vocab.names, config.metric_for_best, f"task {task.name}")
     # Checked now, not in the trainer: a mistake must not leave a run directory that refuses the
     # corrected command ("already holds a run").
     losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
@@ -243,14 +243,13 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     if kind.problem_type != kinds.from_model_config(model.config).problem_type:
         raise ConfigError(f"{model_dir}: the model was trained for "
                           f"{kinds.from_model_config(model.config).name}, the task is {kind.name}")
-    if task.data.labels and kind.has_classes:
+    if task.data.labels and kind.has_classes:  # before any row is read
         from nlptrain.data import LabelVocab
 
-        if LabelVocab.from_config(task.data.labels).names != names:
-            raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's "
-                              f"{LabelVocab.from_config(task.data.labels).names}; use a model "
-                              "trained on this task")
+        _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
     sets = build_datasets(task, tokenizer, dist, use_cache=use_cache)
+    if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
+        _check_model_labels(model_dir, names, sets.vocab.names)
     dataset = getattr(sets, split)
     if dataset is None:
         held_out = f" (or {split}_size)" if split != "train" else ""
@@ -262,3 +261,10 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
                     chosen, kind)
     return compute_metrics(found, names, kind)
 
+
+def _check_model_labels(model_dir: str, names: list[str], task_names: list[str]) -> None:
+    """The model's output i is the task's label i: else every metric compares other labels."""
+    if task_names != names:
+        raise ConfigError(f"{model_dir}: the model's labels {names} are not the task's "
+                          f"{task_names}; use a model trained on this task (or give the task "
+                          "[data] labels in the model's order)")

@@ -93,6 +93,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
             raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)}; "
                               "resume with the same task, or pick another --output-dir")
         check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
+        check_best_metric_kept(folder, task, saved["task"])
         return True
     if saved is not None or (folder.is_dir() and any(folder.iterdir())):
         if not overwrite:
@@ -122,6 +123,21 @@ def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, A
         raise ConfigError(f"{folder}: a resume keeps the run's optimizer settings, and these "
                           f"changed: {', '.join(changed)}; resume with the run's values, or start "
                           "a new run (another --output-dir) to change them")
+
+
+def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a resume that picks the best model by another metric: the checkpoint's best score
+    is the old metric's, and the new one's would be compared with it (a loss with an accuracy)."""
+    from nlptrain.kinds import from_run_config
+
+    def metric(of: dict[str, Any]) -> str:
+        return of.get("train", {}).get("metric_for_best") or \
+            from_run_config({"task": of}).default_metric
+
+    if metric(task) != metric(saved):
+        raise ConfigError(f"{folder}: a resume keeps the run's metric_for_best ({metric(saved)!r} "
+                          f"-> {metric(task)!r}): the best model so far was picked by it; resume "
+                          "with it, or start a new run (another --output-dir) to change it")
 
 
 def record_in_config(folder: Path, key: str, value: Any) -> None:

@@ -80,6 +80,7 @@ class Trainer(ProgressCounters):
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)
         self.label_names = list(label_names) if label_names else kinds.label_names_of(model_config)
+        self.kind.check(self.label_names, "" if metrics else self.metric_for_best, "Trainer")
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer
         train_data, eval_data = (self._as_dataset(data, what) for data, what in

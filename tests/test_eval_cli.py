@@ -4,6 +4,7 @@ processes, on a set that does not split evenly between the ranks."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,24 @@ def test_eval_no_cache_leaves_no_token_cache(toy_task: Path, labelled_model: Pat
     uncached = json.loads(capsys.readouterr().out)
     assert main(args) == 0 and any(cache.iterdir())  # the default writes it
     assert json.loads(capsys.readouterr().out) == uncached
+
+
+def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_refused(
+        toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
+    """Without [data] labels the task's come from the train rows (neg, pos); a model saying
+    (pos, neg) was scored by position: each row's truth read as the other label."""
+    from transformers import AutoConfig
+
+    task = toy_task.read_text().replace('labels = ["neg", "pos"]\n', "")
+    toy_task.write_text(task)
+    args = ["eval", "--task", str(toy_task), "--json", "--no-cache"]
+    assert main([*args, "--model", str(labelled_model)]) == 0  # the same labels: scored
+    capsys.readouterr()
+    swapped = tmp_path / "swapped"
+    shutil.copytree(labelled_model, swapped)
+    config = AutoConfig.from_pretrained(swapped)
+    config.id2label, config.label2id = {0: "pos", 1: "neg"}, {"pos": 0, "neg": 1}
+    config.save_pretrained(swapped)
+    assert main([*args, "--model", str(swapped)]) == 1
+    err = capsys.readouterr().err
+    assert "swapped: the model's labels ['pos', 'neg'] are not the task's ['neg', 'pos']" in err, err

@@ -193,3 +193,83 @@ def test_task_files_choose_the_kind_and_check_metric_for_best():
                        "t.toml")
     with pytest.raises(ConfigError, match=r"\[data\] kind = 'multi'; choose one of"):
         task_from_dict({"data": {"kind": "multi"}}, "t.toml")
+
+
+def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, tiny_model_dir,
+                                                                     capsys):
+    """Every train row 'pos': cross-entropy over one class is 0 whatever the model says, and the
+    run would report accuracy 1.0 for a model that learnt nothing."""
+    from conftest import write_toy_task
+
+    from nlptrain import Trainer
+    from nlptrain.cli import main
+    from nlptrain.models import load_model
+
+    task = write_toy_task(tmp_path, tiny_model_dir)
+    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', ""))
+    for name in ("train.tsv", "test.tsv"):
+        rows = (tmp_path / name).read_text().splitlines()
+        (tmp_path / name).write_text("\n".join(r for r in rows if not r.endswith("\tneg")) + "\n")
+    code = main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "task toy: a single_label task needs two labels or more; it has 1: 'pos'" in err, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"a single_label task needs two labels or more; it has 1"):
+        Trainer(load_model(str(tiny_model_dir), ["pos"]), None, None)
+
+
+def test_a_transformers_model_of_one_output_without_problem_type_is_a_regression():
+    """transformers reads num_labels == 1 with no problem_type as regression (MSE); a softmax
+    over one logit is 1.0 for every text, and cross-entropy over it 0."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from nlptrain import Trainer
+    from nlptrain.kinds import from_model_config
+
+    config = BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                        intermediate_size=8, num_labels=1)
+    assert config.problem_type is None
+    assert isinstance(from_model_config(config), Regression)
+    trainer = Trainer(BertForSequenceClassification(config))
+    logits, targets = torch.tensor([[0.5], [2.0]]), torch.tensor([1.0, 1.0])
+    assert trainer.kind.name == "regression"
+    assert trainer.loss_fn(logits, targets).item() == pytest.approx(0.625)
+    for problem, kind in (("single_label_classification", SingleLabel),
+                          ("multi_label_classification", MultiLabel)):
+        assert isinstance(from_model_config(BertConfig(problem_type=problem, num_labels=2)), kind)
+    assert isinstance(from_model_config(BertConfig(num_labels=3)), SingleLabel)
+
+
+@pytest.mark.parametrize("kind", [SingleLabel(), MultiLabel(), Regression()], ids=lambda k: k.name)
+def test_an_empty_evaluation_set_is_one_clear_error(tiny_model_dir, kind):
+    """scikit-learn's 'Found empty input array' (classes), or NaN and a 0.0 Pearson taken for the
+    best model (regression), after an epoch of training: instead, say what is empty."""
+    from nlptrain import Trainer
+    from nlptrain.models import load_model
+
+    names = ["score"] if isinstance(kind, Regression) else ["a", "b"]
+    trainer = Trainer(load_model(str(tiny_model_dir), names, kind=kind), kind=kind)
+    empty = TokenizedDataset(np.zeros(0, np.int32), np.zeros(1, np.int64),
+                             np.zeros((0, 2) if isinstance(kind, MultiLabel) else 0,
+                                      np.float32 if kind.name != "single_label" else np.int64))
+    with pytest.raises(DataError, match=r"the evaluation set holds no rows"):
+        trainer.evaluate(empty)
+
+
+def test_a_resume_that_picks_the_best_model_by_another_metric_is_refused(tmp_path):
+    """The checkpoint's best score is the old metric's: a loss of 0.4 was compared with an
+    accuracy of 0.9 (and found better), so best/ and early stopping followed neither metric."""
+    from nlptrain.config import TrainConfig
+    from nlptrain.runs import prepare_run_dir
+
+    def task(metric: str) -> dict:
+        return TaskConfig(train=TrainConfig(metric_for_best=metric)).to_dict()
+
+    folder = tmp_path / "run"
+    assert prepare_run_dir(folder, task(""), 1, resume=False, overwrite=False) is False
+    # The kind's own metric, named or not, is the same metric.
+    assert prepare_run_dir(folder, task("accuracy"), 1, resume=True, overwrite=False) is True
+    with pytest.raises(ConfigError, match=r"run: a resume keeps the run's metric_for_best "
+                                          r"\('accuracy' -> 'loss'\)"):
+        prepare_run_dir(folder, task("loss"), 1, resume=True, overwrite=False)

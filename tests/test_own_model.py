@@ -66,3 +66,21 @@ def test_own_model_under_ddp_evaluates_like_one_process(tmp_path, tiny_model_dir
     results = run_ranks(_two_ranks, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
     assert results[0] == results[1] and results[0]["rows"] == 40
     assert results[0]["positive_rate"] == results[0]["by_hand"]
+
+
+def test_a_metric_for_best_that_no_metric_gives_is_refused_before_training(tmp_path,
+                                                                           tiny_model_dir):
+    """Without metrics= of the user's own, the kind's are all there are: a misspelt name is an
+    error at once, not after the first epoch's training (the CLI checks its task file alike)."""
+    from nlptrain.errors import ConfigError
+
+    model = MeanPoolClassifier(tiny_model_dir, 2)
+    common = dict(kind=SingleLabel(), label_names=["neg", "pos"])
+    with pytest.raises(ConfigError, match=r"metric_for_best = 'acc' is not a metric of "
+                                          r"single_label tasks; choose one of accuracy, macro_f1"):
+        Trainer(model, config=TrainConfig(metric_for_best="acc"), **common)
+    with pytest.raises(ConfigError, match=r"metric_for_best = 'f1' is the binary F1"):
+        Trainer(model, config=TrainConfig(metric_for_best="f1"), kind=SingleLabel(),
+                label_names=["a", "b", "c"])
+    # A metric of the user's may give it: known only once it is computed.
+    Trainer(model, config=TrainConfig(metric_for_best="acc"), metrics=[positive_rate], **common)

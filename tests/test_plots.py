@@ -136,3 +136,28 @@ def test_a_run_without_a_validation_set_names_its_evaluations_test(tmp_path: Pat
     (run / "results.json").write_text(json.dumps({"valid": None, "test": None,
                                                   "data": {"train": {}, "test": {}}}))
     assert eval_set_name(run) == "test"
+
+
+def test_the_metric_that_picks_the_best_model_is_drawn_with_its_star(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """CoLA picks by MCC, MRPC by F1: evaluation.png draws that score beside the headline ones,
+    and the star of the best model on it."""
+    import nlptrain.plots as plots
+
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines[:-1]]
+    for row in rows:
+        if row["kind"] == "eval":
+            row["mcc"] = row["accuracy"] - 0.3
+    (run / "metrics.jsonl").write_text("\n".join(map(json.dumps, rows)) + "\n")
+    config = json.loads((run / "config.json").read_text())
+    config["task"]["train"]["metric_for_best"] = "mcc"
+    (run / "config.json").write_text(json.dumps(config))
+    drawn = {}
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, path: (drawn.setdefault(path.name, fig),
+                                                            real(fig, path)))
+    plot_run(run)
+    legend = drawn["evaluation.png"].axes[0].get_legend_handles_labels()[1]
+    assert legend == ["accuracy", "macro-F1", "MCC", "best model (by mcc)"]
