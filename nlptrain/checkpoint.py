@@ -71,7 +71,8 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     state = {"progress": trainer.progress_state(), "optimizer": weights.optimizer_state,
              "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
-            "world_size": trainer.dist.world_size, "precision": trainer.config.precision}
+            "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
+            "metric_for_best": trainer.metric_for_best}
 
     def write() -> None:
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -177,6 +178,11 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         if meta.get(key, "single_label" if key == "kind" else None) != value:  # older: single
             raise CheckpointError(f"{folder}: made for another model or task ({key} is "
                                   f"{meta.get(key)!r} there, {value!r} here)")
+    if meta.get("metric_for_best", trainer.metric_for_best) != trainer.metric_for_best:
+        raise CheckpointError(f"{folder}: its best model so far was picked by "
+                              f"{meta['metric_for_best']!r}; resume with that metric_for_best, not "
+                              f"{trainer.metric_for_best!r} (its scores would be compared with the "
+                              "other metric's)")
     if meta.get("precision", trainer.config.precision) != trainer.config.precision:
         log.warning("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
                     trainer.config.precision)

@@ -278,6 +278,10 @@ def test_the_library_resumes_from_a_checkpointers_folder_in_the_runs_precision(
     for (name, a), b in zip(whole.unwrapped_model.state_dict().items(),
                             resumed.unwrapped_model.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
+    # The best model so far was picked by accuracy: a resume by the loss would compare the two.
+    with pytest.raises(CheckpointError, match=r"picked by 'accuracy'; resume with that "
+                                              r"metric_for_best, not 'loss'"):
+        make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder, metric_for_best="loss")
     # One checkpoint by name; a damaged one is refused before anything is loaded.
     assert make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder / "step-00000002"
                         ).global_step == 2
