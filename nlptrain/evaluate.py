@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,10 +112,18 @@ def _output_width(model: torch.nn.Module, kind: TaskKind) -> int:
 
 
 def compute_metrics(predictions: Predictions, label_names: Sequence[str],
-                    kind: TaskKind | None = None) -> dict[str, Any]:
+                    kind: TaskKind | None = None,
+                    metric_fns: Sequence[Callable[[Predictions], dict[str, Any]]] = ()
+                    ) -> dict[str, Any]:
     """The kind's metrics (single-label by default: accuracy, macro-F1, MCC, per class, the
-    confusion matrix) of gathered predictions, computed with scikit-learn / scipy."""
+    confusion matrix) of gathered predictions, computed with scikit-learn / scipy, then those of
+    a user's `metric_fns`, made plain Python values: a numpy or torch number (scikit-learn's
+    np.float64) in a checkpoint's state would be refused when it is loaded."""
     if len(predictions.labels) == 0:  # on every rank alike: the predictions are gathered
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
                         "(eval_data=None)")
-    return (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)
+    metrics = (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)
+    for metric_fn in metric_fns:
+        metrics.update({k: v.tolist() if hasattr(v, "tolist") else v
+                        for k, v in metric_fn(predictions).items()})
+    return metrics

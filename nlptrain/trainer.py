@@ -242,10 +242,7 @@ class Trainer(ProgressCounters):
                         self.config.eval_batch_size, self.config.precision, self.kind,
                         equal_steps=self.strategy.eval_needs_equal_steps)
         self.predictions = found
-        metrics = compute_metrics(found, self.label_names, self.kind)
-        for metric_fn in self.metric_fns:
-            metrics.update(metric_fn(found))
-        return metrics
+        return compute_metrics(found, self.label_names, self.kind, self.metric_fns)
 
     # -- the pieces of the loop ------------------------------------------------------------
 

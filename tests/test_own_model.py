@@ -84,3 +84,27 @@ def test_a_metric_for_best_that_no_metric_gives_is_refused_before_training(tmp_p
                 label_names=["a", "b", "c"])
     # A metric of the user's may give it: known only once it is computed.
     Trainer(model, config=TrainConfig(metric_for_best="acc"), metrics=[positive_rate], **common)
+
+
+def test_a_metric_of_numpy_or_torch_numbers_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+    # scikit-learn's scores are np.float64: kept as they came, they went into the checkpoint
+    # (best_metric, the best model's metrics), which torch.load(weights_only=True) then refused.
+    import numpy as np
+    from toy_trainer import toy_datasets
+
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+
+    def scores(found):
+        return {"score": np.float64(0.5), "rate": torch.tensor(0.25), "per_row": np.ones(2)}
+
+    def make(**extra):
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                       config=TrainConfig(epochs=1, batch_size=8, metric_for_best="score"),
+                       metrics=[scores], **extra)
+
+    first = make(callbacks=[Checkpointer(tmp_path / "ckpt")])
+    metrics = first.fit()
+    assert (type(first.best_metric), metrics["rate"], metrics["per_row"]) == (float, 0.25, [1.0, 1.0])
+    assert make(resume_from=tmp_path / "ckpt").global_step == first.global_step == 3
