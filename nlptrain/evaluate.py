@@ -1,12 +1,12 @@
 """Distributed evaluation that equals single-process evaluation exactly.
 
-Each rank scores a disjoint share (`EvalSampler`: no padding duplicates) on the unwrapped model,
-so uneven shares touch no DDP collective; under FSDP2 (every forward a collective) the short
-shares add uncounted batches so that all ranks take the same number. `(row index, outputs,
-label)` are gathered from every rank and put back in row order before any metric is computed, so
-every metric of the task's kind (accuracy, F1, correlations, ...) is that of one process on the
-whole set, for any world size. Training and evaluation give the model the same inputs
-(`model_inputs`).
+Each rank scores a disjoint share of batches (`EvalBatches`: the same batches for any world size,
+no padding duplicates) on the unwrapped model, so uneven shares touch no DDP collective; under
+FSDP2 (every forward a collective) the short shares add uncounted batches so that all ranks take
+the same number. `(row index, outputs, label)` are gathered from every rank and put back in row
+order before any metric is computed, so every metric of the task's kind (accuracy, F1,
+correlations, ...) is that of one process on the whole set, for any world size. Training and
+evaluation give the model the same inputs (`model_inputs`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import Backend
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind
-from nlptrain.samplers import EvalSampler
+from nlptrain.samplers import EvalBatches
 
 
 @dataclass
@@ -75,10 +75,10 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     kind = kind or SingleLabel()
     was_training = model.training
     model.eval()
-    sampler = EvalSampler(len(dataset), dist.rank, dist.world_size, dataset.lengths)
+    batches = EvalBatches(len(dataset), dist.rank, dist.world_size, batch_size, dataset.lengths)
     # Its own generator: making the iterator then draws nothing from the global RNG, so an
     # evaluation (one more at a stop, or another eval_every on resume) leaves dropout's as it was.
-    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+    loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
                         generator=torch.Generator())
     counted = len(loader)  # the short shares then pad with batches that are not counted
     padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0

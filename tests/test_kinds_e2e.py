@@ -88,14 +88,12 @@ def test_eval_on_two_processes_equals_one(trained, kind, capsys):
     first, second = json.loads(capsys.readouterr().out), json.loads(two.stdout)
     results = json.loads((folder / "run" / "results.json").read_text())["test"]
     for key in METRICS[kind]:
-        # Counts of right and wrong answers are exact. A score's outputs differ in the last
-        # float bits with the batch shapes (each world size batches other rows together), and
-        # the toy model's scores lie close together, which magnifies that in a correlation.
-        close = {"rel": 1e-5, "abs": 1e-4 if key in ("pearson", "spearman") else 1e-6}
-        if kind == "regression":
-            assert first[key] == pytest.approx(second[key], **close), key
-        else:
-            assert first[key] == second[key], key
+        # Each world size scores the same batches: every metric is one process's to the bit.
+        assert first[key] == second[key], key
+        # The run scored its test set with the model in memory, `eval` with the export reloaded,
+        # whose outputs differ in the last float bits (6e-8 seen); the toy regression model's
+        # outputs lie within 1e-4 of each other, which magnifies that in a correlation.
+        close = {"rel": 1e-5, "abs": 1e-3 if key in ("pearson", "spearman") else 1e-6}
         assert first[key] == pytest.approx(results[key], **close), key
 
 
