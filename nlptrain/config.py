@@ -104,7 +104,8 @@ class TrainConfig:
                           "shuffled (0: off)")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
-    drop_last: bool = opt(False, "drop the last incomplete batch of an epoch")
+    drop_last: bool = opt(False, "drop each process's last batch of an epoch when it is short of "
+                          "batch_size (no effect under max_tokens: its batches are cut by tokens)")
     seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")
     eval_every: int = opt(0, "also evaluate every N optimizer steps (always at each epoch end)")
     metric_for_best: str = opt(

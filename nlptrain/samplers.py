@@ -64,10 +64,11 @@ class ShardedSampler(DistributedSampler):
         return order
 
     def _remaining(self) -> np.ndarray:
-        # Pad like DistributedSampler (repeat from the front) so every rank gets as many samples,
-        # the whole epoch's order before the resume offset: a resume under the same world size
-        # then ends the epoch on the same rows as the run that never stopped.
-        return _pad(_pad(self.global_order(), self.num_replicas)[self.start :], self.num_replicas)
+        # The rows after the resume offset, padded like DistributedSampler (the epoch's first
+        # rows again) up to a multiple of this world size: a resume under the same world size
+        # ends the epoch on the same rows as the run that never stopped, and one under another
+        # world size repeats no more rows than that world's padding (fewer than one per rank).
+        return _pad(self.global_order(), self.start, self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
         share = self._remaining()[self.rank :: self.num_replicas]
@@ -75,14 +76,14 @@ class ShardedSampler(DistributedSampler):
             yield from share[begin : begin + 4096].tolist()
 
     def __len__(self) -> int:
-        padded = -(-len(self.dataset) // self.num_replicas) * self.num_replicas
-        return -(-max(padded - self.start, 0) // self.num_replicas)
+        return -(-max(len(self.dataset) - self.start, 0) // self.num_replicas)
 
 
-def _pad(order: np.ndarray, world: int) -> np.ndarray:
-    """`order` and its first rows again, up to a multiple of `world`."""
-    short = -len(order) % world
-    return np.concatenate([order, np.resize(order, short)]) if short and len(order) else order
+def _pad(order: np.ndarray, start: int, world: int) -> np.ndarray:
+    """`order` from `start` on, and the first rows of `order` again, up to a multiple of `world`."""
+    rest = order[start:]
+    short = -len(rest) % world
+    return np.concatenate([rest, np.resize(order, short)]) if short and len(order) else rest
 
 
 class EvalBatches(Sampler[list[int]]):

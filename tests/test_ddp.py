@@ -103,6 +103,28 @@ def test_a_resumed_sampler_deals_the_rest_of_the_uninterrupted_epoch(rows, world
         assert share(rank, start) == share(rank, 0)[start // world :]
 
 
+@pytest.mark.parametrize(("rows", "before", "after"), [(7, 1, 3), (23, 2, 3), (23, 3, 2), (10, 1, 2)])
+def test_a_sampler_resumed_under_another_world_size_deals_each_remaining_row_once(rows, before,
+                                                                                 after):
+    """Every step of `before` ranks (batch 1), then the rest of the epoch on `after` ranks: each
+    row is trained once, and only the new world's padding (fewer rows than ranks) repeats."""
+    def shares(world: int, start: int) -> list[list[int]]:
+        found = []
+        for rank in range(world):
+            sampler = ShardedSampler(range(rows), world, rank, seed=3)
+            sampler.set_epoch(1, start=start)
+            found.append(list(sampler))
+            assert len(found[-1]) == len(sampler)
+        return found
+
+    first = shares(before, 0)
+    for steps in range(1, len(first[0])):
+        done = [row for share in first for row in share[:steps]]
+        rest = [row for share in shares(after, len(done)) for row in share]
+        assert sorted(set(done + rest)) == list(range(rows))
+        assert len(done) + len(rest) - rows == -(rows - len(done)) % after, (steps, rest)
+
+
 def test_ddp_broadcasts_buffers_each_step_only_for_running_statistics(tiny_model_dir):
     assert not keeps_running_stats(load_model(str(tiny_model_dir), ["neg", "pos"]))
     assert keeps_running_stats(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
