@@ -344,7 +344,7 @@ def _rank_prefix() -> str:
 
     try:
         rank = detect().rank
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, NlptrainError):  # (the error being reported, maybe)
         rank = 0
     return "" if rank == 0 else f"[rank {rank}] "
 
@@ -379,8 +379,15 @@ def main(argv: list[str] | None = None) -> int:
             tell_launcher(f"error: {err}")
         return err.exit_code
     except RuntimeError as err:
-        from nlptrain.distributed import is_peer_failure
+        from nlptrain.distributed import is_peer_failure, timed_out
 
+        if timed_out(err):  # no rank reported an error: this one is the first to know
+            message = (f"no answer from the other rank(s) in time ({str(err).splitlines()[0][:200]}): "
+                       "one is stuck, or died or never started without a word (see the other "
+                       "ranks' logs); [train] timeout sets how long ranks wait for each other")
+            print(f"{_rank_prefix()}error: {message}", file=sys.stderr)
+            tell_launcher(f"error: {message}")
+            return 1
         if not is_peer_failure(err):
             tell_launcher(None)
             raise

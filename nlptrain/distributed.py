@@ -274,6 +274,14 @@ def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store |
 _groups_made = 0  # process groups this process made through the launcher's store
 
 
+def timed_out(error: BaseException) -> bool:
+    """Did a collective or the rendezvous give up waiting for another rank (stuck, or never
+    started), rather than hear of its failure? gloo says "Timed out waiting 600000ms for recv",
+    the store "Timed out after 601 seconds waiting for clients" or "has timed out after"."""
+    text = str(error)
+    return "timed out" in text.lower() and (isinstance(error, dist.DistError) or "gloo" in text)
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """Did a collective fail because another rank died (its own error is reported there)?"""
     text = str(error)

@@ -23,6 +23,8 @@ import subprocess
 import zlib
 from collections.abc import Mapping
 
+from nlptrain.errors import ConfigError
+
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
 DEFAULT_PORT = 29500
@@ -32,6 +34,7 @@ class Environment:
     """A process's place in its job, as one launcher tells it. Subclasses say how to read it."""
 
     name = "a launcher"
+    variables: tuple[str, ...] = ()  # rank, world size, local rank: named in `check`'s errors
 
     def __init__(self, environ: Mapping[str, str] | None = None, local_rank: int | None = None):
         self.environ = dict(os.environ if environ is None else environ)
@@ -94,6 +97,20 @@ class Environment:
     def master_port(self) -> int:
         return self._int("MASTER_PORT", DEFAULT_PORT)
 
+    def check(self) -> Environment:
+        """Refuse a place that no job has (a launcher's or a user's mistake): it would wait for
+        ranks that never come, or two ranks would take the same place."""
+        rank, world, local = self.rank, self.world_size, self.local_rank
+        problem = (f"a world size of {world} (it must be at least 1)" if world < 1 else
+                   f"rank {rank} in a world of {world} (ranks run from 0 to {world - 1})"
+                   if not 0 <= rank < world else
+                   f"local rank {local} (it must be 0 or more)" if local < 0 else None)
+        if problem:
+            told = ", ".join(f"${k}={self.environ[k]}" for k in self.variables if k in self.environ)
+            raise ConfigError(f"{self.name}: {problem}"
+                              f"{f' [{told}]' if told else ''}; check the launcher's settings")
+        return self
+
     def describe(self) -> str:
         """The line rank 0 logs once: "launched by SLURM, 8 ranks on 2 nodes"."""
         ranks = f"{self.world_size} rank{'s' if self.world_size != 1 else ''}"
@@ -135,6 +152,8 @@ class TorchElastic(Environment):
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
         return "RANK" in environ and "WORLD_SIZE" in environ
+
+    variables = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -180,6 +199,7 @@ class Slurm(Environment):
     `SLURM_NTASKS=N` but no step id: it is one process, not rank 0 of N, so it is not detected."""
 
     name = "SLURM"
+    variables = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID")
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
@@ -220,6 +240,7 @@ class OpenMPI(Environment):
     `MASTER_PORT` (default derived from the mpirun's job id, so two mpiruns on a host differ)."""
 
     name = "Open MPI"
+    variables = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
@@ -253,7 +274,19 @@ def detect(environ: Mapping[str, str] | None = None, local_rank: int | None = No
     """The environment of this process (from `os.environ` unless `environ` is given)."""
     values = os.environ if environ is None else environ
     kind = next(cls for cls in ENVIRONMENTS if cls.detect(values))
-    return kind(values, local_rank)
+    if kind is Local:
+        _refuse_half_env(values)
+    return kind(values, local_rank).check()
+
+
+def _refuse_half_env(environ: Mapping[str, str]) -> None:
+    """WORLD_SIZE without RANK (or RANK without WORLD_SIZE): no launcher sets one alone, and as
+    one process each of the N started would train a job of its own."""
+    for given, lacking, alone_ok in (("WORLD_SIZE", "RANK", "1"), ("RANK", "WORLD_SIZE", "0")):
+        if environ.get(given, alone_ok) != alone_ok and lacking not in environ:
+            raise ConfigError(f"${given}={environ[given]} is set but ${lacking} is not: a launcher "
+                              f"of the env:// convention (torchrun) sets both; set ${lacking} too, "
+                              f"or unset ${given} to run one process")
 
 
 def first_host(nodelist: str) -> str:

@@ -18,6 +18,7 @@ from nlptrain.environments import (
     detect,
     first_host,
 )
+from nlptrain.errors import ConfigError
 
 # `srun -n 2 env` on the one-node SLURM of .ci/start-slurm, task 1.
 SRUN = {"SLURM_JOB_ID": "2", "SLURM_JOB_NAME": "env", "SLURM_LOCALID": "1", "SLURM_NNODES": "1",
@@ -115,6 +116,33 @@ def test_a_bad_value_names_the_variable():
         _ = detect({**SRUN, "SLURM_PROCID": "x"}).rank
 
 
+@pytest.mark.parametrize(("environ", "told"), [
+    ({"WORLD_SIZE": "2"}, r"\$WORLD_SIZE=2 is set but \$RANK is not"),
+    ({"RANK": "1"}, r"\$RANK=1 is set but \$WORLD_SIZE is not"),
+    ({"RANK": "2", "WORLD_SIZE": "2"},
+     r"rank 2 in a world of 2 \(ranks run from 0 to 1\) \[\$RANK=2, \$WORLD_SIZE=2\]"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, r"a world size of 0 \(it must be at least 1\)"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, r"local rank -1 \(it must be 0 or more\)"),
+    ({**SRUN, "SLURM_PROCID": "2"}, r"SLURM: rank 2 in a world of 2 .*\$SLURM_PROCID=2"),
+    ({**MPIRUN, "OMPI_COMM_WORLD_RANK": "-1"}, r"Open MPI: rank -1 in a world of 2"),
+])
+def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
+    """Else one rank waits out the timeout for a rendezvous that never completes, or N
+    processes each train a job of their own (WORLD_SIZE without RANK)."""
+    with pytest.raises(ConfigError, match=told):
+        detect(environ)
+    assert detect({"WORLD_SIZE": "1"}).world_size == detect({"RANK": "0"}).world_size == 1
+
+
+def test_cli_says_a_bad_launch_environment_in_one_line(monkeypatch, capsys):
+    for name, value in {"RANK": "3", "WORLD_SIZE": "2", "LOCAL_RANK": "3"}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["train"]) == 1
+    assert capsys.readouterr().err == ("error: env:// (RANK, WORLD_SIZE): rank 3 in a world of 2 "
+                                       "(ranks run from 0 to 1) [$RANK=3, $WORLD_SIZE=2, "
+                                       "$LOCAL_RANK=3]; check the launcher's settings\n")
+
+
 @pytest.mark.parametrize("argv", [["--local_rank=1", "train"], ["--local-rank", "1", "train"],
                                   ["train", "--local_rank=1"]])
 def test_cli_takes_the_local_rank_argument_of_older_launchers(argv, monkeypatch):
@@ -160,3 +188,24 @@ def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
     finally:
         logger.removeHandler(caplog.handler)
     assert "restart 1: no run directory of this launch (run id none)" in caplog.text
+
+
+def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, capsys):
+    """Rank 0 of 2 alone (rank 1 never starts): the rendezvous gives up after --timeout, and
+    the error says that no rank answered, not that one failed (none said a word)."""
+    from conftest import free_port
+
+    from nlptrain.distributed import is_peer_failure, timed_out
+
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["train", "--timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: no answer from the other rank(s) in time (Timed out after ")
+    assert err.endswith("[train] timeout sets how long ranks wait for each other\n")
+    # A DDP all-reduce that times out in the backward is a plain RuntimeError (the gloo text).
+    recv = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer."
+                        "cc:78] Timed out waiting 20000ms for recv operation to complete")
+    closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
+                          "by peer [127.0.0.1]:41892")
+    assert timed_out(recv) and not timed_out(closed) and is_peer_failure(closed)
