@@ -11,20 +11,23 @@ checkpoint whose files all match their checksums.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pickle
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 
 from nlptrain.distributed import Backend
-from nlptrain.durable import replace_folder
+from nlptrain.durable import staged_folder
 from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta, verify_checkpoint
 
@@ -75,21 +78,48 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
             "metric_for_best": trainer.metric_for_best}
 
     def write() -> None:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = folder.parent / f".tmp-{folder.name}"
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        weights.write(staging)
-        torch.save(state, staging / "state.pt")
-        files = file_checksums(staging)  # meta.json last: its presence means "complete"
-        (staging / "meta.json").write_text(json.dumps({**meta, "files": files}, indent=1))
-        replace_folder(staging, folder)
+        with writing(folder) as staging:
+            weights.write(staging)
+            torch.save(state, staging / "state.pt")
+            files = file_checksums(staging)  # meta.json last: its presence means "complete"
+            (staging / "meta.json").write_text(json.dumps({**meta, "files": files}, indent=1))
         if keep:
-            for old in list_checkpoints(folder.parent)[:-keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            prune_checkpoints(folder, keep)
         log.debug("checkpoint written: %s", folder)
 
     trainer.dist.on_main(write)
+
+
+# What a write reports when the disk is full or the folder read-only: torch.save says
+# "[enforce fail at inline_container.cc] unexpected pos", safetensors a SafetensorError.
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
+
+
+@contextlib.contextmanager
+def writing(folder: Path) -> Iterator[Path]:
+    """Fill a staging folder that then replaces `folder` whole (durable.staged_folder); a write
+    that fails is one line naming the folder and the space left, and removes the staging
+    folder: `folder` and the checkpoints written before it stay as they were."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with staged_folder(folder) as staging:
+            yield staging
+    except WRITE_ERRORS as err:
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        try:
+            space = f"; {shutil.disk_usage(folder.parent).free / 2**20:.0f} MB free on its disk"
+        except OSError:
+            space = ""
+        raise CheckpointError(f"{folder}: cannot be written ({reason}){space}; what was saved "
+                              "before it is kept") from None
+
+
+def prune_checkpoints(newest: Path, keep: int) -> None:
+    """Leave `keep` checkpoints beside `newest`, the one just written among them: the others
+    go, oldest first (a newer-numbered one that a resume skipped as damaged may stay)."""
+    others = [p for p in list_checkpoints(newest.parent) if p != newest]
+    for old in others[: max(len(others) - (keep - 1), 0)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -210,18 +240,15 @@ def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path,
                  state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """`save_pretrained` of model and tokenizer (label names in config), replaced atomically;
     `state_dict`: whole weights gathered from a sharded model."""
-    staging = folder.parent / f".tmp-{folder.name}"
-    shutil.rmtree(staging, ignore_errors=True)
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(staging, state_dict=state_dict)
-    else:  # a user's own module: its weights; it is rebuilt by the user's code
-        from safetensors.torch import save_file, save_model
+    with writing(folder) as staging:
+        if hasattr(model, "save_pretrained"):
+            model.save_pretrained(staging, state_dict=state_dict)
+        else:  # a user's own module: its weights; it is rebuilt by the user's code
+            from safetensors.torch import save_file, save_model
 
-        staging.mkdir(parents=True)
-        if state_dict is None:
-            save_model(model, str(staging / "model.safetensors"))
-        else:
-            save_file(state_dict, str(staging / "model.safetensors"))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(staging)
-    replace_folder(staging, folder)
+            if state_dict is None:
+                save_model(model, str(staging / "model.safetensors"))
+            else:
+                save_file(state_dict, str(staging / "model.safetensors"))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)

@@ -51,6 +51,21 @@ def replace_file(staging: Path, target: Path) -> None:
     fsync_dir(target.parent)
 
 
+@contextlib.contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A new, empty folder beside `target` to fill; moved onto `target` durably when the block
+    ends. After an error the staging folder is removed (a full disk gets its space back) and
+    `target` stays as it was."""
+    staging = target.parent / f".tmp-{target.name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        staging.mkdir(parents=True)
+        yield staging
+        replace_folder(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def replace_folder(staging: Path, target: Path, *, replace_existing: bool = True) -> None:
     """Move the finished folder `staging` onto `target`, durably.
 

@@ -102,12 +102,21 @@ class SingleDevice:
         if (folder / SHARDS).is_dir():  # written by FSDP2: DCP puts the shards together
             load_shards(self.unwrap(model), optimizer, folder / SHARDS, self.dist)
             return
-        missing, unexpected = load_model(self.unwrap(model), str(folder / WEIGHTS_FILE),
-                                         strict=False, device=str(self.dist.device))
+        try:
+            missing, unexpected = load_model(self.unwrap(model), str(folder / WEIGHTS_FILE),
+                                             strict=False, device=str(self.dist.device))
+        except RuntimeError as err:  # "size mismatch for ...": same names, other shapes
+            lines = [line.strip() for line in str(err).splitlines() if "size mismatch" in line]
+            raise CheckpointError(f"{folder}: weights do not fit this model "
+                                  f"({(lines or [str(err)])[0][:300]})") from None
         if missing or unexpected:
             raise CheckpointError(f"{folder}: weights do not fit this model "
                                   f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
-        optimizer.load_state_dict(optimizer_state)
+        try:
+            optimizer.load_state_dict(optimizer_state)
+        except ValueError as err:  # other parameter groups (param_groups=, layer_lr_decay)
+            raise CheckpointError(f"{folder}: its optimizer state does not fit this optimizer "
+                                  f"({err})") from None
 
     def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
         """Every rank calls this; rank 0 writes the `save_pretrained` folder."""

@@ -4,12 +4,17 @@ newest whole one: in one process, and on 2 ranks restarted by torchrun --max-res
 from __future__ import annotations
 
 import json
+import resource
+import signal
 from pathlib import Path
 
+import pytest
 from conftest import REPO, run_cli
+from toy_trainer import make_trainer
 
-from nlptrain.checkpoint import list_checkpoints
+from nlptrain.checkpoint import list_checkpoints, prune_checkpoints, save_checkpoint
 from nlptrain.cli import main
+from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums, pick_checkpoint, verify_checkpoint
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
@@ -118,3 +123,37 @@ def test_a_copy_of_a_checkpoint_under_another_name_is_left_alone(tmp_path):
     for name in ("step-00000004", "step-00000012", "step-00000012-backup", "step-"):
         fake_checkpoint(tmp_path / name)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000004", "step-00000012"]
+
+
+def test_a_checkpoint_that_cannot_be_written_is_one_line_and_keeps_the_previous_one(
+        tmp_path, tiny_model_dir):
+    """The kernel refuses the writes (a file-size limit here, as a full disk would): one line
+    naming the checkpoint, the staging folder removed (a full disk gets its space back), the
+    checkpoint before it whole."""
+    trainer = make_trainer(tmp_path, tiny_model_dir, [])
+    folder = tmp_path / "checkpoints"
+    save_checkpoint(trainer, folder / "step-00000001", keep=2)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    quiet = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, limit[1]))
+    try:
+        with pytest.raises(CheckpointError, match=r"step-00000002: cannot be written \(.+\); \d+ MB "
+                           "free on its disk; what was saved before it is kept"):
+            save_checkpoint(trainer, folder / "step-00000002", keep=2)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, quiet)
+    assert [p.name for p in folder.iterdir()] == ["step-00000001"]
+    assert verify_checkpoint(folder / "step-00000001") is None
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    """Resumed from step 8 (step 12 skipped as damaged), with keep_checkpoints lowered: the
+    checkpoint of step 9 is the newest whole one, and stays."""
+    for name in ("step-00000004", "step-00000008", "step-00000012", "step-00000009"):
+        fake_checkpoint(tmp_path / name)
+    prune_checkpoints(tmp_path / "step-00000009", keep=3)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000008", "step-00000009",
+                                                          "step-00000012"]
+    prune_checkpoints(tmp_path / "step-00000009", keep=1)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000009"]

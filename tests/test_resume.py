@@ -14,11 +14,14 @@ from finetune_setup import StopAt
 from nlptrain.callbacks import Checkpointer
 from safetensors.torch import load_file
 from toy_trainer import make_trainer, results, weights
+from transformers import BertConfig, BertForSequenceClassification
 
+from nlptrain import TrainConfig, Trainer
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.cli import main
 from nlptrain.errors import CheckpointError
 from nlptrain.integrity import file_checksums
+from nlptrain.models import load_model
 from nlptrain.precision import PIN_VARIABLE
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
@@ -159,6 +162,12 @@ def test_a_checkpoint_of_another_task_is_refused(toy_task, tmp_path, tiny_model_
     trainer.label_names = ["neg", "neutral"]
     with pytest.raises(CheckpointError, match="made for another model or task .labels"):
         load_checkpoint(trainer, list_checkpoints(run / "checkpoints")[-1])
+    # The same model type, width, depth and labels, but other shapes (a wider feed-forward).
+    config = BertConfig(**{**load_model(str(tiny_model_dir), ["neg", "pos"]).config.to_dict(),
+                           "intermediate_size": 48})
+    other = Trainer(BertForSequenceClassification(config), config=TrainConfig())
+    with pytest.raises(CheckpointError, match="weights do not fit this model .size mismatch for "):
+        load_checkpoint(other, list_checkpoints(run / "checkpoints")[-1])
 
 
 def test_resume_with_another_world_size_trains_each_remaining_row_once(toy_task, tmp_path,
