@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, TWO_RANK_TRAIN, run_cli
+from conftest import REPO, TWO_RANK_TRAIN, run_cli, write_toy_task
 from finetune_setup import StopAt
 from nlptrain.callbacks import Checkpointer
 from safetensors.torch import load_file
@@ -35,10 +35,13 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert results(a)["test"] == results(b)["test"]
 
 
-@pytest.fixture()
-def uninterrupted(toy_task, tmp_path) -> Path:
-    run = tmp_path / "whole"
-    assert main(["train", "--task", str(toy_task), "--output-dir", str(run),
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tiny_model_dir) -> Path:
+    """The toy task (the same rows as `toy_task`'s) trained without a stop, once for the module."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    task = write_toy_task(folder, tiny_model_dir, folder / "cache")
+    run = folder / "whole"
+    assert main(["train", "--task", str(task), "--output-dir", str(run),
                  "--checkpoint-every", "3"]) == 0
     return run
 
@@ -70,17 +73,25 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_pat
     assert_same_run(uninterrupted, run)
 
 
-def test_sigterm_during_the_epoch_end_evaluation_stops_with_130_and_resumes_exactly(
-        toy_task, tmp_path, uninterrupted, capsys, monkeypatch):
+@pytest.mark.parametrize(("fault", "at_step"), [("SigtermDuringEvaluation", "20"),
+                                                ("SigtermRank0", "19")])
+def test_sigterm_at_the_epoch_end_stops_with_130_and_resumes_exactly(
+        toy_task, tmp_path, uninterrupted, capsys, monkeypatch, fault, at_step):
+    """Epoch 1 of 2 ends at step 20. A SIGTERM during its evaluation, or during its last step
+    (read with step 20's flags, before the evaluation): the checkpoint of step 20 holds the
+    epoch's end done, or still to do; either way the resume evaluates step 20 once, as the
+    uninterrupted run did, and trains on to the same weights."""
     run = tmp_path / "stopped"
     args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
-    monkeypatch.setenv("AT_STEP", "20")  # epoch 1 of 2 ends at step 20
-    assert main([*args, "--callback", f"{SCAFFOLD}:SigtermDuringEvaluation"]) == 130
+    monkeypatch.setenv("AT_STEP", at_step)
+    assert main([*args, "--callback", f"{SCAFFOLD}:{fault}"]) == 130
     assert "stopped by a signal after step 20" in capsys.readouterr().err
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000020"
     assert not (run / "model").exists()  # no export of a run that did not finish
     assert main([*args, "--resume"]) == 0
     assert_same_run(uninterrupted, run)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [20, 40]
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(toy_task, tmp_path,
