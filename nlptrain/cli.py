@@ -280,20 +280,13 @@ def cmd_split(args: argparse.Namespace) -> int:
 def run_options(args: argparse.Namespace) -> Any:
     """The `train` options that are not part of the task, with the `--callback`s made."""
     from nlptrain import recipe
+    from nlptrain.events import check_callback
 
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
-                             callbacks=[made_callback(spec) for spec in args.callback])
-
-
-def made_callback(spec: str) -> Any:
-    """A `--callback`, made and checked before the run directory is (nlptrain.events)."""
-    from nlptrain.events import check_callback
-
-    callback = load_object(spec)()
-    check_callback(callback)
-    return callback
+                             callbacks=[check_callback(load_object(spec)())  # before the run dir
+                                        for spec in args.callback])
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -379,12 +372,10 @@ def main(argv: list[str] | None = None) -> int:
             tell_launcher(f"error: {err}")
         return err.exit_code
     except RuntimeError as err:
-        from nlptrain.distributed import is_peer_failure, timed_out
+        from nlptrain.distributed import is_peer_failure, timeout_message
 
-        if timed_out(err):  # no rank reported an error: this one is the first to know
-            message = (f"no answer from the other rank(s) in time ({str(err).splitlines()[0][:200]}): "
-                       "one is stuck, or died or never started without a word (see the other "
-                       "ranks' logs); [train] timeout sets how long ranks wait for each other")
+        message = timeout_message(err)  # no rank reported an error: this one is the first to know
+        if message:
             print(f"{_rank_prefix()}error: {message}", file=sys.stderr)
             tell_launcher(f"error: {message}")
             return 1

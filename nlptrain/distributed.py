@@ -282,6 +282,15 @@ def timed_out(error: BaseException) -> bool:
     return "timed out" in text.lower() and (isinstance(error, dist.DistError) or "gloo" in text)
 
 
+def timeout_message(error: BaseException) -> str | None:
+    """The one line for a rank that gave up waiting (`timed_out`), else None."""
+    if not timed_out(error):
+        return None
+    return (f"no answer from the other rank(s) in time ({str(error).splitlines()[0][:200]}): one "
+            "is stuck, or died or never started without a word (see the other ranks' logs); "
+            "[train] timeout sets how long ranks wait for each other")
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """Did a collective fail because another rank died (its own error is reported there)?"""
     text = str(error)

@@ -103,7 +103,7 @@ class Callback:
         """Always, last: after the final epoch, an early stop, or an error."""
 
 
-def check_callback(callback: Any) -> None:
+def check_callback(callback: Any) -> Callback:
     """Refuse now what would fail at its first event, maybe hours into training: an object that
     is not a Callback, or an event method that cannot take the event's arguments."""
     if isinstance(callback, type) and issubclass(callback, Callback):
@@ -123,6 +123,7 @@ def check_callback(callback: Any) -> None:
         except TypeError:
             raise ConfigError(f"callback {name}.{event}{inspect.signature(method)} cannot take the "
                               f"event's arguments ({', '.join(arguments)})") from None
+    return callback
 
 
 class CallbackList:
