@@ -20,7 +20,6 @@ import torch
 
 from nlptrain import distributed, kinds, losses, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import latest_whole_checkpoint
 from nlptrain.config import TaskConfig
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import open_durably, write_text
@@ -95,14 +94,11 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
     callbacks, best = run_callbacks(task, opts, sets, run_dir)
     eval_set = sets.valid if sets.valid is not None else sets.test
-    # Checked before anything is loaded; every rank takes rank 0's choice.
-    checkpoint = latest_whole_checkpoint(run_dir / "checkpoints", dist) if has_run else None
-    if checkpoint is None and opts.resume:
-        log.warning("%s: no checkpoint yet, starting from the beginning", run_dir)
-    # Resumed, it goes on as the run began: weights, data position, "auto"'s precision.
+    # Resumed from the newest whole checkpoint (rank 0 checks, every rank takes its choice), it
+    # goes on as the run began: weights, data position, "auto"'s precision.
     trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
-                          kind=kind, resume_from=checkpoint)
+                          kind=kind, resume_from=run_dir / "checkpoints" if has_run else None)
     task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
     try:
         dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
