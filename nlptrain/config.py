@@ -104,6 +104,12 @@ class TrainConfig:
                           "shuffled (0: off)")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
+    keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "
+                                  "large buffers (glibc; no page faults each step); false: give it "
+                                  "back to the system")
+    sync_touched_rows: bool = opt(True, "ddp on a CPU: all-reduce only the word-embedding rows "
+                                  "some rank's batch touched (the same result; the others are "
+                                  "zero); false: all of them")
     drop_last: bool = opt(False, "drop each process's last batch of an epoch when it is short of "
                           "batch_size (no effect under max_tokens: its batches are cut by tokens)")
     seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")

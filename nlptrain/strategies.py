@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from nlptrain.checkpoint import export_model
 from nlptrain.distributed import Backend
+from nlptrain.embedding_sync import TouchedRows, sync_touched_rows
 from nlptrain.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,12 @@ class DDP(SingleDevice):
 
     name = "ddp"
 
+    def __init__(self, dist: Backend, sync_touched_rows: bool = True) -> None:
+        super().__init__(dist)
+        self.sync_touched_rows = sync_touched_rows
+        self.touched_rows: TouchedRows | None = None  # the hook, once training began (CPU)
+        self._hooked: torch.nn.Module | None = None
+
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.dist.device)
         ids = [self.dist.device.index] if self.dist.device.type == "cuda" else None
@@ -155,11 +162,19 @@ class DDP(SingleDevice):
         # from the seed); again before every forward (a collective a step) only when some module
         # updates its own in training (running statistics).
         sync_buffers = {SYNC_BUFFERS: keeps_running_stats(model)}
-        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
-                                       **sync_buffers)
+        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
+                                      **sync_buffers)
+        return ddp
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
+        if self.sync_touched_rows and self._hooked is not model:
+            # At the first micro-batch, after on_train_start: a comm hook a callback registered
+            # there is the one DDP keeps (it takes one); else the word embedding's zero rows
+            # are not sent (CPU only).
+            self._hooked = model
+            if not getattr(model, "_comm_hooks", None):
+                self.touched_rows = sync_touched_rows(model)
         # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
         with model.no_sync() if skip_sync else contextlib.nullcontext():
             yield
@@ -276,5 +291,5 @@ def make_strategy(config: Any, dist: Backend) -> Strategy:
     if config.strategy == "fsdp":
         log.info("strategy fsdp on one process: nothing to shard, running on one device")
     if dist.world_size > 1:
-        return DDP(dist)
+        return DDP(dist, config.sync_touched_rows)
     return SingleDevice(dist)

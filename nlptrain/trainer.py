@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from nlptrain import checkpoint, distributed, kinds, losses, optim, precision, strategies
+from nlptrain import checkpoint, distributed, host_memory, kinds, losses, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
@@ -76,6 +76,8 @@ class Trainer(ProgressCounters):
         # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
         self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from)
         self.config = replace(config, precision=self.precision.precision)
+        if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
+            host_memory.keep_freed_memory()
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)

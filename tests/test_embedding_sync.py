@@ -1,0 +1,72 @@
+"""DDP on a CPU all-reduces only the word-embedding rows some rank touched, and trains exactly
+as the dense all-reduce does (`nlptrain.embedding_sync`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from ddp import run_ranks
+from toy_trainer import toy_datasets
+
+from nlptrain import Callback, DistTrainer, TrainConfig
+from nlptrain.embedding_sync import input_embedding_weight
+from nlptrain.models import load_model
+
+pytestmark = pytest.mark.distributed
+
+
+class RowsSent(Callback):
+    """The rows the hook all-reduced at each optimizer step."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+
+    def on_step_end(self, trainer) -> None:
+        self.rows.append(trainer.strategy.touched_rows.rows_sent)
+
+
+def train_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=40)
+    out = {}
+    for grad_accum in (1, 2):
+        for touched in (False, True):
+            torch.manual_seed(0)
+            model = load_model(model_dir, ["neg", "pos"])  # dropout on: masks from the seed
+            config = TrainConfig(epochs=1, batch_size=4, lr=1e-3, seed=5, timeout=60,
+                                 grad_accum=grad_accum, sync_touched_rows=touched)
+            rows = RowsSent()
+            trainer = DistTrainer(model, train, None, config=config,
+                                  callbacks=[rows] if touched else [])
+            trainer.fit()
+            out[grad_accum, touched] = {
+                "params": {k: v.detach().clone() for k, v in
+                           trainer.unwrapped_model.state_dict().items()},
+                "rows": rows.rows, "vocab": trainer.unwrapped_model.config.vocab_size}
+            trainer.close()
+    return out
+
+
+def test_touched_rows_train_bit_for_bit_like_the_dense_all_reduce(tmp_path, tiny_model_dir):
+    ranks = run_ranks(train_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    for grad_accum in (1, 2):
+        dense, touched = ranks[0][grad_accum, False], ranks[0][grad_accum, True]
+        # Each step sent a few dozen of the 30,522 rows: the union of both ranks' tokens...
+        assert touched["rows"] and all(0 < n < touched["vocab"] // 100 for n in touched["rows"])
+        # ...and every weight, the word embedding's included, is the dense run's to the bit.
+        for name, value in dense["params"].items():
+            assert torch.equal(touched["params"][name], value), (grad_accum, name)
+        assert torch.equal(ranks[1][grad_accum, True]["params"]["bert.embeddings.word_embeddings"
+                                                            ".weight"],
+                           dense["params"]["bert.embeddings.word_embeddings.weight"])
+
+
+def test_only_a_trainable_embedding_layer_is_synced_by_rows(tiny_model_dir):
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    assert input_embedding_weight(model) is model.bert.embeddings.word_embeddings.weight
+    model.bert.embeddings.word_embeddings.weight.requires_grad_(False)  # frozen: no gradient
+    assert input_embedding_weight(model) is None
+    assert input_embedding_weight(torch.nn.Linear(2, 2)) is None  # not a transformers model
