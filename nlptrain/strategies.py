@@ -162,9 +162,8 @@ class DDP(SingleDevice):
         # from the seed); again before every forward (a collective a step) only when some module
         # updates its own in training (running statistics).
         sync_buffers = {SYNC_BUFFERS: keeps_running_stats(model)}
-        ddp = DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
-                                      **sync_buffers)
-        return ddp
+        return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
+                                       **sync_buffers)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
