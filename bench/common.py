@@ -197,6 +197,23 @@ class Phases:
         return {k: round(1000 * statistics.median(v), 1) for k, v in self.spans.items()}
 
 
+class ComputeDtype:
+    """The dtype the model's first Linear layer puts out in its first training forward: what a
+    contender's matmuls really ran in (a trainer can accept bf16 and still compute in fp32)."""
+
+    def __init__(self, model: Any) -> None:
+        import torch
+
+        self.dtype = ""
+        first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        self._handle = first.register_forward_hook(self._seen)
+
+    def _seen(self, module: Any, inputs: Any, output: Any) -> None:
+        if module.training:
+            self.dtype = str(output.dtype).removeprefix("torch.")
+            self._handle.remove()
+
+
 def write_result(out: str, result: dict[str, Any]) -> None:
     """This rank's result: `<out>.rank<R>.json`, written atomically."""
     rank, world = rank_info()

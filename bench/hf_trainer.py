@@ -65,6 +65,7 @@ def main() -> None:
     train_set, test_set = encode(train_rows), encode(split.test_rows)
     torch.manual_seed(job["seed"])
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    compute = common.ComputeDtype(model)
     clock = common.LoopClock()
     phases = common.Phases()
 
@@ -131,7 +132,8 @@ def main() -> None:
     result = {"contender": "b", "train_rows": len(train_rows), "eval_s": eval_s,
               **clock.as_dict(), "correct": correct, "rows": rows, "accuracy": correct / rows,
               "phases_ms": phases.medians_ms(),
-              "precision": args.precision, "device": str(training_args.device),
+              "precision": args.precision, "compute_dtype": compute.dtype,
+              "device": str(training_args.device),
               "threads": torch.get_num_threads(),
               "settings": {"padding": "dynamic (DataCollatorWithPadding)",
                            "train_sampling_strategy": training_args.train_sampling_strategy,

@@ -74,6 +74,7 @@ def make_probe(split: common.Split, train_limit: int, attention: str | None = No
             self.eval_s: float | None = None
             self.metrics: dict = {}
             self.train_rows = 0
+            self.precision = ""  # what training runs in ("auto" resolved)
 
         def on_train_start(self, trainer: Any) -> None:
             # Fire first in every event, so the marks bracket the built-in callbacks' work.
@@ -96,6 +97,8 @@ def make_probe(split: common.Split, train_limit: int, attention: str | None = No
                 wanted = split.train(train_limit)
                 trainer.train_data = train.select(np.searchsorted(train.rows, wanted))
             self.train_rows = len(trainer.train_data)
+            self.precision = trainer.config.precision
+            self.compute = common.ComputeDtype(trainer.unwrapped_model)
             if attention:  # read by every attention layer at each forward
                 trainer.unwrapped_model.set_attn_implementation(attention)
 
@@ -174,7 +177,9 @@ def main() -> None:
               "config": args.config,
               "train_rows": probe.train_rows, "eval_s": probe.eval_s, **probe.clock.as_dict(),
               **probe.metrics, "phases_ms": probe.phases.medians_ms(),
-              "precision": args.precision, "device": device, "attention": args.attention,
+              "precision": args.precision, "precision_chosen": probe.precision,
+              "compute_dtype": probe.compute.dtype,
+              "device": device, "attention": args.attention,
               "threads": torch.get_num_threads(), "argv": argv,
               "settings": {"padding": t.padding, "group_by_length": t.group_by_length,
                            "scheduler": t.scheduler, "warmup": t.warmup_ratio,

@@ -2,10 +2,12 @@
 
 One process, batch 16 x 128 tokens (random ids, full attention mask: the kernels see the shapes
 of the quick benchmark's padded batches), forward + backward + nlptrain's fused AdamW, in fp32 and in bf16
-autocast, after warm-up steps. Prints the CPU, the mean step time of each precision and the top
-ops by self CPU time.
+autocast, after warm-up steps, with freed memory kept in the process as nlptrain's CPU runs do
+(`--no-keep-freed-memory`: glibc's default). Prints the CPU, the mean step time of each precision
+and the top ops by self CPU time.
 
-    python bench/profile_step.py [--steps 3] [--threads 2] [--top 12] [--precisions fp32 bf16]
+    python bench/profile_step.py [--steps 3] [--threads 2] [--seq 128] [--top 12]
+                                 [--precisions fp32 bf16] [--no-keep-freed-memory]
 """
 
 from __future__ import annotations
@@ -30,16 +32,21 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"])
+    parser.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                        help="leave glibc's thresholds as they are (nlptrain's opt-out)")
     args = parser.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from nlptrain import host_memory
     from nlptrain.evaluate import autocast
     from nlptrain.models import load_model
 
     torch.set_num_threads(args.threads)
+    kept = args.keep_freed_memory and host_memory.keep_freed_memory()
     print(f"CPU: {common.cpu_model()}, {args.threads} threads; MiniLM-L6, batch {args.batch_size} "
-          f"x {args.seq} tokens; torch {torch.__version__}")
+          f"x {args.seq} tokens; torch {torch.__version__}; freed memory "
+          f"{'kept' if kept else 'returned (glibc default)'}")
     torch.manual_seed(0)
     model = load_model("minilm", ["a", "b"])
     model.train()

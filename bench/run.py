@@ -21,40 +21,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
-
-@dataclass
-class Contender:
-    key: str
-    label: str
-    script: str
-    args: tuple[str, ...] = ()
-
-
-CONTENDERS = {c.key: c for c in [
-    Contender("a", "tutorial DDP loop, pad to 128", "tutorial_ddp.py"),
-    Contender("b", "transformers.Trainer, dynamic + group_by_length", "hf_trainer.py"),
-    Contender("b0", "transformers.Trainer, random batches", "hf_trainer.py", ("--no-group-by-length",)),
-    Contender("c", "nlptrain, pad to 128 like (a)", "nlptrain_bench.py", ("--config", "fixed")),
-    Contender("d", "nlptrain default batching, (a)'s job", "nlptrain_bench.py",
-              ("--config", "batching")),
-    Contender("e", "(d) + bf16 autocast", "nlptrain_bench.py",
-              ("--config", "batching", "--precision", "bf16")),
-    Contender("f", "nlptrain, every default (decay, clip)", "nlptrain_bench.py", ("--config", "defaults")),
-    Contender("g", "(f) + precision auto (the default now)", "nlptrain_bench.py",
-              ("--config", "defaults", "--precision", "auto")),
-    Contender("h", "(d) with --max-tokens: (d)'s rows per step on average", "nlptrain_bench.py",
-              ("--config", "batching", "--max-tokens-like-batch")),
-    Contender("i", "(d) with eager attention, not SDPA", "nlptrain_bench.py",
-              ("--config", "batching", "--attention", "eager")),
-]}
-DEFAULT_CONTENDERS = "a,b,c,d,e"
+from contenders import CONTENDERS, DEFAULT_CONTENDERS, Contender, checkout_at, contender  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -76,7 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
                         "by about a point)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated keys, run "
-                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, f, g, h, i)")
+                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, e0, f, g, h, i; "
+                   "K@REV: contender K run by nlptrain at git revision REV, e.g. e@HEAD~5)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
                    help="CPU cores to share out; OMP_NUM_THREADS = cores // nproc per rank")
@@ -107,14 +80,19 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def launch(c: Contender, out: Path, opts: argparse.Namespace, log: Path,
            seed: int) -> dict[str, Any]:
+    root = checkout_at(c.rev) if c.rev else common.REPO
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={opts.nproc}", str(common.BENCH_DIR / c.script),
+           f"--nproc_per_node={opts.nproc}", str(root / "bench" / c.script),
            "--out", str(out), "--train-rows", str(opts.train_rows),
-           "--data-dir", str(opts.data_dir), "--seed", str(seed), *c.args]
-    if opts.precision:
-        cmd += ["--precision", opts.precision]
+           "--data-dir", str(opts.data_dir), "--seed", str(seed)]
+    own = c.args[:c.args.index("--")] if "--" in c.args else c.args  # then: nlptrain's options
+    cmd += [*own, *(["--precision", opts.precision] if opts.precision else []),
+            *c.args[len(own):]]
     env = {**os.environ, "OMP_NUM_THREADS": str(opts.threads),
            "MKL_NUM_THREADS": str(opts.threads), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    if c.rev:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root / "site"),
+                                                          env.get("PYTHONPATH")]))
     files = [Path(f"{out}.rank{r}.json") for r in range(opts.nproc)]
     start = time.perf_counter()
     hung = False
@@ -122,7 +100,7 @@ def launch(c: Contender, out: Path, opts: argparse.Namespace, log: Path,
         handle.write(" ".join(cmd) + "\n")
         handle.flush()
         proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                cwd=common.REPO, start_new_session=True)
+                                cwd=root, start_new_session=True)
         done_at = None
         while proc.poll() is None:
             time.sleep(0.5)
@@ -200,7 +178,7 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     for k in keys:
         runs = [r for r in records if r["key"] == k]
         ok = ok_runs[k]
-        s = {"label": CONTENDERS[k].label, "runs": len(runs), "ok": len(ok),
+        s = {"label": contender(k).label, "runs": len(runs), "ok": len(ok),
              "samples_per_s": median([r["samples_per_s"] for r in ok]),
              "eval_s": median([r["eval_s"] for r in ok]),
              "accuracy": mean([r["accuracy"] for r in ok]),
@@ -217,6 +195,8 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
              "failed": [r.get("error", "")[-400:] for r in runs if not r["ok"]],
              "settings": ok[0].get("settings") if ok else None,
              "precision": ok[0].get("precision") if ok else None,
+             "precision_chosen": ok[0].get("precision_chosen") if ok else None,
+             "compute_dtype": sorted({r.get("compute_dtype") or "?" for r in ok}),
              "phases_ms": phase_medians([r.get("phases_ms") or {} for r in ok])}
         if s["accuracy"] is not None and acc_a is not None:
             s["d_acc_pt"] = 100 * (s["accuracy"] - acc_a)
@@ -250,6 +230,9 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     out += ["median ms per step, rank 0 (approximate): " + "; ".join(
         f"({k}) " + ", ".join(f"{n} {v:g}" for n, v in summary[k]["phases_ms"].items())
         for k in keys if summary[k].get("phases_ms"))]
+    if any(summary[k]["compute_dtype"] != ["?"] for k in keys):  # older results lack it
+        out += ["matmuls computed in (first Linear's output in training): " + "; ".join(
+            f"({k}) {'/'.join(summary[k]['compute_dtype'])}" for k in keys)]
     out += ["", targets_text(summary, records, meta)]
     for k in keys:
         if summary[k]["failed"] or summary[k]["exit_hangs"]:
@@ -295,6 +278,28 @@ def targets_text(s: dict, records: list[dict], meta: dict) -> str:
     v = None if acc_e is None or acc_d is None else 100 * (acc_e - acc_d)
     check("bf16 (e) accuracy - fp32 (d), points", v, "within 0.5",
           None if v is None else abs(v) <= 0.5, acc_note)
+    lines.append("targets (issue 12):")
+    forced, chosen = meta.get("precision"), get("g", "precision_chosen")
+    if forced:  # every contender in one precision: the loops alone are compared
+        want = {"bf16": "bfloat16", "fp32": "float32"}[forced]
+        for k in ("b", "d"):
+            seen = get(k, "compute_dtype")
+            if seen not in (None, ["?"], [want]):  # "?": a result from before it was recorded
+                lines.append(f"  [FAIL] ({k}) asked for {forced} computed in {'/'.join(seen)}: "
+                             "not the same precision")
+        v = ratio(records, "d", "b", "samples_per_s")
+        check(f"every contender {forced}: (d) / (b) train samples/s", v, ">= 1.1",
+              None if v is None else v >= 1.1)
+    else:
+        v = ratio(records, "g", "b", "samples_per_s")
+        check(f"defaults, auto chose {chosen or '?'}: (g) / Trainer (b) train samples/s", v,
+              ">= 1.7 where auto picks bf16", None if v is None or chosen != "bf16" else v >= 1.7)
+        v = ratio(records, "g", "f", "samples_per_s")
+        check("auto (g) / fp32 (f) train samples/s", v, ">= 0.97: never slower than fp32",
+              None if v is None else v >= 0.97)
+    for before in ["e0", *(k for k in s if k.startswith("e@"))]:  # (e) as it was
+        v = ratio(records, "e", before, "samples_per_s")
+        check(f"bf16 (e) / ({before}) train samples/s", v, ">= 1.3", None if v is None else v >= 1.3)
     lines.append("  eval 2 ranks / 1 process: python bench/eval_scaling.py; launch to first step "
                  "warm/cold cache: python bench/startup.py")
     return "\n".join(lines)
@@ -341,15 +346,19 @@ def main(argv: list[str] | None = None) -> int:
         opts.train_rows = {"quick": common.QUICK_ROWS, "smoke": 64, "full": 0}[mode]
     opts.rounds = opts.rounds or (3 if mode == "quick" else 1)
     opts.threads = opts.threads or max(1, opts.cores // opts.nproc)
+    opts.data_dir = opts.data_dir.resolve()
     opts.timeout = opts.timeout or (3600 if mode == "full" and not opts.train_rows else 900)
-    opts.results_dir = opts.results_dir or (
-        common.BENCH_DIR / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}")
+    opts.results_dir = (opts.results_dir or (  # absolute: a K@REV contender runs elsewhere
+        common.BENCH_DIR / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()
     contenders = [k.strip() for k in opts.contenders.split(",") if k.strip()]
     opts.seeds = [int(s) for s in opts.seeds.split(",") if s.strip()]
-    unknown = [k for k in contenders if k not in CONTENDERS]
+    unknown = [k for k in contenders if k.partition("@")[0] not in CONTENDERS]
     if unknown:
-        print(f"unknown contender(s) {unknown}; known: {', '.join(CONTENDERS)}", file=sys.stderr)
+        print(f"unknown contender(s) {unknown}; known: {', '.join(CONTENDERS)} (K@REV: K at git "
+              "revision REV)", file=sys.stderr)
         return 2
+    for rev in sorted({contender(k).rev for k in contenders} - {""}):
+        checkout_at(rev)  # before the first round, so its install is not inside a timing
     (opts.results_dir / "logs").mkdir(parents=True, exist_ok=True)
     (opts.results_dir / "raw").mkdir(exist_ok=True)
     meta = machine_meta(opts, contenders)
@@ -358,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     for rnd, seed, key in itertools.product(range(opts.rounds), opts.seeds, contenders):
         name = f"r{rnd + 1}-s{seed}-{key}"
         load = os.getloadavg()[0]
-        rec = launch(CONTENDERS[key], opts.results_dir / "raw" / name, opts,
+        rec = launch(contender(key), opts.results_dir / "raw" / name, opts,
                      opts.results_dir / "logs" / f"{name}.log", seed)
         rec.update(round=rnd, seed=seed, loadavg_before=load)
         records.append(rec)
