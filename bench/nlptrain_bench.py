@@ -75,6 +75,7 @@ def make_probe(split: common.Split, train_limit: int, attention: str | None = No
             self.metrics: dict = {}
             self.train_rows = 0
             self.precision = ""  # what training runs in ("auto" resolved)
+            self.compute: common.ComputeDtype | None = None  # set once the model is final
 
         def on_train_start(self, trainer: Any) -> None:
             # Fire first in every event, so the marks bracket the built-in callbacks' work.
@@ -178,7 +179,7 @@ def main() -> None:
               "train_rows": probe.train_rows, "eval_s": probe.eval_s, **probe.clock.as_dict(),
               **probe.metrics, "phases_ms": probe.phases.medians_ms(),
               "precision": args.precision, "precision_chosen": probe.precision,
-              "compute_dtype": probe.compute.dtype,
+              "compute_dtype": probe.compute.dtype if probe.compute else "",
               "device": device, "attention": args.attention,
               "threads": torch.get_num_threads(), "argv": argv,
               "settings": {"padding": t.padding, "group_by_length": t.group_by_length,

@@ -78,9 +78,9 @@ def kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
-def launch(c: Contender, out: Path, opts: argparse.Namespace, log: Path,
+def launch(c: Contender, root: Path, out: Path, opts: argparse.Namespace, log: Path,
            seed: int) -> dict[str, Any]:
-    root = checkout_at(c.rev) if c.rev else common.REPO
+    """One torchrun of contender `c`, its script and nlptrain taken from the checkout `root`."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={opts.nproc}", str(root / "bench" / c.script),
            "--out", str(out), "--train-rows", str(opts.train_rows),
@@ -357,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown contender(s) {unknown}; known: {', '.join(CONTENDERS)} (K@REV: K at git "
               "revision REV)", file=sys.stderr)
         return 2
-    for rev in sorted({contender(k).rev for k in contenders} - {""}):
-        checkout_at(rev)  # before the first round, so its install is not inside a timing
+    # Each revision made (and checked) once, before the first round: no install inside a timing.
+    roots = {rev: checkout_at(rev) if rev else common.REPO
+             for rev in {contender(k).rev for k in contenders}}
     (opts.results_dir / "logs").mkdir(parents=True, exist_ok=True)
     (opts.results_dir / "raw").mkdir(exist_ok=True)
     meta = machine_meta(opts, contenders)
@@ -367,7 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     for rnd, seed, key in itertools.product(range(opts.rounds), opts.seeds, contenders):
         name = f"r{rnd + 1}-s{seed}-{key}"
         load = os.getloadavg()[0]
-        rec = launch(contender(key), opts.results_dir / "raw" / name, opts,
+        c = contender(key)
+        rec = launch(c, roots[c.rev], opts.results_dir / "raw" / name, opts,
                      opts.results_dir / "logs" / f"{name}.log", seed)
         rec.update(round=rnd, seed=seed, loadavg_before=load)
         records.append(rec)
