@@ -41,6 +41,9 @@ CONTENDERS = {c.key: c for c in [
               ("--config", "batching", "--max-tokens-like-batch")),
     Contender("i", "(d) with eager attention, not SDPA", "nlptrain_bench.py",
               ("--config", "batching", "--attention", "eager")),
+    Contender("j", "(e) with attention dropout 0 (SDPA fused in training; recipe change)",
+              "nlptrain_bench.py", ("--config", "batching", "--precision", "bf16",
+                                    "--attention-dropout", "0")),
 ]}
 DEFAULT_CONTENDERS = "a,b,c,d,e"
 

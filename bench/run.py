@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
                         "by about a point)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated keys, run "
-                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, e0, f, g, h, i; "
+                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, e0, f, g, h, i, j; "
                    "K@REV: contender K run by nlptrain at git revision REV, e.g. e@HEAD~5)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
