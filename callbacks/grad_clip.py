@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
@@ -26,3 +27,13 @@ class GradClip(Callback):
         trainer.scaler.unscale_(trainer.optimizer)  # fp16: clip the true gradients
         # The global norm, equal on every rank (under FSDP2 a collective over the shards).
         self._norm = trainer.strategy.clip_grad_norm(trainer.model, self.max_norm)
+
+
+def logged_grad_norm(trainer: Trainer) -> float | None:
+    """What the loggers write as `grad_norm`: the latest optimizer step's global gradient norm
+    before clipping, read to the host (a device sync: call it on logged steps only); None when the
+    run does not clip (`max_grad_norm = 0`) or the norm is not finite (an fp16 step whose
+    overflow the loss scaler skips; JSON has no infinity)."""
+    clips = trainer.callbacks.find(GradClip)
+    norm = clips[0].last_norm if clips else math.nan
+    return norm if math.isfinite(norm) else None

@@ -1,5 +1,6 @@
-"""Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps and one
-row per evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
+"""Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps (loss, lr,
+throughput and, when clipping, the step's gradient norm before clipping) and one row per
+evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
 resume first drops the rows past its checkpoint's step (the crashed run wrote them, the resumed
 run writes them again) and goes on with the checkpoint's loss window, so the file ends as that
 of the run never stopped."""
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from nlptrain.durable import write_text
 from nlptrain.events import Callback
+
+from .grad_clip import logged_grad_norm
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -61,6 +64,9 @@ class MetricLogger(Callback):
                "lr": trainer.optimizer.param_groups[0]["lr"],
                "samples_per_s": samples / max(now - self.window_start, 1e-9),
                "time": time.time()}
+        grad_norm = logged_grad_norm(trainer)
+        if grad_norm is not None:
+            row["grad_norm"] = grad_norm
         self._write(row)
         log.debug("step %d loss %.4f lr %.2e", row["step"], row["loss"], row["lr"])
         self._reset(now, trainer.samples_in_epoch)

@@ -1,5 +1,6 @@
-"""TensorBoard logging (`train --tensorboard`): loss, lr and throughput every `log_every` steps,
-and each evaluation's metrics, written to an event folder on rank 0.
+"""TensorBoard logging (`train --tensorboard`): loss, lr, gradient norm (when clipping) and
+throughput every `log_every` steps, and each evaluation's metrics, written to an event folder on
+rank 0.
 
 TensorBoard is optional: this module imports it only when training starts, and without the
 package the run goes on with a warning saying how to install it.
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
+
+from .grad_clip import logged_grad_norm
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -51,6 +54,9 @@ class TensorBoardLogger(Callback):
         now, samples = time.perf_counter(), trainer.samples_in_epoch
         self.writer.add_scalar("train/loss", trainer.last_loss, step)
         self.writer.add_scalar("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
+        grad_norm = logged_grad_norm(trainer)
+        if grad_norm is not None:
+            self.writer.add_scalar("train/grad_norm", grad_norm, step)
         elapsed = now - self._window[0]
         if elapsed > 0:
             self.writer.add_scalar("train/samples_per_s", (samples - self._window[1]) / elapsed,

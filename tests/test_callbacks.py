@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
-from nlptrain.callbacks import EarlyStopping, GradClip, SaveBestModel
+from nlptrain.callbacks import EarlyStopping, GradClip, MetricLogger, SaveBestModel
 from toy_trainer import Recorder, make_trainer
 
 from nlptrain import Callback
@@ -43,6 +46,29 @@ def test_gradient_clipping_bounds_the_norm(tmp_path, tiny_model_dir):
 def test_no_clipping_when_max_grad_norm_is_zero(tmp_path, tiny_model_dir):
     trainer = make_trainer(tmp_path, tiny_model_dir, [], max_grad_norm=0)
     assert not any(isinstance(c, GradClip) for c in trainer.callbacks.callbacks)
+
+
+def logged_rows(path) -> list[dict]:
+    return [row for row in map(json.loads, path.read_text().splitlines()) if row["kind"] == "train"]
+
+
+def test_each_logged_step_has_its_gradient_norm_before_clipping(tmp_path, tiny_model_dir):
+    # A bound no step reaches: the gradients the probe sees are those GradClip measured.
+    probe, log = NormProbe(), tmp_path / "metrics.jsonl"
+    make_trainer(tmp_path, tiny_model_dir, [probe, MetricLogger(log, 1)], epochs=1,
+                 max_grad_norm=1e9, log_every=1).fit()
+    rows = logged_rows(log)
+    assert len(rows) == len(probe.norms) > 1
+    assert [row["grad_norm"] for row in rows] == pytest.approx(probe.norms, rel=1e-5)
+    assert len(set(probe.norms)) > 1  # each row its own step's norm, not one value repeated
+
+
+def test_no_gradient_norm_is_logged_without_clipping(tmp_path, tiny_model_dir):
+    log = tmp_path / "metrics.jsonl"
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 1)], epochs=1, max_grad_norm=0,
+                 log_every=1).fit()
+    rows = logged_rows(log)
+    assert rows and not any("grad_norm" in row for row in rows)
 
 
 def test_best_model_is_saved_when_the_metric_improves(tmp_path, tiny_model_dir):

@@ -48,8 +48,8 @@ def test_metrics_hold_training_and_eval_rows(finished_run: tuple[Path, str]) -> 
     evals = [r for r in rows if r["kind"] == "eval"]
     assert [r["step"] for r in train] == list(range(2, 33, 2))  # 16 steps an epoch, every 2nd
     for row in train:
-        assert {"step", "epoch", "loss", "lr", "samples_per_s"} <= set(row)
-        assert row["samples_per_s"] > 0
+        assert {"step", "epoch", "loss", "lr", "samples_per_s", "grad_norm"} <= set(row)
+        assert row["samples_per_s"] > 0 and row["grad_norm"] > 0  # clipping is on by default
     assert [(r["epoch"], r["step"]) for r in evals] == [(1, 16), (2, 32)]
     assert {"accuracy", "macro_f1", "per_class", "confusion_matrix"} <= set(evals[0])
 
