@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import importlib
 import importlib.util
 import logging
@@ -346,6 +347,10 @@ def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
+    # A crash in native code (a kernel, a collective) prints the Python stacks, not just a signal;
+    # to the process's own stderr (sys.stderr may be a capture without a file descriptor).
+    if not faulthandler.is_enabled() and sys.__stderr__ is not None:
+        faulthandler.enable(sys.__stderr__, all_threads=True)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
