@@ -1,7 +1,8 @@
 """PNG plots of a run, drawn from its files alone: at the end of training and by
 `python -m nlptrain plot RUN_DIR` (e.g. for a run that crashed, or while one is running).
 
-- `training.png`: training loss (and validation loss) and the learning rate per optimizer step;
+- `training.png`: training loss (and validation loss), the learning rate and the gradient norm
+  before clipping (when logged) per optimizer step;
 - `evaluation.png`: the task kind's scores (accuracy and macro-F1, micro-F1, Pearson and Spearman,
   ...) at each evaluation, the best one marked;
 - `confusion_matrix.png` (single-label): true against predicted labels, by name, on the test set
@@ -63,12 +64,19 @@ def _epoch_marks(ax: Any, rows: list[dict[str, Any]], label_at: str = "top") -> 
                 rotation=90, ha="right", va="top" if top else "bottom", fontsize=8, color="0.4")
 
 
-def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path,
-                  eval_name: str = "validation") -> Path:
+def training_figure(train: list[dict[str, Any]], evals: list[dict[str, Any]],
+                    eval_name: str = "validation", max_grad_norm: float | None = None) -> Any:
+    """Loss and learning rate per optimizer step; below them the gradient norm before clipping
+    when the rows carry it, on a log scale with the clipping threshold drawn (the steps above the
+    line are the clipped ones)."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=WIDE, dpi=DPI, layout="constrained")
-    loss_ax, lr_ax = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    norms = [(r["step"], r["grad_norm"]) for r in train if "grad_norm" in r]  # (max_grad_norm 0: none)
+    fig = Figure(figsize=WIDE if not norms else (WIDE[0], WIDE[1] * 1.4), dpi=DPI,
+                 layout="constrained")
+    axes = fig.subplots(3 if norms else 2, 1, sharex=True,
+                        height_ratios=[2, 1, 1] if norms else [2, 1])
+    loss_ax, lr_ax = axes[0], axes[1]
     steps = [r["step"] for r in train]
     loss_ax.plot(steps, [r["loss"] for r in train], color="tab:blue", linewidth=1.2,
                  label="training loss (mean since the previous point)")
@@ -78,16 +86,31 @@ def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("Loss per optimizer step")
     loss_ax.legend(loc="best", fontsize=9)
-    loss_ax.grid(alpha=0.3)
     lr_ax.plot(steps, [r["lr"] for r in train], color="tab:green", linewidth=1.2)
     lr_ax.set_ylabel("learning rate")
-    lr_ax.set_xlabel("optimizer step")
     lr_ax.set_title("Learning rate (schedule)")
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
-    lr_ax.grid(alpha=0.3)
-    for ax in (loss_ax, lr_ax):
+    if norms:
+        norm_ax = axes[2]
+        norm_ax.plot([step for step, _ in norms], [norm for _, norm in norms], color="tab:purple",
+                     linewidth=1.2, label="global norm at the logged step")
+        if max_grad_norm:
+            norm_ax.axhline(max_grad_norm, color="tab:red", linestyle="--", linewidth=1,
+                            label=f"max_grad_norm = {max_grad_norm:g} (clipped above)")
+        norm_ax.set_yscale("log")
+        norm_ax.set_ylabel("gradient norm")
+        norm_ax.set_title("Gradient norm before clipping")
+        norm_ax.legend(loc="best", fontsize=9)
+    axes[-1].set_xlabel("optimizer step")
+    for ax in axes:
+        ax.grid(alpha=0.3)
         _epoch_marks(ax, train + evals)
-    _save(fig, path)
+    return fig
+
+
+def plot_training(train: list[dict[str, Any]], evals: list[dict[str, Any]], path: Path,
+                  eval_name: str = "validation", max_grad_norm: float | None = None) -> Path:
+    _save(training_figure(train, evals, eval_name, max_grad_norm), path)
     return path
 
 
@@ -252,7 +275,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         best_key = None  # without a validation set, no model is picked on the test set
     written = []
     if train:
-        written.append(plot_training(train, evals, out / "training.png", name))
+        clip = config.get("task", {}).get("train", {}).get("max_grad_norm")
+        written.append(plot_training(train, evals, out / "training.png", name, clip))
     if evals:
         keys = kind.plotted
         if best_key and best_key not in keys and best_key not in LOWER_IS_BETTER:
@@ -299,10 +323,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def add_command(commands: Any) -> None:
     parser = commands.add_parser("plot", help="draw a run's plots as PNG files",
                                  description="Draw the plots of a run directory into "
-                                 "RUN_DIR/plots/: loss and learning rate per step, the task "
-                                 "kind's scores per evaluation, and the test set's confusion "
-                                 "matrix (single-label), F1 per label (multi-label) or predicted "
-                                 "against true scores (regression).")
+                                 "RUN_DIR/plots/: loss, learning rate and gradient norm per "
+                                 "step, the task kind's scores per evaluation, and the test "
+                                 "set's confusion matrix (single-label), F1 per label "
+                                 "(multi-label) or predicted against true scores (regression).")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/<task>-<time>)")
     add_log_level(parser)
     parser.set_defaults(handler=cmd_plot)

@@ -11,7 +11,7 @@ from PIL import Image
 
 from nlptrain.cli import main
 from nlptrain.errors import ConfigError
-from nlptrain.plots import eval_set_name, plot_run, read_metrics
+from nlptrain.plots import eval_set_name, plot_run, read_metrics, training_figure
 
 
 def fake_run(folder: Path, labels: list[str], results: bool = True) -> Path:
@@ -57,6 +57,28 @@ def test_plot_run_writes_three_pngs_of_the_expected_size(tmp_path: Path) -> None
     assert sizes["evaluation.png"][0] == (900, 600)
     assert sizes["confusion_matrix.png"][0] == (700, 600)
     assert all(spread > 10 for _, spread in sizes.values())  # something is drawn
+
+
+def test_a_logged_gradient_norm_gets_its_own_panel_with_the_clipping_line(tmp_path: Path) -> None:
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    train, evals = read_metrics(run)
+    assert len(training_figure(train, evals).axes) == 2  # no norm logged (max_grad_norm = 0)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()[:-1]]
+    for row in rows:
+        if row["kind"] == "train":
+            row["grad_norm"] = 4.0 / row["step"]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = json.loads((run / "config.json").read_text())
+    config["task"]["train"]["max_grad_norm"] = 0.5
+    (run / "config.json").write_text(json.dumps(config))
+
+    train, evals = read_metrics(run)
+    norm_ax = training_figure(train, evals, max_grad_norm=0.5).axes[2]
+    curve, threshold = norm_ax.get_lines()[:2]
+    assert list(curve.get_ydata()) == [4.0 / s for s in range(2, 21, 2)]
+    assert list(threshold.get_ydata()) == [0.5, 0.5] and norm_ax.get_yscale() == "log"
+    (path,) = [p for p in plot_run(run) if p.name == "training.png"]
+    assert png(path)[0] == (900, 840)  # taller by the third panel
 
 
 def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
