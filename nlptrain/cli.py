@@ -347,8 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for a hub
-    # A crash in native code (a kernel, a collective) prints the Python stacks, not just a signal;
-    # to the process's own stderr (sys.stderr may be a capture without a file descriptor).
+    # A native crash prints the Python stacks, to fd 2 (sys.stderr may be a capture without one).
     if not faulthandler.is_enabled() and sys.__stderr__ is not None:
         faulthandler.enable(sys.__stderr__, all_threads=True)
     parser = build_parser()
