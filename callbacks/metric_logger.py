@@ -1,6 +1,6 @@
-"""Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps (loss, lr,
-throughput and, when clipping, the step's gradient norm before clipping) and one row per
-evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
+"""Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps and at the
+run's end (loss, lr, throughput and, when clipping, the step's gradient norm before clipping)
+and one row per evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
 resume first drops the rows past its checkpoint's step (the crashed run wrote them, the resumed
 run writes them again) and goes on with the checkpoint's loss window, so the file ends as that
 of the run never stopped."""
@@ -55,8 +55,13 @@ class MetricLogger(Callback):
             return
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
         self.batches += 1
-        if trainer.global_step % self.log_every:
-            return
+        if trainer.global_step % self.log_every == 0:
+            self._log_window(trainer)
+
+    def _log_window(self, trainer: Trainer, closing: bool = False) -> None:
+        """One training row: the mean loss and the throughput of the steps since the last row.
+        `closing`: the row of a run's end between two log steps, marked so that a resume from
+        a checkpoint of that step drops it (the resumed run goes on with its window)."""
         now = time.perf_counter()
         samples = trainer.samples_in_epoch - self.window_samples
         row = {"kind": "train", "step": trainer.global_step, "epoch": trainer.epoch + 1,
@@ -67,6 +72,8 @@ class MetricLogger(Callback):
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             row["grad_norm"] = grad_norm
+        if closing:
+            row["closing"] = True
         self._write(row)
         log.debug("step %d loss %.4f lr %.2e", row["step"], row["loss"], row["lr"])
         self._reset(now, trainer.samples_in_epoch)
@@ -86,19 +93,22 @@ class MetricLogger(Callback):
             self.loss_sum, self.batches = float(saved["loss_sum"]), int(saved["batches"])
         if self.path.is_file():  # rows up to the checkpoint's step were written before it
             lines = self.path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line, step in zip(lines, map(_step_of, lines), strict=True)
-                    if step is not None and step <= trainer.global_step]
+            kept = [line for line in lines if _kept_on_resume(line, trainer.global_step)]
             write_text(self.path, "".join(f"{line}\n" for line in kept))
 
     def on_train_end(self, trainer: Trainer) -> None:
+        if self.batches:  # the last steps, fewer than log_every: the run's end is logged too
+            self._log_window(trainer, closing=True)
         if self.handle is not None:
             self.handle.close()
             self.handle = None
 
 
-def _step_of(line: str) -> int | None:
-    """A row's step; None for a torn line (a crash mid-write), which is dropped, not appended to."""
+def _kept_on_resume(line: str, step: int) -> bool:
+    """Rows up to the checkpoint's step are kept; not a torn line (a crash mid-write), and not
+    the closing row of the run that stopped there (the resumed run's window goes on)."""
     try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
+        row = json.loads(line)
+        return int(row["step"]) <= step and not row.get("closing")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False

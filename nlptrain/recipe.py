@@ -209,7 +209,8 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
     if found is not None:
         with open_durably(run_dir / PREDICTIONS_FILE, "wb") as handle:  # whole or not at all
             np.savez_compressed(handle, outputs=found.outputs, targets=found.labels)
-    plot_run(run_dir)
+    if (run_dir / "metrics.jsonl").is_file():  # (not when no step ran)
+        plot_run(run_dir)
     write_report(run_dir)
     write_model_card(run_dir)
 

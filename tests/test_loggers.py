@@ -7,8 +7,11 @@ import importlib.util
 import json
 
 import pytest
-from nlptrain.callbacks import MetricLogger, TensorBoardLogger
+from nlptrain.callbacks import Checkpointer, MetricLogger, TensorBoardLogger
 from toy_trainer import crash_then_resume, make_trainer
+
+from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+from nlptrain.events import Callback
 
 HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 STEPS = dict(epochs=1, batch_size=4, log_every=1)  # 24 rows: 6 steps, each logged
@@ -51,3 +54,41 @@ def test_metrics_jsonl_after_a_resume_has_each_row_once_and_the_same_means(tmp_p
     assert [(r["kind"], r["step"]) for r in whole] == [("train", 2), ("train", 4), ("train", 6),
                                                        ("eval", 6)]
     assert rows(tmp_path / "run.jsonl") == whole
+
+
+def train_rows(path) -> list[dict]:
+    return [row for row in rows(path) if row["kind"] == "train"]
+
+
+class StopAtStep(Callback):
+    """Asks the run to stop at `step`, as Ctrl-C or an early stop would."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_batch_end(self, trainer) -> None:
+        if trainer.is_update_step and trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+def test_the_runs_end_is_logged_and_a_resume_drops_a_stopped_runs_closing_row(tmp_path,
+                                                                              tiny_model_dir):
+    config = {**STEPS, "log_every": 4}  # 6 steps: a row at step 4, and the end's at step 6
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "whole.jsonl", 4)],
+                 **config).fit()
+    whole = rows(tmp_path / "whole.jsonl")
+    assert [(r["kind"], r["step"], r.get("closing")) for r in whole] == [
+        ("train", 4, None), ("eval", 6, None), ("train", 6, True)]
+
+    folder = tmp_path / "checkpoints"
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "run.jsonl", 4), StopAtStep(2),
+                                            Checkpointer(folder, 3)], **config).fit()
+    # (a stop asked at step 2 ends the run after step 3, whose agreed flags carry it)
+    assert [(r["step"], r.get("closing")) for r in train_rows(tmp_path / "run.jsonl")] == [(3, True)]
+    resumed = make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "run.jsonl", 4),
+                                                      Checkpointer(folder, 3)], **config)
+    load_checkpoint(resumed, list_checkpoints(folder)[-1])
+    resumed.fit()
+    # Step 4's row is the mean of steps 1-4 again. (The stopped run's evaluation at its stop
+    # stays: it was made and written.)
+    assert train_rows(tmp_path / "run.jsonl") == train_rows(tmp_path / "whole.jsonl")

@@ -239,3 +239,17 @@ def test_the_log_and_report_state_the_global_batch(toy_task: Path, tmp_path: Pat
     logged, reported = said
     assert re.search(rf"1 process\(es\) on \S+: {re.escape(logged)}\n", capsys.readouterr().err)
     assert reported in (run / "report.md").read_text()
+
+
+def test_a_run_shorter_than_log_every_without_evaluation_ends_well(toy_task: Path,
+                                                                    tmp_path: Path) -> None:
+    """No validation or test set and fewer steps than log_every: the run's end is still logged,
+    so its plots and report are made and the run ends with 0 (it used to end with 1)."""
+    from nlptrain.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--steps-per-epoch", "3", "--test-file", "", "--test-size", "0"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r["step"], r["closing"]) for r in rows] == [("train", 3, True)]
+    assert (run / "plots" / "training.png").is_file() and (run / "report.md").is_file()
