@@ -112,17 +112,21 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
 # The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
 # cannot load at all): a changed value would be silently ignored.
 OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
+# What orders and cuts an epoch's batches: a resume skips the rows done in that order, so with
+# another order it would train some rows twice and others never.
+DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length")
 
 
 def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Refuse a resume whose optimizer settings differ from the run's (config.json)."""
+    """Refuse a resume whose optimizer or data-order settings differ from the run's."""
     defaults = TrainConfig()  # a run recorded before a key existed had its default
-    changed = [f"{key} {saved.get(key, getattr(defaults, key))!r} -> {train[key]!r}"
-               for key in OPTIMIZER_KEYS if train[key] != saved.get(key, getattr(defaults, key))]
-    if changed:
-        raise ConfigError(f"{folder}: a resume keeps the run's optimizer settings, and these "
-                          f"changed: {', '.join(changed)}; resume with the run's values, or start "
-                          "a new run (another --output-dir) to change them")
+    for keys, what in ((OPTIMIZER_KEYS, "optimizer settings"), (DATA_ORDER_KEYS, "data order")):
+        changed = [f"{key} {saved.get(key, getattr(defaults, key))!r} -> {train[key]!r}"
+                   for key in keys if train[key] != saved.get(key, getattr(defaults, key))]
+        if changed:
+            raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "
+                              f"{', '.join(changed)}; resume with the run's values, or start a "
+                              "new run (another --output-dir) to change them")
 
 
 def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, Any]) -> None:

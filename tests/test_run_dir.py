@@ -163,7 +163,8 @@ def test_model_card_metrics_table_takes_any_scalar_metric() -> None:
 
 def test_a_resume_may_change_the_plan_but_not_the_optimizer(tmp_path: Path) -> None:
     """epochs, cadences and patience may change on resume; lr, scale_lr, weight_decay and
-    layer_lr_decay come back from the checkpoint's optimizer, so a change is refused."""
+    layer_lr_decay come back from the checkpoint's optimizer, and the data order is the one the
+    resume skips into, so a change of either is refused."""
     import copy
 
     from nlptrain.config import TaskConfig
@@ -181,6 +182,13 @@ def test_a_resume_may_change_the_plan_but_not_the_optimizer(tmp_path: Path) -> N
         changed = copy.deepcopy(task)
         changed["train"][key] = value
         with pytest.raises(ConfigError, match=f"optimizer settings, and these changed: {key} "):
+            prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
+    # The order the resume skips into: another would train some rows twice and others never.
+    for key, value in {"seed": 7, "batch_size": 4, "max_tokens": 256, "padding": "max_length",
+                       "group_by_length": False}.items():
+        changed = copy.deepcopy(task)
+        changed["train"][key] = value
+        with pytest.raises(ConfigError, match=f"data order, and these changed: {key} "):
             prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
 
 
