@@ -120,7 +120,8 @@ class TokenBudgetSampler(Sampler[list[int]]):
     Like `ShardedSampler`: one global plan per epoch (seed + epoch), length-grouped in random
     chunks, the batches shuffled, dealt round-robin to the ranks; exactly one pass over the rows;
     every rank gets as many batches (the plan splits its largest batches until the count divides
-    by the world size); a resume skips the first `start` global samples of the plan, with any
+    by the world size, and where only single rows are left, repeats the epoch's first rows); a
+    resume skips the first `start` global samples of the plan, with any
     world size, without reading them.
     """
 
@@ -164,11 +165,11 @@ class TokenBudgetSampler(Sampler[list[int]]):
 
     def plan(self) -> list[np.ndarray]:
         """The batches left in this epoch after `start` samples, their count a multiple of the
-        world size where the rows allow it."""
+        world size."""
         if self._plan is not None:
             return self._plan
-        left, skip = [], self.start
-        for batch in self.global_plan():
+        left, skip, planned = [], self.start, self.global_plan()
+        for batch in planned:
             if skip >= len(batch):
                 skip -= len(batch)
                 continue
@@ -177,9 +178,14 @@ class TokenBudgetSampler(Sampler[list[int]]):
         while len(left) % self.num_replicas:
             largest = max(range(len(left)), key=lambda b: len(left[b]), default=None)
             if largest is None or len(left[largest]) < 2:
-                break  # too few rows to give every rank a batch: the trainer drops the extra
+                break
             batch = left.pop(largest)
             left[largest:largest] = [batch[: len(batch) // 2], batch[len(batch) // 2 :]]
+        if left and len(left) % self.num_replicas:
+            # Single rows that cannot be split among the ranks: the last ranks repeat the epoch's
+            # first rows, as DistributedSampler pads, so that no row is dropped.
+            missing = self.num_replicas - len(left) % self.num_replicas
+            left += [row[None] for row in np.resize(np.concatenate(planned), missing)]
         self._plan = left
         return left
 

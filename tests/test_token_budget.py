@@ -129,3 +129,18 @@ def test_a_budget_below_the_longest_row_is_refused(tmp_path, tiny_model_dir, pad
     loader = train_loader(train, TrainConfig(max_tokens=longest), 1, 0, Collator(0, pad_to),
                           torch.device("cpu"))
     assert sum(len(batch["labels"]) for batch in loader) == len(train)
+
+
+@pytest.mark.parametrize("world, start", [(2, 0), (3, 0), (3, 149)])
+def test_single_row_batches_that_cannot_be_dealt_evenly_repeat_rows_never_drop_them(world, start):
+    """Rows as long as the budget come one to a batch: 151 of them (or the 2 a resume leaves)
+    do not divide among the ranks, and the last ranks repeat the epoch's first rows."""
+    lengths = np.full(151, 32)
+    per_rank = ranks(world, lengths, max_tokens=32, start=start)
+    assert len({len(batches) for batches in per_rank}) == 1
+    rows = [row for batches in per_rank for batch in batches for row in batch]
+    planned = [row for batch in TokenBudgetSampler(lengths, 32, seed=7).global_plan()
+               for row in batch]
+    assert set(planned[start:]) <= set(rows)  # every row left, none dropped
+    assert len(rows) == -(-(151 - start) // world) * world  # as few repeats as can be,
+    assert set(rows) <= set(planned[start:]) | set(planned[:world])  # of the epoch's first rows
