@@ -67,6 +67,8 @@ def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, va
     ("text\tlabel\nok\tpos\nso\tso\tneg\n", r"a\.tsv:3: 3 columns, but the header has 2; a text "
                                              r"holding a tab\? Replace it by a space"),
     ("text\tlabel\n\n\n", r"a\.tsv: data file holds no rows"),
+    ("text\tlabel\tlabel\nhello\tpos\tneg\n", r"a\.tsv:1: the header names 2 columns 'label' "
+                                             r"\(label\); rename all but one"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, content, message):
     with pytest.raises(DataError, match=message):
@@ -166,3 +168,21 @@ def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):
     with pytest.raises(DataError, match=r"a\.csv:3: a quoted cell that starts in this row is never "
                                         r"closed"):
         read(tmp_path, "a.csv", content)
+
+
+@pytest.mark.parametrize(("record", "message"), [
+    ({"text": ["a", "b"], "label": "pos"}, r"b\.jsonl:2: the text is a list \(\['a', 'b'\]\), not a string"),
+    ({"text": {"x": 1}, "label": "neg"}, r"b\.jsonl:2: the text is a dict"),
+    ({"text": "ho", "label": {"a": 1}}, r"b\.jsonl:2: the label is a dict .* not a label or a list"),
+    ({"text": "ho", "label": [["pos"]]}, r"b\.jsonl:2: the label is a list"),
+])
+def test_a_json_container_where_a_text_or_label_belongs_is_refused_not_stringified(tmp_path, record,
+                                                                                   message):
+    lines = [json.dumps({"text": "hi", "label": "pos"}), json.dumps(record)]
+    with pytest.raises(DataError, match=message):
+        read(tmp_path, "b.jsonl", "\n".join(lines) + "\n")
+
+
+def test_an_unknown_format_of_one_file_is_refused_naming_it(tmp_path):
+    with pytest.raises(DataError, match=r"p\.parquet: unknown format 'Parquet'; use auto, tsv, csv"):
+        read(tmp_path, "p.parquet", b"PAR1", format="Parquet")

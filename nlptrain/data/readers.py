@@ -22,8 +22,14 @@ FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "
                      ".parquet": "parquet"}
 
 
+FORMATS = ("tsv", "csv", "jsonl", "parquet", "lines")
+
+
 def format_of(spec: FileSpec) -> str:
     if spec.format != "auto":
+        if spec.format not in FORMATS:  # (a per-file table's format is not checked with [data]'s)
+            raise DataError(f"{spec.path}: unknown format '{spec.format}'; use auto, "
+                            f"{', '.join(FORMATS)}")
         return spec.format
     suffix = Path(spec.path).suffix.lower()
     if suffix not in FORMATS_BY_SUFFIX:
@@ -66,6 +72,9 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
                         f"give a 0-based column index or set header = true")
     if name not in header:
         raise DataError(f"{path}:1: no {role} column '{name}' in the header {header}; {fix}")
+    if header.count(name) > 1:  # which one is meant cannot be told
+        raise DataError(f"{path}:1: the header names {header.count(name)} columns '{name}' "
+                        f"({role}); rename all but one")
     return header.index(name)
 
 
@@ -80,6 +89,15 @@ class Row(NamedTuple):
 def checked_row(cells: dict[str, object], path: Path, line: int) -> Row:
     """A Row from the cells of one record (roles text, pair, label), each checked."""
     text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
+    # JSONL and Parquet cells have types: a list or an object is no text, and str() of it
+    # would train on its Python repr (or make one label class of it).
+    for role, value in (("text", text), ("second text", pair), ("label", label)):
+        nested = isinstance(value, dict) or (isinstance(value, list) and (
+            role != "label" or any(isinstance(v, (list, dict)) for v in value)))
+        if nested:
+            raise DataError(f"{path}:{line}: the {role} is a {type(value).__name__} "
+                            f"({str(value)[:60]}), not " + ("a string" if role != "label" else
+                                                            "a label or a list of labels"))
     if text is None or not str(text).strip():
         raise DataError(f"{path}:{line}: the row has no text")
     if "pair" in cells and (pair is None or not str(pair).strip()):
