@@ -92,6 +92,11 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     kind = kind or SingleLabel()
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
+    depth = getattr(load_config(name), "num_hidden_layers", None)
+    if num_hidden_layers and depth is not None and num_hidden_layers > depth:
+        # transformers would add the missing layers, randomly initialised, without a word.
+        raise ConfigError(f"num_hidden_layers {num_hidden_layers}: {name} has {depth} encoder "
+                          f"layers; keep at most {depth} (0: all)")
     model = AutoModelForSequenceClassification.from_pretrained(
         str(resolve_model_path(name)),
         num_labels=kind.output_size(label_names),
@@ -148,6 +153,18 @@ def check_max_length(model: Any, max_length: int, source: str) -> None:
             f"of max_position_embeddings {embeddings}, numbered from pad_token_id + 1"
         raise ConfigError(f"{source}: max_length {max_length} is more than the model's "
                           f"{positions} positions ({why}); use at most {positions}")
+
+
+def check_room_for_text(tokenizer: Any, max_length: int, pair: bool, source: str) -> None:
+    """Refuse a max_length that leaves a text no token beside the tokenizer's special ones: the
+    tokenizer then does not truncate at all (a long row fails mid-epoch in the model), or keeps
+    only [CLS] [SEP] (training on no text)."""
+    least = tokenizer.num_special_tokens_to_add(pair=pair) + (2 if pair else 1)
+    if max_length < least:
+        raise ConfigError(f"{source}: max_length {max_length} leaves no room for the text"
+                          f"{'s' if pair else ''}: the tokenizer adds "
+                          f"{tokenizer.num_special_tokens_to_add(pair=pair)} special tokens; use "
+                          f"at least {least} (a useful length is far more, e.g. 128)")
 
 
 def load_saved_model(name: str) -> Any:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain import distributed, kinds, losses, precision
+from nlptrain import distributed, kinds, losses, models, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.config import TaskConfig
+from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import open_durably, write_text
 from nlptrain.environments import Environment
@@ -75,6 +75,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
     tokenizer = load_tokenizer(task.model.name)
     check_max_length(load_config(task.model.name), task.model.max_length, f"task {task.name} [model]")
+    train_file = file_spec(task, "train")
+    models.check_room_for_text(tokenizer, task.model.max_length, bool(
+        train_file and train_file.text_pair_column != ""), f"task {task.name} [model]")
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
     config = task.train
     if task.data.streaming:  # rows counted once; every rank takes one pass of the shortest share
@@ -192,7 +195,6 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
     results.json (with the data sizes), predictions.npz (the test set's outputs and targets),
     plots/*.png, report.md and model/README.md (the model card), the last three rebuilt from
     files."""
-    from nlptrain.config import file_spec
     from nlptrain.model_card import write_model_card
     from nlptrain.plots import PREDICTIONS_FILE, plot_run
     from nlptrain.report import write_report

@@ -109,6 +109,24 @@ def test_a_max_length_beyond_the_models_positions_is_refused_before_the_run(caps
 
 
 
+@pytest.mark.parametrize("length", ["1", "2"])
+def test_a_max_length_that_leaves_no_room_for_text_is_refused_before_the_run(capsys, toy_task,
+                                                                            tmp_path, length):
+    # 1: the tokenizer would not truncate at all (a long row fails mid-epoch); 2: [CLS] [SEP] only.
+    code, err = train(capsys, toy_task, tmp_path / "run", "--max-length", length)
+    assert code == 1 and "Traceback" not in err
+    assert (f"task toy [model]: max_length {length} leaves no room for the text: the tokenizer "
+            "adds 2 special tokens; use at least 3") in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_more_layers_than_the_model_has_are_refused_not_added_at_random(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--num-hidden-layers", "3")
+    assert code == 1 and "Traceback" not in err
+    assert "num_hidden_layers 3: " in err and "has 2 encoder layers; keep at most 2 (0: all)" in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_robertas_positions_from_pad_token_id_plus_one_are_counted():
     # RoBERTa numbers positions from pad_token_id + 1: of 34 embeddings 32 take tokens, and a
     # 33-token row fails in the forward pass, so max_length 33 must be refused.
