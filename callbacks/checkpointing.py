@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nlptrain.checkpoint import checkpoint_name, save_checkpoint
+from nlptrain.checkpoint import PREFIX, checkpoint_name, save_checkpoint, step_folders
 from nlptrain.errors import Interrupted
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
+
+log = logging.getLogger("nlptrain")
 
 
 class Checkpointer(Callback):
@@ -31,6 +35,23 @@ class Checkpointer(Callback):
         if trainer.global_step != self.last_saved_step:
             save_checkpoint(trainer, self.folder / checkpoint_name(trainer.global_step), self.keep)
             self.last_saved_step = trainer.global_step
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        trainer.dist.on_main(lambda: self.set_aside_later_steps(trainer.global_step))
+
+    def set_aside_later_steps(self, start: int) -> None:
+        """Checkpoints in the folder past the step this run starts from are another run's (the
+        one this resume branches off at an earlier step, or an older run): numbered higher,
+        they would outlive this run's own in pruning and be what the next restart resumes from.
+        They are renamed `step-N-set-aside-TIME`, names nlptrain neither lists nor prunes."""
+        later = [p for p in step_folders(self.folder) if int(p.name[len(PREFIX):]) > start]
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for folder in later:
+            folder.rename(folder.with_name(f"{folder.name}-set-aside-{stamp}"))
+        if later:
+            log.warning("%s: %s past step %d, where this run starts, set aside as *-set-aside-%s "
+                        "(kept; another run's, which a restart must not resume)", self.folder,
+                        ", ".join(p.name for p in later), start, stamp)
 
     def on_batch_end(self, trainer: Trainer) -> None:
         due = trainer.is_update_step and self.every and trainer.global_step % self.every == 0

@@ -116,7 +116,7 @@ def writing(folder: Path) -> Iterator[Path]:
 
 def prune_checkpoints(newest: Path, keep: int) -> None:
     """Leave `keep` checkpoints beside `newest`, the one just written among them: the others
-    go, oldest first (a newer-numbered one that a resume skipped as damaged may stay)."""
+    go, oldest first. (The Checkpointer has set aside any numbered past where the run began.)"""
     others = [p for p in list_checkpoints(newest.parent) if p != newest]
     for old in others[: max(len(others) - (keep - 1), 0)]:
         shutil.rmtree(old, ignore_errors=True)

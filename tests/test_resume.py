@@ -309,3 +309,29 @@ def test_the_library_resumes_from_a_checkpointers_folder_in_the_runs_precision(
     with pytest.raises(CheckpointError, match=r"step-00000002/state.pt: damaged \(size 9 of \d+ "
                                               r"bytes\): cannot resume from"):
         make_trainer(tmp_path, tiny_model_dir, [], resume_from=folder / "step-00000002")
+
+
+def test_a_resume_from_an_earlier_step_sets_the_later_ones_aside(tmp_path, tiny_model_dir):
+    """Going back to step 4 of a 12-step run in the same folder: steps 6-12 are the abandoned
+    run's. Left as they were, they outlived this run's own checkpoints in pruning, and the next
+    restart resumed the abandoned run; now they are renamed aside, kept, never resumed."""
+    from toy_trainer import RaiseAfterStep
+
+    from nlptrain.checkpoint import checkpoint_to_resume
+    from nlptrain.distributed import SingleProcess
+
+    folder = tmp_path / "checkpoints"
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2, keep=0)],
+                 batch_size=4).fit()  # 24 rows: 6 steps an epoch, 2 epochs
+    assert [p.name for p in list_checkpoints(folder)][-1] == "step-00000012"
+    branch = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2, keep=3),
+                                                     RaiseAfterStep(7)],
+                          batch_size=4, resume_from=folder / "step-00000004")
+    with pytest.raises(RuntimeError, match="crash after step 7"):
+        branch.fit()
+    assert [p.name for p in list_checkpoints(folder)] == ["step-00000002", "step-00000004",
+                                                          "step-00000006"]  # keep=3
+    assert checkpoint_to_resume(folder, SingleProcess()).name == "step-00000006"
+    aside = sorted(p.name.split("-set-aside-")[0] for p in folder.glob("step-*-set-aside-*"))
+    assert aside == ["step-00000006", "step-00000008", "step-00000010", "step-00000012"]
+    assert all((p / "meta.json").is_file() for p in folder.glob("step-*-set-aside-*"))
