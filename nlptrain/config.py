@@ -285,6 +285,8 @@ def validate(task: TaskConfig, source: str) -> None:
                                       "per-rank files ([data] train_shards)") + ": use batch_size")
     if not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
+    if not 0 < task.data.threshold < 1:  # a probability: 0 predicts every label, 1 none
+        raise ConfigError(f"{source}: [data] threshold must be between 0 and 1 (a probability)")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 

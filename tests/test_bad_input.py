@@ -322,3 +322,10 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     assert code == 1
     assert "error: callback Notify.on_valid_end(trainer) cannot take the event's arguments" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
+def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
+    code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
+    assert code == 1 and "[data] threshold must be between 0 and 1 (a probability)" in err, err
+    assert not (tmp_path / "run").exists()
