@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from nlptrain.config import DATA_ORDER_KEYS
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
 from nlptrain.errors import CheckpointError
@@ -75,7 +76,8 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
              "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
             "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
-            "metric_for_best": trainer.metric_for_best}
+            "metric_for_best": trainer.metric_for_best,
+            "data_order": {key: getattr(trainer.config, key) for key in DATA_ORDER_KEYS}}
 
     def write() -> None:
         with writing(folder) as staging:
@@ -213,6 +215,13 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                               f"{meta['metric_for_best']!r}; resume with that metric_for_best, not "
                               f"{trainer.metric_for_best!r} (its scores would be compared with the "
                               "other metric's)")
+    changed = [f"{key} {value!r} -> {getattr(trainer.config, key)!r}"
+               for key, value in meta.get("data_order", {}).items()
+               if getattr(trainer.config, key) != value]
+    if changed:
+        raise CheckpointError(f"{folder}: the resume would skip the rows done in another data "
+                              f"order ({', '.join(changed)}): some rows would be trained twice, "
+                              "others never; resume with the run's values")
     if meta.get("precision", trainer.config.precision) != trainer.config.precision:
         log.warning("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
                     trainer.config.precision)

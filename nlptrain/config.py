@@ -243,6 +243,12 @@ def _set_file_key(task: TaskConfig, which: str, key: str, value: Any, source: st
     setattr(task.data, which, {**table, key: value})
 
 
+# What orders and cuts an epoch's batches: a resume skips the rows done in that order, so with
+# another order it would train some rows twice and others never (checked by the CLI against
+# config.json and by load_checkpoint against the checkpoint).
+DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length")
+
+
 CHOICES = {
     ("data", "format"): {"auto", "tsv", "csv", "jsonl", "parquet", "lines"},
     ("data", "uneven_shards"): {"drop", "wrap"},

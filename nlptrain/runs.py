@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import TrainConfig
+from nlptrain.config import DATA_ORDER_KEYS, TrainConfig
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
@@ -112,9 +112,6 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
 # The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
 # cannot load at all): a changed value would be silently ignored.
 OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
-# What orders and cuts an epoch's batches: a resume skips the rows done in that order, so with
-# another order it would train some rows twice and others never.
-DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length")
 
 
 def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:

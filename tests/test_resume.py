@@ -173,10 +173,11 @@ def test_a_checkpoint_of_another_task_is_refused(toy_task, tmp_path, tiny_model_
     trainer.label_names = ["neg", "neutral"]
     with pytest.raises(CheckpointError, match="made for another model or task .labels"):
         load_checkpoint(trainer, list_checkpoints(run / "checkpoints")[-1])
-    # The same model type, width, depth and labels, but other shapes (a wider feed-forward).
+    # The same model type, width, depth and labels, but other shapes (a wider feed-forward); the
+    # run's batch_size, so that its data order is not what is refused.
     config = BertConfig(**{**load_model(str(tiny_model_dir), ["neg", "pos"]).config.to_dict(),
                            "intermediate_size": 48})
-    other = Trainer(BertForSequenceClassification(config), config=TrainConfig())
+    other = Trainer(BertForSequenceClassification(config), config=TrainConfig(batch_size=8))
     with pytest.raises(CheckpointError, match="weights do not fit this model .size mismatch for "):
         load_checkpoint(other, list_checkpoints(run / "checkpoints")[-1])
 
@@ -335,3 +336,13 @@ def test_a_resume_from_an_earlier_step_sets_the_later_ones_aside(tmp_path, tiny_
     aside = sorted(p.name.split("-set-aside-")[0] for p in folder.glob("step-*-set-aside-*"))
     assert aside == ["step-00000006", "step-00000008", "step-00000010", "step-00000012"]
     assert all((p / "meta.json").is_file() for p in folder.glob("step-*-set-aside-*"))
+
+
+def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_model_dir):
+    folder = tmp_path / "checkpoints"
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2)], batch_size=4,
+                 epochs=1).fit()
+    with pytest.raises(CheckpointError, match=r"another data order \(batch_size 4 -> 8\): some "
+                                              r"rows would be trained twice, others never"):
+        make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
+    make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
