@@ -67,6 +67,8 @@ def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, va
     ("text\tlabel\nok\tpos\nso\tso\tneg\n", r"a\.tsv:3: 3 columns, but the header has 2; a text "
                                              r"holding a tab\? Replace it by a space"),
     ("text\tlabel\n\n\n", r"a\.tsv: data file holds no rows"),
+    ("text\tlabel\rhello\tpos\rbye\tneg\r", r"a\.tsv:1: a carriage return \(\\r\) inside the "
+                                           r"line: the file's line ends are probably CR alone"),
     ("text\tlabel\tlabel\nhello\tpos\tneg\n", r"a\.tsv:1: the header names 2 columns 'label' "
                                              r"\(label\); rename all but one"),
 ])

@@ -61,7 +61,12 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
                 raise DataError(
                     f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not "
                     "UTF-8; convert the file, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
-            yield number, text.rstrip("\r\n")
+            text = text.rstrip("\r\n")
+            if "\r" in text:  # a CR alone ends no line here: the whole file would read as one
+                raise DataError(f"{path}:{number}: a carriage return (\\r) inside the line: the "
+                                "file's line ends are probably CR alone (classic Mac); convert "
+                                "them, e.g. tr '\\r' '\\n' < IN > OUT")
+            yield number, text
 
 
 def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str) -> int:
