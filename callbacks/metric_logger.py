@@ -1,9 +1,9 @@
 """Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps and at the
 run's end (loss, lr, throughput and, when clipping, the step's gradient norm before clipping)
-and one row per evaluation. One JSON object a line, so a crashed run keeps every line written so far; a
-resume first drops the rows past its checkpoint's step (the crashed run wrote them, the resumed
-run writes them again) and goes on with the checkpoint's loss window, so the file ends as that
-of the run never stopped."""
+and one row per evaluation. One JSON object a line, so a crashed run keeps every line written
+so far; a resume first drops the rows past its checkpoint's step (the crashed run wrote them,
+the resumed run writes them again) and goes on with the checkpoint's loss window, so the file
+ends as that of the run never stopped."""
 
 from __future__ import annotations
 

@@ -159,12 +159,12 @@ def check_room_for_text(tokenizer: Any, max_length: int, pair: bool, source: str
     """Refuse a max_length that leaves a text no token beside the tokenizer's special ones: the
     tokenizer then does not truncate at all (a long row fails mid-epoch in the model), or keeps
     only [CLS] [SEP] (training on no text)."""
-    least = tokenizer.num_special_tokens_to_add(pair=pair) + (2 if pair else 1)
+    special = tokenizer.num_special_tokens_to_add(pair=pair)
+    least = special + (2 if pair else 1)
     if max_length < least:
         raise ConfigError(f"{source}: max_length {max_length} leaves no room for the text"
-                          f"{'s' if pair else ''}: the tokenizer adds "
-                          f"{tokenizer.num_special_tokens_to_add(pair=pair)} special tokens; use "
-                          f"at least {least} (a useful length is far more, e.g. 128)")
+                          f"{'s' if pair else ''}: the tokenizer adds {special} special tokens; "
+                          f"use at least {least} (a useful length is far more, e.g. 128)")
 
 
 def load_saved_model(name: str) -> Any:

@@ -186,5 +186,6 @@ def test_a_json_container_where_a_text_or_label_belongs_is_refused_not_stringifi
 
 
 def test_an_unknown_format_of_one_file_is_refused_naming_it(tmp_path):
-    with pytest.raises(DataError, match=r"p\.parquet: unknown format 'Parquet'; use auto, tsv, csv"):
+    with pytest.raises(DataError, match=r"p\.parquet: unknown format 'Parquet'; use one of "
+                                         r"auto, csv, jsonl, lines, parquet, tsv"):
         read(tmp_path, "p.parquet", b"PAR1", format="Parquet")

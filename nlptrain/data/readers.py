@@ -15,21 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from nlptrain.config import FileSpec
+from nlptrain.config import CHOICES, FileSpec
 from nlptrain.errors import DataError
 
 FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
                      ".parquet": "parquet"}
 
 
-FORMATS = ("tsv", "csv", "jsonl", "parquet", "lines")
-
-
 def format_of(spec: FileSpec) -> str:
     if spec.format != "auto":
-        if spec.format not in FORMATS:  # (a per-file table's format is not checked with [data]'s)
-            raise DataError(f"{spec.path}: unknown format '{spec.format}'; use auto, "
-                            f"{', '.join(FORMATS)}")
+        formats = CHOICES[("data", "format")]  # a per-file table's is not checked with [data]'s
+        if spec.format not in formats:
+            raise DataError(f"{spec.path}: unknown format '{spec.format}'; use one of "
+                            f"{', '.join(sorted(formats))}")
         return spec.format
     suffix = Path(spec.path).suffix.lower()
     if suffix not in FORMATS_BY_SUFFIX:
