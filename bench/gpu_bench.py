@@ -44,7 +44,8 @@ PEAK_TFLOPS = [
 ]
 
 
-LOOP_NAMES = {"bare": "bare step", "nlptrain": "nlptrain Trainer.fit", "hf": "transformers.Trainer"}
+LOOP_NAMES = {"bare": "bare step", "nlptrain": "nlptrain Trainer.fit", "hf": "transformers.Trainer",
+              "bare+compile": "bare step, compiled", "nlptrain+compile": "nlptrain, compile = true"}
 
 
 def peak_tflops(name: str) -> float | None:
@@ -131,6 +132,9 @@ def main() -> int:
                    help="per-GPU batches: 16 is the benchmark's job, 256 fills the GPU")
     p.add_argument("--loops", default="bare,nlptrain,hf",
                    help="bare (the hand-written step), nlptrain (Trainer.fit), hf (transformers.Trainer)")
+    p.add_argument("--compiled-at", default="bert-base:256",
+                   help="MODEL:BATCH,...: where the bare and nlptrain loops also run under "
+                   "torch.compile ('': nowhere; each compile takes tens of seconds)")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--warmup", type=int, default=10)
@@ -171,9 +175,12 @@ def main() -> int:
           f"{args.seq} positions are real tokens); torch {torch.__version__}", flush=True)
     results = []
     loops = args.loops.split(",")
+    compiled_at = {tuple(pair.split(":")) for pair in args.compiled_at.split(",") if pair}
     for model_name in args.models.split(","):
         for batch in (int(b) for b in args.batch_sizes.split(",")):
-            for loop in loops:  # side by side: the same model, rows and batch, one after another
+            compiled = [f"{loop}+compile" for loop in loops if loop in ("bare", "nlptrain")
+                        and (model_name, str(batch)) in compiled_at]
+            for loop in loops + compiled:  # side by side: the same model, rows and batch
                 if time.perf_counter() - begin > args.time_budget:
                     print(f"time budget spent: skipping {model_name} batch {batch} {loop}")
                     continue
@@ -194,10 +201,12 @@ def main() -> int:
     print("\n| model | loop | params M (non-emb) | batch x seq | samples/s | vs bare | TFLOP/s | MFU |"
           " useful MFU | MFU 6PT | peak mem GB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    bare = {(r["model"], r["batch"]): r["samples_s"] for r in results if r["loop"] == "bare"}
+    # "vs bare": against the bare step compiled alike (eager loops against the eager step)
+    bare = {(r["model"], r["batch"], r["loop"].endswith("+compile")): r["samples_s"]
+            for r in results if r["loop"] in ("bare", "bare+compile")}
     for r in results:
         mem = "-" if r["mem_gb"] is None else f"{r['mem_gb']:.1f}"
-        base = bare.get((r["model"], r["batch"]))
+        base = bare.get((r["model"], r["batch"], r["loop"].endswith("+compile")))
         ratio = f"{r['samples_s'] / base:.3f}" if base else "-"
         print(f"| {r['model']} | {LOOP_NAMES[r['loop']]} | {r['params_m']:.1f} ({r['non_embed_m']:.1f}) | "
               f"{r['batch']} x {r['seq']} | {r['samples_s']:.1f} | {ratio} | "

@@ -2,7 +2,9 @@
 
 - `bare`: the tight hand-written step (autocast, fused AdamW, pinned rows, non-blocking copies);
 - `nlptrain`: nlptrain's own loop, `Trainer(...).fit()`, with its defaults on the device;
-- `hf`: `transformers.Trainer`, bf16 and fused AdamW, pinned memory.
+- `hf`: `transformers.Trainer`, bf16 and fused AdamW, pinned memory;
+- `bare+compile`, `nlptrain+compile`: the first two with the model under `torch.compile`
+  (nlptrain's `compile = true`); the compiling falls in the untimed warm-up steps.
 
 All three do the same work per step: every row padded to `seq` tokens, AdamW at lr 2e-5 without
 weight decay, no gradient clipping, no warm-up. Each runs `warmup` untimed steps, then `steps`
@@ -12,6 +14,7 @@ timed ones between two device synchronizations, and returns the timed seconds.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any
 
@@ -53,8 +56,10 @@ def rows_for(data: tuple, batch: int, total_steps: int) -> tuple[torch.Tensor, .
 
 
 def bare(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.device,
-         dtype: torch.dtype | None) -> float:
+         dtype: torch.dtype | None, compile: bool = False) -> float:
     ids, mask, labels = rows_for(data, batch, warmup + steps)
+    if compile:
+        model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.0,
                                   fused=device.type == "cuda" or None)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
@@ -79,7 +84,7 @@ def bare(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.
 
 
 def nlptrain(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.device,
-             dtype: torch.dtype | None) -> float:
+             dtype: torch.dtype | None, compile: bool = False) -> float:
     from nlptrain import Callback, TrainConfig, Trainer
     from nlptrain.data import Collator, TokenizedDataset
 
@@ -96,7 +101,8 @@ def nlptrain(model, data: tuple, batch: int, warmup: int, steps: int, device: to
 
     precision = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}[dtype]
     config = TrainConfig(epochs=1, batch_size=batch, lr=2e-5, weight_decay=0.0, warmup_ratio=0.0,
-                         max_grad_norm=0.0, precision=precision, group_by_length=False)
+                         max_grad_norm=0.0, precision=precision, group_by_length=False,
+                         compile=compile)
     trainer = Trainer(model, rows, None, config=config, callbacks=[Clock()],
                       collate=Collator(0, pad_to=ids.shape[1]))
     trainer.fit()
@@ -136,4 +142,6 @@ def hf(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.de
     return clock.seconds
 
 
-LOOPS = {"bare": bare, "nlptrain": nlptrain, "hf": hf}
+LOOPS = {"bare": bare, "nlptrain": nlptrain, "hf": hf,
+         "bare+compile": functools.partial(bare, compile=True),
+         "nlptrain+compile": functools.partial(nlptrain, compile=True)}

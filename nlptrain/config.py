@@ -102,6 +102,9 @@ class TrainConfig:
     max_tokens: int = opt(0, "build batches by a token budget instead of batch_size rows: as many "
                           "rows as fit in N padded tokens (rows x longest), length-grouped, "
                           "shuffled (0: off)")
+    compile: bool = opt(False, "torch.compile the model (GPU: fuses the small ops between the "
+                        "matmuls; the first steps of each new shape wait for the compiler; on "
+                        "CPUs measured slower, bench/README.md)")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "

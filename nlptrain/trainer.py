@@ -90,6 +90,8 @@ class Trainer(ProgressCounters):
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
+        if self.config.compile:  # in place: the weights keep their names (checkpoints, export)
+            model.compile()
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.train_data, self.eval_data = train_data, eval_data
         pad_id = getattr(model_config, "pad_token_id", None) or 0

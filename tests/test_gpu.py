@@ -120,3 +120,24 @@ def test_the_step_reads_its_flags_a_step_late_through_pinned_memory(tmp_path, ti
     assert pinned == [True, True, True]
     final = trainer.unwrapped_model.state_dict()
     assert all(torch.equal(final[k], after[2][k]) for k in final)
+
+
+def test_compile_on_the_gpu_trains_like_eager(tmp_path, tiny_model_dir):
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = load_model(str(tiny_model_dir), ["neg", "pos"])
+        for module in model.modules():  # compiled dropout draws other random numbers than eager
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+        model.config.attention_probs_dropout_prob = 0.0
+        trainer = Trainer(model, train, test, config=TrainConfig(
+            epochs=2, batch_size=8, lr=1e-3, precision="fp32", compile=compiled))
+        try:
+            losses[compiled] = trainer.fit()["loss"]
+        finally:
+            trainer.close()
+        assert next(trainer.unwrapped_model.parameters()).device.type == "cuda"
+        assert (trainer.unwrapped_model._compiled_call_impl is not None) == compiled
+    assert abs(losses[True] - losses[False]) <= 1e-3 * abs(losses[False])
