@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 echo "== 1. throughput and MFU: bare step, nlptrain, transformers.Trainer (bf16, fused AdamW) =="
 loops="bare,nlptrain"
 "$PY" -c "import accelerate" 2>/dev/null && loops="bare,nlptrain,hf"
-timeout 300 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 260 --loops "$loops" \
+timeout 270 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 230 --loops "$loops" \
   || echo "gpu_bench.py failed or ran out of time (rc $?)"
 
 echo "== 2. bench/run.py on 1 GPU, the full rt-polarity epoch, each contender as it comes =="
@@ -46,9 +46,9 @@ else
   contenders="a,d,g"
   # transformers.Trainer needs accelerate; leave (b) out rather than fail without it.
   "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,d,g"
-  left=$(( 480 - (SECONDS - start) ))
+  left=$(( 450 - (SECONDS - start) ))
   if [ "$left" -lt 60 ]; then
-    echo "skipped: under a minute left of the 8"
+    echo "skipped: under a minute left of the 7.5"
   else
     timeout "$left" "$PY" bench/run.py --rounds 1 --nproc 1 --threads 4 \
       --contenders "$contenders" --data-dir "$DATA_DIR" --timeout 150 \
@@ -56,5 +56,5 @@ else
   fi
 fi
 echo "== 3. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export, compile) =="
-timeout 180 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
+timeout 120 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
 echo "gpu.sh: $(( SECONDS - start )) s in all"
