@@ -120,3 +120,22 @@ def test_a_resume_in_another_explicit_precision_goes_on_as_asked(tiny_model_dir,
     again = make_trainer(tmp_path, tiny_model_dir, [], epochs=3, precision="fp16")
     load_checkpoint(again, tmp_path / "fp16")
     assert again.scaler.state_dict() == resumed.scaler.state_dict()
+
+
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available:UserWarning")
+def test_a_half_precision_forward_on_a_gpu_leaves_cudnn_attention_out_and_restores_it():
+    """cuDNN's attention builds a plan per new batch shape (dynamic padding meets dozens): every
+    bf16/fp16 forward on a GPU runs without it; fp32 and CPU forwards change nothing."""
+    from nlptrain.evaluate import autocast
+
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
+             torch.backends.cuda.mem_efficient_sdp_enabled)
+    before = [flag() for flag in flags]
+    assert before[0], "torch's default: cuDNN attention allowed"
+    for precision in ("bf16", "fp16"):
+        with autocast(torch.device("cuda"), precision):
+            assert [flag() for flag in flags] == [False, True, True]
+        assert [flag() for flag in flags] == before
+    for device, precision in (("cuda", "fp32"), ("cpu", "bf16")):
+        with autocast(torch.device(device), precision):
+            assert [flag() for flag in flags] == before
