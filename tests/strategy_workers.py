@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from conftest import REPO, SHARED_DATA, write_toy_tsv
 from nlptrain.callbacks import FGM, Checkpointer, Freeze, GradClip
+from toy_trainer import model_without_dropout
 from transformers import AutoTokenizer
 
 from nlptrain import Callback, DistTrainer, TrainConfig, distributed
@@ -193,17 +194,12 @@ def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
 
 def compile_worker(rank: int, world: int, folder: str, model_dir: str, strategy: str,
                    compiled: bool) -> tuple[float, bool]:
-    """One epoch of the toy task under `strategy`, eager or compiled, dropout off (compiled
-    dropout draws other random numbers): the evaluation loss, and whether the model ran compiled."""
+    """One epoch of the toy task under `strategy`, eager or compiled, dropout off: the evaluation
+    loss, and whether the model ran compiled."""
     dist = distributed.from_env(120)
     own = Path(folder) / f"rank{rank}"  # each rank writes its own copy of the toy files
     train, test = toy_set(own, model_dir, "train", 32, 1), toy_set(own, model_dir, "test", 16, 2)
-    torch.manual_seed(0)
-    model = load_model(model_dir, LABELS)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    model.config.attention_probs_dropout_prob = 0.0
+    model = model_without_dropout(model_dir)
     config = TrainConfig(epochs=1, batch_size=4, lr=1e-3, strategy=strategy, compile=compiled,
                          precision="fp32", timeout=120)
     trainer = DistTrainer(model, train, test, config=config, dist=dist)

@@ -7,22 +7,16 @@ import pytest
 import torch
 from ddp import run_ranks
 from strategy_workers import compile_worker
-from toy_trainer import toy_datasets
+from toy_trainer import model_without_dropout, toy_datasets
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.models import load_model
 
 
 def test_compile_trains_like_eager_and_keeps_the_weight_names(tmp_path, tiny_model_dir):
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     runs = {}
     for compiled in (False, True):
-        torch.manual_seed(0)
-        model = load_model(str(tiny_model_dir), ["neg", "pos"])
-        for module in model.modules():  # compiled dropout draws other random numbers than eager
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        model.config.attention_probs_dropout_prob = 0.0
+        model = model_without_dropout(tiny_model_dir)
         config = TrainConfig(epochs=1, batch_size=8, lr=1e-3, precision="fp32", compile=compiled)
         trainer = Trainer(model, train, test, config=config)
         try:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import free_port, run_cli
-from toy_trainer import toy_datasets
+from toy_trainer import model_without_dropout, toy_datasets
 
 from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
 from nlptrain.data import Collator
@@ -126,12 +126,7 @@ def test_compile_on_the_gpu_trains_like_eager(tmp_path, tiny_model_dir):
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     losses = {}
     for compiled in (False, True):
-        torch.manual_seed(0)
-        model = load_model(str(tiny_model_dir), ["neg", "pos"])
-        for module in model.modules():  # compiled dropout draws other random numbers than eager
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-        model.config.attention_probs_dropout_prob = 0.0
+        model = model_without_dropout(tiny_model_dir)
         trainer = Trainer(model, train, test, config=TrainConfig(
             epochs=2, batch_size=8, lr=1e-3, precision="fp32", compile=compiled))
         try:

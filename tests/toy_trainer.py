@@ -54,6 +54,18 @@ def toy_datasets(tmp_path: Path, model_dir: Path, rows: int = 24, test_rows: int
     return out
 
 
+def model_without_dropout(model_dir: Path | str) -> torch.nn.Module:
+    """The tiny BERT, seeded, with every dropout off: compiled dropout draws other random numbers
+    than eager, so only runs without it can be compared number for number."""
+    torch.manual_seed(0)
+    model = load_model(str(model_dir), ["neg", "pos"])
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    model.config.attention_probs_dropout_prob = 0.0
+    return model
+
+
 def make_trainer(tmp_path, tiny_model_dir, callbacks, resume_from=None, **config):
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     torch.manual_seed(0)
