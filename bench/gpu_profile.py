@@ -2,7 +2,7 @@
 kernels and host work of nlptrain's loop beside the bare step. One GPU, under a minute.
 
 1. Attention: which SDPA kernel runs a bf16 MiniLM step (torch's own choice, then nlptrain's
-   forward context, `nlptrain.evaluate.autocast`), what the first step at each new sequence
+   forward context, `nlptrain.precision.autocast`), what the first step at each new sequence
    length costs in each (dynamic padding meets dozens of lengths an epoch), the steady step at
    one length, and BERT-base at batch 256 x 128 in both (is the kernel left out faster there?).
 2. Loops: torch.profiler over the bare step and nlptrain's `Trainer.fit` on MiniLM at batch 16
@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_bench  # noqa: E402
 import gpu_loops  # noqa: E402
-from nlptrain.evaluate import autocast  # noqa: E402
+from nlptrain.precision import autocast  # noqa: E402
 
 ATTENTION_NAMES = ("attention", "fmha", "flash", "cudnn", "sdpa", "mha")
 

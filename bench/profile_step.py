@@ -39,8 +39,8 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from nlptrain import host_memory
-    from nlptrain.evaluate import autocast
     from nlptrain.models import load_model
+    from nlptrain.precision import autocast
 
     torch.set_num_threads(args.threads)
     kept = args.keep_freed_memory and host_memory.keep_freed_memory()

@@ -63,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from nlptrain.evaluate import autocast
+    from nlptrain.precision import autocast
 
     torch.set_num_threads(args.threads)
     print(f"CPU: {common.cpu_model()}, {args.threads} thread(s); MiniLM-L6, batch {args.batch_size}; "

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from nlptrain.errors import ConfigError
-from nlptrain.evaluate import autocast
 from nlptrain.events import Callback
+from nlptrain.precision import autocast
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer

@@ -11,7 +11,6 @@ evaluation give the model the same inputs (`model_inputs`).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import Backend
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind
+from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
 
 
@@ -38,36 +38,6 @@ class Predictions:
     @property
     def predicted(self) -> np.ndarray:
         return self.outputs.argmax(axis=1)
-
-
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
-    """The context of every forward: autocast to `precision`; on a GPU in bf16/fp16 also the
-    attention kernels that suit batches of changing shapes (`attention_kernels`)."""
-    if precision not in ("fp32", "bf16", "fp16"):  # "auto" is decided before (precision.py)
-        raise ValueError(f"autocast needs fp32, bf16 or fp16, not {precision!r}")
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    context = contextlib.ExitStack()
-    context.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
-    if device.type == "cuda":
-        context.enter_context(attention_kernels())
-    return context
-
-
-def attention_kernels() -> contextlib.AbstractContextManager:
-    """Scaled-dot-product attention without cuDNN's kernel. torch tries cuDNN's first on Hopper
-    and Blackwell GPUs in bf16/fp16, and it builds a plan for each new (batch, length) shape,
-    tenths of a second each: dynamic padding meets dozens of shapes an epoch, and on an H200
-    those plans took more time than the training (bench/README.md, "On a GPU"). Flash and
-    memory-efficient attention run any shape at once."""
-    try:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-    except ImportError:  # torch < 2.3: no cuDNN attention either
-        return contextlib.nullcontext()
-    if not hasattr(SDPBackend, "CUDNN_ATTENTION"):
-        return contextlib.nullcontext()
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

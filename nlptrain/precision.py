@@ -5,10 +5,13 @@ avx512_bf16 runs bf16 matmuls 4x faster than fp32; a Xeon without AMX 0.7x), so 
 few tens of milliseconds at start-up times one encoder-sized matmul in both and picks bf16 only
 when it is clearly faster. fp16 (which needs a loss scaler) is never picked by itself. Under
 DDP every rank takes rank 0's measurement, so all ranks train in the same precision.
+
+`autocast(device, precision)` is the context of every forward, in training and evaluation.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -105,3 +108,33 @@ def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
     return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
             "bf16_speedup": best["fp32"] / best["bf16"], "threads": torch.get_num_threads(),
             "probe_ms": (time.perf_counter() - began) * 1e3}
+
+
+def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+    """The context of every forward: autocast to `precision`; on a GPU in bf16/fp16 also the
+    attention kernels that suit batches of changing shapes (`attention_kernels`)."""
+    if precision not in ("fp32", "bf16", "fp16"):  # "auto" is decided before (`choose`)
+        raise ValueError(f"autocast needs fp32, bf16 or fp16, not {precision!r}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    context = contextlib.ExitStack()
+    context.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
+    if device.type == "cuda":
+        context.enter_context(attention_kernels())
+    return context
+
+
+def attention_kernels() -> contextlib.AbstractContextManager:
+    """Scaled-dot-product attention without cuDNN's kernel. torch tries cuDNN's first on Hopper
+    and Blackwell GPUs in bf16/fp16, and it builds a plan for each new (batch, length) shape,
+    tenths of a second each: dynamic padding meets dozens of shapes an epoch, and on an H200
+    those plans took more time than the training (bench/README.md, "On a GPU"). Flash and
+    memory-efficient attention run any shape at once."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # torch < 2.3: no cuDNN attention either
+        return contextlib.nullcontext()
+    if not hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])

@@ -24,7 +24,7 @@ from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
-from nlptrain.evaluate import Predictions, autocast, compute_metrics, logits_of, model_inputs, predict
+from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader
@@ -190,7 +190,7 @@ class Trainer(ProgressCounters):
         self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         self.callbacks.fire("on_batch_start", self, batch)
         with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
-            with autocast(self.device, cfg.precision):
+            with precision.autocast(self.device, cfg.precision):
                 loss = self.loss_fn(self.forward(batch), batch["labels"])
             self.callbacks.fire("on_loss", self, loss)
             self.callbacks.fire("on_backward_start", self)

@@ -126,7 +126,7 @@ def test_a_resume_in_another_explicit_precision_goes_on_as_asked(tiny_model_dir,
 def test_a_half_precision_forward_on_a_gpu_leaves_cudnn_attention_out_and_restores_it():
     """cuDNN's attention builds a plan per new batch shape (dynamic padding meets dozens): every
     bf16/fp16 forward on a GPU runs without it; fp32 and CPU forwards change nothing."""
-    from nlptrain.evaluate import autocast
+    from nlptrain.precision import autocast
 
     flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
              torch.backends.cuda.mem_efficient_sdp_enabled)
