@@ -1,6 +1,9 @@
 """The three training loops that bench/gpu_bench.py times on the same model, rows and batch shape.
 
-- `bare`: the tight hand-written step (autocast, fused AdamW, pinned rows, non-blocking copies);
+- `bare`: the tight hand-written step (autocast, fused AdamW, pinned rows, non-blocking copies),
+  its forwards in nlptrain's forward context (`nlptrain.precision.autocast`: on a GPU in bf16,
+  attention without cuDNN's kernel), so that "vs bare" is the cost of the loop around the same
+  kernels;
 - `nlptrain`: nlptrain's own loop, `Trainer(...).fit()`, with its defaults on the device;
 - `hf`: `transformers.Trainer`, bf16 and fused AdamW, pinned memory;
 - `bare+compile`, `nlptrain+compile`: the first two with the model under `torch.compile`
@@ -13,7 +16,6 @@ timed ones between two device synchronizations, and returns the timed seconds.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from typing import Any
@@ -65,14 +67,16 @@ def bare(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     pin = device.type == "cuda"
     order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))
-    amp = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    from nlptrain.precision import autocast
+
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}[dtype]
     clock = StepClock(warmup, steps, device)
     for begin in range(0, ids.shape[0], batch):
         pick = order[begin:begin + batch]
         rows = [t[pick] for t in (ids, mask, labels)]  # fancy indexing copies: pin the copy
         b_ids, b_mask, b_labels = ((r.pin_memory() if pin else r).to(device, non_blocking=True)
                                    for r in rows)
-        with amp:
+        with autocast(device, precision):
             loss = model(input_ids=b_ids, attention_mask=b_mask, labels=b_labels).loss
         scaler.scale(loss).backward()
         scaler.step(optimizer)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,19 +111,19 @@ def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
             "probe_ms": (time.perf_counter() - began) * 1e3}
 
 
-def autocast(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def autocast(device: torch.device, precision: str) -> Iterator[None]:
     """The context of every forward: autocast to `precision`; on a GPU in bf16/fp16 also the
     attention kernels that suit batches of changing shapes (`attention_kernels`)."""
     if precision not in ("fp32", "bf16", "fp16"):  # "auto" is decided before (`choose`)
         raise ValueError(f"autocast needs fp32, bf16 or fp16, not {precision!r}")
     if precision == "fp32":
-        return contextlib.nullcontext()
+        yield
+        return
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    context = contextlib.ExitStack()
-    context.enter_context(torch.autocast(device_type=device.type, dtype=dtype))
-    if device.type == "cuda":
-        context.enter_context(attention_kernels())
-    return context
+    kernels = attention_kernels() if device.type == "cuda" else contextlib.nullcontext()
+    with torch.autocast(device_type=device.type, dtype=dtype), kernels:
+        yield
 
 
 def attention_kernels() -> contextlib.AbstractContextManager:
