@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+PRECISION_OF = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}  # autocast dtype
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -69,7 +71,7 @@ def bare(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.
     order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))
     from nlptrain.precision import autocast
 
-    precision = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}[dtype]
+    precision = PRECISION_OF[dtype]
     clock = StepClock(warmup, steps, device)
     for begin in range(0, ids.shape[0], batch):
         pick = order[begin:begin + batch]
@@ -103,7 +105,7 @@ def nlptrain(model, data: tuple, batch: int, warmup: int, steps: int, device: to
             if clock.step_ended():
                 trainer.should_stop = True
 
-    precision = {torch.bfloat16: "bf16", torch.float16: "fp16", None: "fp32"}[dtype]
+    precision = PRECISION_OF[dtype]
     config = TrainConfig(epochs=1, batch_size=batch, lr=2e-5, weight_decay=0.0, warmup_ratio=0.0,
                          max_grad_norm=0.0, precision=precision, group_by_length=False,
                          compile=compile)
