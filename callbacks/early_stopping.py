@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from nlptrain import kinds
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -19,13 +20,25 @@ class EarlyStopping(Callback):
     def __init__(self, patience: int = 2) -> None:
         self.patience = patience
         self.waited = 0
+        self.warned = False
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         self.waited = 0 if is_best else self.waited + 1
         if self.waited >= self.patience:
-            log.info("early stop: %s did not improve for %d evaluations",
-                     trainer.metric_for_best, self.waited)
+            name, best = trainer.metric_for_best, trainer.best_metric
+            score = kinds.best_score(metrics, name)
+            best_text = "none yet" if best is None else f"{best:.4f}"
+            times = f"{self.waited} evaluation{'' if self.waited == 1 else 's'}"
+            log.info(f"early stop at step {trainer.global_step}: {name} {score:.4f}, not better "
+                     f"than the best ({best_text}) for {times} (patience {self.patience})")
             trainer.should_stop = True
+
+    def on_epoch_end(self, trainer: Trainer) -> None:
+        # Checked here, not at on_train_start: a later callback may set eval_data there.
+        if trainer.eval_data is None and not self.warned:
+            log.warning("early stopping has nothing to watch: the trainer has no eval_data, so "
+                        "training runs all its epochs")
+            self.warned = True
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         state["early_stopping_waited"] = self.waited

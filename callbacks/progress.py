@@ -21,8 +21,11 @@ class ProgressBar(Callback):
 
     def __init__(self, refresh_every: int = 5, log_every_s: float = 30.0,
                  plain: bool | None = None, stream: IO[str] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, eval_name: str = "eval",
+                 marks_best: bool = True) -> None:
         self.refresh_every = refresh_every
+        self.eval_name = eval_name  # the set the evaluations score: "validation", "test"
+        self.marks_best = marks_best  # False where no best model is kept (scoring the test set)
         self.log_every_s = log_every_s
         self.plain = plain  # None: plain lines when the stream is not a terminal
         self.stream = stream
@@ -73,8 +76,8 @@ class ProgressBar(Callback):
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         summary = trainer.kind.summary(metrics, trainer.metric_for_best)
-        self._line(f"eval at step {trainer.global_step}: {summary}"
-                   f"{'  (best so far)' if is_best else ''}")
+        best = "  (best so far)" if is_best and self.marks_best else ""
+        self._line(f"{self.eval_name} at step {trainer.global_step}: {summary}{best}")
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         if self._is_plain() and self._epoch_start is not None:

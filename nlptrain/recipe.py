@@ -90,6 +90,12 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     # Checked now, not in the trainer: a mistake must not leave a run directory that refuses the
     # corrected command ("already holds a run").
     losses.class_weights(kind, config.class_weights, sets.train, sets.vocab.names)
+    if config.early_stopping and sets.valid is None:
+        raise ConfigError(
+            f"task {task.name}: [train] early_stopping = {config.early_stopping} needs a validation "
+            "set. Without one the evaluations during training score the test set, and stopping on "
+            "them would tune the run on its test set. Give [data] valid = FILE or valid_size = 0.1 "
+            "(--valid-size 0.1), or drop early_stopping.")
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     run_dir, has_run = open_run_dir(task, opts, dist)
@@ -153,12 +159,14 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
 def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
                   run_dir: Path) -> tuple[list[Callback], SaveBestModel | None]:
     """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
+    scores_valid = sets.valid is not None  # else the evaluations score the test set
     callbacks: list[Callback] = [
-        ProgressBar(log_every_s=opts.progress_every_s),
+        ProgressBar(log_every_s=opts.progress_every_s,
+                    eval_name="validation" if scores_valid else "test", marks_best=scores_valid),
         MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
                      task.train.keep_checkpoints)]
-    best = SaveBestModel(run_dir / "best") if sets.valid is not None else None
+    best = SaveBestModel(run_dir / "best") if scores_valid else None
     if best is not None:
         callbacks.append(best)
     if task.data.train_shards:  # each rank swaps in its own file at on_train_start

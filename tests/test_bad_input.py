@@ -161,6 +161,20 @@ def test_class_weights_that_do_not_fit_the_labels_leave_no_run_dir(capsys, toy_t
     assert not (tmp_path / "run").exists()
 
 
+def test_early_stopping_without_a_validation_set_is_refused_not_run_on_the_test_set(
+        capsys, toy_task, tmp_path):
+    """Without a validation set the evaluations during training score the test set: stopping on
+    them would tune the run on its test set. Refused before a run directory exists; with a
+    validation split the same command trains."""
+    code, err = train(capsys, toy_task, tmp_path / "run", "--early-stopping", "1")
+    assert code == 1 and "[train] early_stopping = 1 needs a validation set" in err, err
+    assert "valid_size = 0.1" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+    code, err = train(capsys, toy_task, tmp_path / "run", "--early-stopping", "1",
+                      "--valid-size", "0.2", "--epochs", "1")
+    assert code == 0, err
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err

@@ -12,14 +12,32 @@ from toy_trainer import Recorder, make_trainer
 from nlptrain import Callback
 
 
-def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, tiny_model_dir):
+def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, tiny_model_dir,
+                                                                            caplog):
     recorder = Recorder()
     # lr 0: the model never changes, so only the first evaluation is "best".
     trainer = make_trainer(tmp_path, tiny_model_dir, [recorder], epochs=10, lr=0.0, early_stopping=2)
     assert any(isinstance(c, EarlyStopping) for c in trainer.callbacks.callbacks)
-    trainer.fit()
+    with caplog.at_level("INFO", logger="nlptrain"):
+        trainer.fit()
     assert recorder.events.count("on_valid_end") == 3  # best, then 2 without improvement
     assert trainer.epoch == 3 and trainer.should_stop
+    # The message stands on its own (it comes before the progress line of the same evaluation).
+    best = trainer.best_metric
+    stops = [r.getMessage() for r in caplog.records if r.getMessage().startswith("early stop")]
+    assert stops == [f"early stop at step {trainer.global_step}: accuracy {best:.4f}, not better "
+                     f"than the best ({best:.4f}) for 2 evaluations (patience 2)"]
+
+
+def test_early_stopping_without_eval_data_says_it_has_nothing_to_watch(tmp_path, tiny_model_dir,
+                                                                       caplog):
+    trainer = make_trainer(tmp_path, tiny_model_dir, [], epochs=2, early_stopping=1)
+    trainer.eval_data = None
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    assert trainer.epoch == 2  # every epoch ran
+    warned = [r.getMessage() for r in caplog.records if "nothing to watch" in r.getMessage()]
+    assert len(warned) == 1 and "no eval_data" in warned[0]
 
 
 class NormProbe(Callback):
@@ -109,3 +127,18 @@ def test_progress_in_a_log_file_is_a_plain_line_every_n_seconds(tmp_path, tiny_m
     assert lines[2].startswith("eval at step 6: accuracy ")
     assert lines[3] == "epoch 1/1 done: 6 batches in 1 min 00 s, step 6"
     assert "0.10 batch/s, 30 s left in the epoch" in lines[0]
+
+
+def test_progress_names_the_set_it_scores_and_marks_best_only_where_a_best_is_kept(
+        tmp_path, tiny_model_dir, capsys):
+    """A CLI run without a validation set evaluates on the test set: its lines say "test", and
+    no "(best so far)", as nothing is selected on it."""
+    from nlptrain.callbacks import ProgressBar
+
+    for name, marks_best in (("test", False), ("validation", True)):
+        bar = ProgressBar(eval_name=name, marks_best=marks_best, plain=True)
+        (tmp_path / name).mkdir()
+        make_trainer(tmp_path / name, tiny_model_dir, [bar], epochs=2, batch_size=8).fit()
+        lines = [line for line in capsys.readouterr().err.splitlines() if " at step " in line]
+        assert [line.split(":")[0] for line in lines] == [f"{name} at step 3", f"{name} at step 6"]
+        assert ("(best so far)" in lines[0]) == marks_best  # the first evaluation is the best yet
