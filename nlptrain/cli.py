@@ -97,9 +97,8 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--task", default="default",
-                        help="task file, or the name of one in tasks/ (default: the small "
-                             "sentiment set in data/)")
+    parser.add_argument("--task", help="task file, or the name of one in tasks/ (default: the "
+                        "small sentiment set in data/; train --resume: the run's own)")
     parser.add_argument("--data-dir", help="folder the task's data paths start from "
                         "(default: the task's data_dir, or $NLPTRAIN_DATA_DIR)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -187,8 +186,13 @@ def load_object(spec: str) -> Any:
 
 
 def resolve_task(args: argparse.Namespace) -> TaskConfig:
-    """The task file named by --task, with the command line's overrides and data folder."""
-    task = apply_overrides(load_task(find_task(args.task)), args)
+    """The task file named by --task, with the command line's overrides and data folder. A resume
+    that names no task goes on with the run's own (its config.json), the overrides on top."""
+    from nlptrain.runs import recorded_task
+
+    resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
+    task = (resumed and recorded_task(Path(args.output_dir))) or load_task(find_task(args.task or "default"))
+    task = apply_overrides(task, args)
     data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
     if not data_dir:
         raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR "

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import DATA_ORDER_KEYS, TrainConfig
+from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig, task_from_dict
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
@@ -82,6 +82,14 @@ def read_config(folder: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def recorded_task(folder: Path) -> TaskConfig | None:
+    """The task of the run in `folder` as it last ran (its config.json: the task file with the
+    command line's options applied), or None where there is no run: a resume that names no task
+    goes on with it, instead of the default task's settings."""
+    saved = read_config(folder)
+    return None if saved is None else task_from_dict(saved["task"], str(folder / CONFIG_FILE))
+
+
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
                     overwrite: bool, launch: Environment | None = None) -> bool:
     """Make `folder` ready and write config.json; returns whether there is a run to resume."""
@@ -94,6 +102,15 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
                               "resume with the same task, or pick another --output-dir")
         check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
         check_best_metric_kept(folder, task, saved["task"])
+        changed = changed_settings(saved["task"].get("train", {}), task["train"])
+        if changed:  # said: a resume's command line may differ from the run's without meaning to
+            log.info("resume with changed settings: %s", ", ".join(changed))
+        # config.json describes the run as it goes on (the next resume starts from it).
+        saved["task"] = task
+        saved.setdefault("resumes", []).append({
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": world_size,
+            "changed": changed})
+        write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
     if saved is not None or (folder.is_dir() and any(folder.iterdir())):
         if not overwrite:
@@ -107,6 +124,14 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+def changed_settings(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    """'key old -> new' for each [train] setting that differs (one a run predates: its default)."""
+    defaults = TrainConfig()
+    return [f"{key} {before.get(key, getattr(defaults, key, None))!r} -> {value!r}"
+            for key, value in after.items()
+            if value != before.get(key, getattr(defaults, key, None))]
 
 
 # The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,

@@ -346,3 +346,32 @@ def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_mode
                                               r"rows would be trained twice, others never"):
         make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
     make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
+
+
+def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task, tmp_path,
+                                                                        monkeypatch, capsys):
+    """`train --output-dir RUN --resume` alone: the task file and the options the run began with
+    come from its config.json (not the default task's), so it ends as the run never stopped; an
+    option given with the resume changes the run, said in the log and kept in config.json."""
+    options = ["--task", str(toy_task), "--lr", "2e-3", "--epochs", "3", "--log-every", "2",
+               "--checkpoint-every", "3"]
+    whole, run = tmp_path / "whole", tmp_path / "run"
+    assert main(["train", "--output-dir", str(whole), *options]) == 0
+    monkeypatch.setenv("AT_STEP", "25")  # epoch 2, mid-epoch; the last checkpoint is at step 24
+    with pytest.raises(RuntimeError, match="injected crash at step 25"):
+        main(["train", "--output-dir", str(run), *options, "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume"]) == 0
+    assert "changed settings" not in capsys.readouterr().err
+    assert_same_run(whole, run)
+
+    def steps(folder: Path) -> list[int]:
+        return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").open()]
+
+    assert steps(run) == steps(whole) and max(steps(run)) == 60  # 3 epochs, logged every 2 steps
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "4"]) == 0
+    assert "resume with changed settings: epochs 3 -> 4" in capsys.readouterr().err
+    assert max(steps(run)) == 80
+    config = json.loads((run / "config.json").read_text())
+    assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
+    assert [r["changed"] for r in config["resumes"]] == [[], ["epochs 3 -> 4"]]
