@@ -130,6 +130,20 @@ def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list
     log.info("%s: predictions written", path)
 
 
+def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -> None:
+    """A model nlptrain trained on text pairs scores pairs, one trained on single texts single
+    texts (its config.json says which; a model from elsewhere is not checked): the other input
+    gives scores without meaning, and no error of its own."""
+    pairs = getattr(config, "nlptrain_text_pair", None)
+    if pairs is True and not given_pairs:
+        raise ConfigError(f"{args.model} was trained on text pairs: name the column (or JSON "
+                          f"field) of each pair's second text with --text-pair-column, the first "
+                          f"with --text-column (now {args.text_column!r})")
+    if pairs is False and given_pairs:
+        raise ConfigError(f"{args.model} was trained on single texts, not pairs: drop "
+                          f"--text-pair-column {args.text_pair_column}")
+
+
 def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
@@ -144,6 +158,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     tokenizer = load_tokenizer(args.model)
     model = load_saved_model(args.model)
     kind = from_model_config(model.config)
+    check_inputs_fit(model.config, args, texts.pairs is not None)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model)
     check_max_length(model, max_length, "--max-length" if args.max_length else

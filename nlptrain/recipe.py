@@ -76,8 +76,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     tokenizer = load_tokenizer(task.model.name)
     check_max_length(load_config(task.model.name), task.model.max_length, f"task {task.name} [model]")
     train_file = file_spec(task, "train")
-    models.check_room_for_text(tokenizer, task.model.max_length, bool(
-        train_file and train_file.text_pair_column != ""), f"task {task.name} [model]")
+    pairs = bool(train_file and train_file.text_pair_column != "")
+    models.check_room_for_text(tokenizer, task.model.max_length, pairs, f"task {task.name} [model]")
     sets = build_datasets(task, tokenizer, dist, use_cache=opts.use_cache)
     config = task.train
     if task.data.streaming:  # rows counted once; every rank takes one pass of the shortest share
@@ -98,6 +98,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             "(--valid-size 0.1), or drop early_stopping.")
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
+    # In the exported config.json: `predict` then asks for pairs where the model needs them.
+    model.config.nlptrain_text_pair = pairs
     run_dir, has_run = open_run_dir(task, opts, dist)
     log_sizes(task, sets, dist)
 

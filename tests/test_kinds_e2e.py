@@ -107,6 +107,17 @@ def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     rows = [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
     assert [r["text_pair"] for r in rows] == ["it felt bad", "it felt poor"]
     assert all(r["label"] in ("differ", "same") and 0.5 <= r["probability"] <= 1 for r in rows)
+    # The other input would score without meaning: the export says what the model was trained on.
+    capsys.readouterr()
+    assert main(["predict", "--model", str(folder / "run" / "model"), "--input", str(pairs),
+                 "--text-column", "premise"]) == 1
+    assert "was trained on text pairs: name the column (or JSON field) of each pair's second " \
+        "text with --text-pair-column" in capsys.readouterr().err
+    single = trained["multi_label"]  # posts: single texts
+    assert main(["predict", "--model", str(single / "run" / "model"), "--input", str(pairs),
+                 "--text-column", "premise", "--text-pair-column", "hypothesis"]) == 1
+    assert "was trained on single texts, not pairs: drop --text-pair-column hypothesis" in \
+        capsys.readouterr().err
     multi = trained["multi_label"]
     (multi / "in.txt").write_text("post about pizza and guitar\n")
     capsys.readouterr()
