@@ -242,7 +242,13 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                     "dropout randomness does not", folder, meta["world_size"],
                     trainer.dist.world_size)
     trainer.load_callback_states(state["callbacks"])
-    log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1, trainer.global_step)
+    if trainer.epoch >= trainer.config.epochs:  # the run trained all it asked for (e.g. a crash
+        # in the final test or export): nothing is trained again; raise `epochs` to train on
+        log.info("resumed from %s: the run had finished its %d epoch(s) (step %d); nothing left "
+                 "to train", folder, trainer.config.epochs, trainer.global_step)
+    else:
+        log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1,
+                 trainer.global_step)
 
 
 def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path,

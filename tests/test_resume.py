@@ -369,9 +369,13 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
         return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").open()]
 
     assert steps(run) == steps(whole) and max(steps(run)) == 60  # 3 epochs, logged every 2 steps
+    assert main(["train", "--output-dir", str(run), "--resume"]) == 0  # finished: tests, exports
+    assert "the run had finished its 3 epoch(s) (step 60); nothing left to train" in \
+        capsys.readouterr().err
+    assert max(steps(run)) == 60
     assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "4"]) == 0
     assert "resume with changed settings: epochs 3 -> 4" in capsys.readouterr().err
     assert max(steps(run)) == 80
     config = json.loads((run / "config.json").read_text())
     assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
-    assert [r["changed"] for r in config["resumes"]] == [[], ["epochs 3 -> 4"]]
+    assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 4"]]
