@@ -1,9 +1,9 @@
 """Writes `metrics.jsonl` in the run directory: training rows every `log_every` steps and at the
-run's end (loss, lr, throughput and, when clipping, the step's gradient norm before clipping)
-and one row per evaluation. One JSON object a line, so a crashed run keeps every line written
-so far; a resume first drops the rows past its checkpoint's step (the crashed run wrote them,
-the resumed run writes them again) and goes on with the checkpoint's loss window, so the file
-ends as that of the run never stopped."""
+run's end (loss, the lr the row's step used, throughput and, when clipping, the step's gradient
+norm before clipping) and one row per evaluation. One JSON object a line, so a crashed run
+keeps every line written so far; a resume first drops the rows past its checkpoint's step (the
+crashed run wrote them, the resumed run writes them again) and goes on with the checkpoint's
+loss window, so the file ends as that of the run never stopped."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class MetricLogger(Callback):
         self.path = Path(path)
         self.log_every = log_every
         self.handle: Any = None
+        self.step_lr = 0.0
         self._reset(time.perf_counter(), 0)
 
     def _reset(self, now: float, samples: int) -> None:
@@ -50,6 +51,10 @@ class MetricLogger(Callback):
         if trainer.batch_in_epoch:  # resumed mid-epoch: the window of the steps before goes on
             self.loss_sum, self.batches = loss_window
 
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
+        self.step_lr = trainer.optimizer.param_groups[0]["lr"]
+
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
             return
@@ -66,7 +71,7 @@ class MetricLogger(Callback):
         samples = trainer.samples_in_epoch - self.window_samples
         row = {"kind": "train", "step": trainer.global_step, "epoch": trainer.epoch + 1,
                "loss": float(self.loss_sum) / self.batches,
-               "lr": trainer.optimizer.param_groups[0]["lr"],
+               "lr": self.step_lr,
                "samples_per_s": samples / max(now - self.window_start, 1e-9),
                "time": time.time()}
         grad_norm = logged_grad_norm(trainer)

@@ -78,22 +78,24 @@ def training_figure(train: list[dict[str, Any]], evals: list[dict[str, Any]],
                         height_ratios=[2, 1, 1] if norms else [2, 1])
     loss_ax, lr_ax = axes[0], axes[1]
     steps = [r["step"] for r in train]
-    loss_ax.plot(steps, [r["loss"] for r in train], color="tab:blue", linewidth=1.2,
-                 label="training loss (mean since the previous point)")
+    dots = "o" if len(steps) < 30 else None  # a short run's few rows (one: no line at all) show
+    loss_ax.plot(steps, [r["loss"] for r in train], color="tab:blue", linewidth=1.2, marker=dots,
+                 markersize=3, label="training loss (mean since the previous point)")
     if evals:
         loss_ax.plot([r["step"] for r in evals], [r["loss"] for r in evals], "o--",
                      color="tab:orange", label=f"{eval_name} loss")
     loss_ax.set_ylabel("loss")
     loss_ax.set_title("Loss per optimizer step")
     loss_ax.legend(loc="best", fontsize=9)
-    lr_ax.plot(steps, [r["lr"] for r in train], color="tab:green", linewidth=1.2)
+    lr_ax.plot(steps, [r["lr"] for r in train], color="tab:green", linewidth=1.2, marker=dots,
+               markersize=3)
     lr_ax.set_ylabel("learning rate")
     lr_ax.set_title("Learning rate (schedule)")
     lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-2, 3))
     if norms:
         norm_ax = axes[2]
         norm_ax.plot([step for step, _ in norms], [norm for _, norm in norms], color="tab:purple",
-                     linewidth=1.2, label="global norm at the logged step")
+                     linewidth=1.2, marker=dots, markersize=3, label="global norm at the logged step")
         if max_grad_norm:
             norm_ax.axhline(max_grad_norm, color="tab:red", linestyle="--", linewidth=1,
                             label=f"max_grad_norm = {max_grad_norm:g} (clipped above)")

@@ -111,6 +111,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
                           tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
                           kind=kind, resume_from=run_dir / "checkpoints" if has_run else None)
     task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
+    # In the exported config.json: `eval` under "auto" scores in it, as the run scored its test set.
+    model.config.nlptrain_precision = trainer.config.precision
     try:
         dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
         trainer.fit()
@@ -265,7 +267,12 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
                           f"the task a [data] {split} file{held_out}")
     model.to(dist.device)
-    chosen = precision.choose(task.train.precision, dist.device, dist).precision
+    trained_in = getattr(model.config, "nlptrain_precision", None)
+    if task.train.precision == "auto" and trained_in:  # not a new probe: the run's own numbers
+        chosen = trained_in
+        log.info("precision auto: %s (the model was trained and tested in it)", chosen)
+    else:
+        chosen = precision.choose(task.train.precision, dist.device, dist).precision
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
                     chosen, kind)
     return compute_metrics(found, names, kind)

@@ -48,10 +48,12 @@ def metrics_text(metrics: dict[str, Any]) -> str:
         lines.append(f"{name:<{width}}{row['precision']:>10.4f}{row['recall']:>10.4f}"
                      f"{row['f1']:>10.4f}{row['support']:>10d}")
     if metrics.get("confusion_matrix"):
+        # Columns as wide as the longest name: cut names (entailmen, not_entai) read as others.
+        column = max(10, *(len(n) + 2 for n in names))
         lines += ["", "confusion matrix (rows: true label, columns: predicted)",
-                  " " * width + "".join(f"{n[:9]:>10}" for n in names)]
+                  " " * width + "".join(f"{n:>{column}}" for n in names)]
         for name, row in zip(names, metrics["confusion_matrix"], strict=True):
-            lines.append(f"{name:<{width}}" + "".join(f"{v:>10d}" for v in row))
+            lines.append(f"{name:<{width}}" + "".join(f"{v:>{column}d}" for v in row))
     return "\n".join(lines)
 
 

@@ -231,7 +231,8 @@ class Trainer(ProgressCounters):
         is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric)
         if is_best:
             self.progress.best_metric = score
-        self.metrics = {**metrics, "epoch": self.epoch, "step": self.global_step}
+        # epoch counted from 1, as every log, report and results.json say it
+        self.metrics = {**metrics, "epoch": self.epoch + 1, "step": self.global_step}
         self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
         return self.metrics
 

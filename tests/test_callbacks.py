@@ -81,6 +81,17 @@ def test_each_logged_step_has_its_gradient_norm_before_clipping(tmp_path, tiny_m
     assert len(set(probe.norms)) > 1  # each row its own step's norm, not one value repeated
 
 
+def test_each_logged_lr_is_the_one_its_step_used(tmp_path, tiny_model_dir):
+    """Linear decay from 1e-3 without warm-up over 6 steps: step k (from 1) updates with
+    1e-3 * (1 - (k - 1) / 6); the last step's is 1e-3 / 6, not the 0 the schedule moves to."""
+    log = tmp_path / "metrics.jsonl"
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 1)], epochs=2, warmup_ratio=0.0,
+                 scheduler="linear", log_every=1).fit()
+    rows = logged_rows(log)
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    assert [row["lr"] for row in rows] == pytest.approx([1e-3 * (1 - k / 6) for k in range(6)])
+
+
 def test_no_gradient_norm_is_logged_without_clipping(tmp_path, tiny_model_dir):
     log = tmp_path / "metrics.jsonl"
     make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 1)], epochs=1, max_grad_norm=0,

@@ -80,3 +80,35 @@ def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_
     assert main([*args, "--model", str(swapped)]) == 1
     err = capsys.readouterr().err
     assert "swapped: the model's labels ['pos', 'neg'] are not the task's ['neg', 'pos']" in err, err
+
+
+def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Path, capsys) -> None:
+    """Under precision "auto", eval takes the precision the model was trained and tested in (its
+    config.json records it), not a new probe of this machine: its test metrics are the run's to
+    the bit. And results.json counts epochs from 1, as metrics.jsonl does."""
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--precision", "bf16",
+                 "--valid-size", "0.25"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "precision auto: bf16 (the model was trained and tested in it)" in err
+    results = json.loads((run / "results.json").read_text())
+    scored = json.loads(out)
+    for key in ("accuracy", "macro_f1", "loss", "confusion_matrix"):
+        assert scored[key] == results["test"][key], key
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    best = results["valid"]
+    assert [e["epoch"] for e in evals if e["step"] == best["step"]] == [best["epoch"]]
+
+
+def test_the_printed_confusion_matrix_keeps_long_label_names_whole() -> None:
+    names = ["entailment", "not_entailment"]
+    metrics = {"rows": 3, "accuracy": 2 / 3,
+               "per_class": {n: {"precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 1}
+                             for n in names},
+               "confusion_matrix": [[1, 0], [1, 1]]}
+    header, *rows = metrics_text(metrics).split("columns: predicted)\n")[1].splitlines()
+    assert header.split() == names
+    assert [row.split() for row in rows] == [["entailment", "1", "0"], ["not_entailment", "1", "1"]]

@@ -183,3 +183,12 @@ def test_the_metric_that_picks_the_best_model_is_drawn_with_its_star(tmp_path: P
     plot_run(run)
     legend = drawn["evaluation.png"].axes[0].get_legend_handles_labels()[1]
     assert legend == ["accuracy", "macro-F1", "MCC", "best model (by mcc)"]
+
+
+def test_a_short_runs_single_training_row_is_drawn_as_a_point() -> None:
+    """One logged row (10 steps at log_every 10): a line alone draws nothing; a marker does."""
+    row = {"kind": "train", "step": 10, "epoch": 1, "loss": 0.7, "lr": 1e-5, "grad_norm": 2.0}
+    fig = training_figure([row], [])
+    assert [ax.lines[0].get_marker() for ax in fig.axes] == ["o", "o", "o"]
+    many = [{**row, "step": step} for step in range(1, 101)]
+    assert training_figure(many, []).axes[0].lines[0].get_marker() in (None, "None", "")
