@@ -287,6 +287,9 @@ def validate(task: TaskConfig, source: str) -> None:
     for section, key in NOT_NEGATIVE:
         if getattr(getattr(task, section), key) < 0:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 0")
+    for section, key in (("train", "seed"), ("data", "split_seed")):  # numpy's and sklearn's range
+        if not 0 <= getattr(getattr(task, section), key) < 2**32:
+            raise ConfigError(f"{source}: [{section}] {key} must be in [0, 4294967295]")
     if task.train.max_tokens and (task.data.streaming or task.data.train_shards):
         # Batches by a token budget need every row's length up front, in one in-memory set.
         raise ConfigError(f"{source}: [train] max_tokens needs the train set in memory; it cannot "

@@ -43,12 +43,16 @@ def output_format(output: str | None, chosen: str | None) -> str:
     return OUTPUT_FORMATS[suffix]
 
 
-def check_output(output: str | None) -> None:
+def check_output(output: str | None, input_file: str | None = None) -> None:
     """Refuse an output path that cannot be written before any text is scored (else the error
-    comes as a traceback after the whole input was scored); makes its folder."""
+    comes as a traceback after the whole input was scored), or that is the input itself (which
+    the predictions would replace); makes its folder."""
     if not output or output == "-":
         return
     path = Path(output)
+    if input_file and path.exists() and path.resolve() == Path(input_file).resolve():
+        raise ConfigError(f"{output}: --output is the input file; the predictions would replace "
+                          "its texts. Give another file")
     if path.is_dir():
         raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
     try:
@@ -151,7 +155,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
-    dist.on_main(lambda: check_output(args.output))
+    dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
     texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
                                             args.text_pair_column))

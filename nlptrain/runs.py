@@ -112,6 +112,8 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
             "changed": changed})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
+    if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen
+        log.warning("%s: no run here to resume (no %s); a new run starts", folder, CONFIG_FILE)
     if saved is not None or (folder.is_dir() and any(folder.iterdir())):
         if not overwrite:
             raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "

@@ -175,6 +175,21 @@ def test_early_stopping_without_a_validation_set_is_refused_not_run_on_the_test_
     assert code == 0, err
 
 
+@pytest.mark.parametrize("option", [["--seed", "-1"], ["--seed", "5000000000"],
+                                    ["--split-seed", "-1", "--valid-size", "0.2"]])
+def test_a_seed_out_of_numpys_range_is_one_line_not_a_traceback(capsys, toy_task, tmp_path, option):
+    code, err = train(capsys, toy_task, tmp_path / "run", *option)
+    assert code == 1 and "seed must be in [0, 4294967295]" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_of_a_folder_with_no_run_says_a_new_run_starts(capsys, toy_task, tmp_path):
+    """A typo in --output-dir with --resume: said, not passed off as the run continued (a
+    requeued job's first start, with --resume in its script, still trains)."""
+    code, err = train(capsys, toy_task, tmp_path / "typo", "--resume", "--epochs", "1")
+    assert code == 0 and "typo: no run here to resume (no config.json); a new run starts" in err
+
+
 def test_unknown_override_key(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
     assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err

@@ -165,6 +165,11 @@ def test_an_output_that_cannot_be_written_is_refused_before_scoring(tmp_path: Pa
     args.output = str(tmp_path / "in.txt" / "out.tsv")  # under a file
     with pytest.raises(ConfigError, match=r"in.txt/out.tsv: cannot make its folder \(.+\)"):
         run_predict(args, SingleProcess())
+    args.output = str(tmp_path / "." / "in.txt")  # the input, by another spelling
+    with pytest.raises(ConfigError, match=r"--output is the input file; the predictions would "
+                       r"replace its texts"):
+        run_predict(args, SingleProcess())
+    assert (tmp_path / "in.txt").read_text() == "hello\n"
 
 
 def test_a_tab_inside_a_tsv_text_is_an_error_not_a_cut_text(tmp_path: Path) -> None:
