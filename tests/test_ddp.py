@@ -242,8 +242,11 @@ def slow_main_work_worker(rank: int, world: int) -> tuple:
 
 @pytest.mark.distributed
 def test_ranks_wait_for_slow_rank0_work_beyond_a_short_collective_timeout(tmp_path):
+    # Every rank waited through rank 0's 3.5 s, well past the 2 s collective timeout. Rank 1
+    # starts its clock on its own, a little after rank 0 began (3.4998 s was seen on a loaded
+    # machine): the bound is the timeout's, with room, not rank 0's sleep to the millisecond.
     for result, waited, ranks in run_ranks(slow_main_work_worker, 2, tmp_path):
-        assert (result, ranks) == ("written", 2.0) and waited >= 3.5
+        assert (result, ranks) == ("written", 2.0) and waited > 3.0
 
 
 def test_both_backends_implement_every_collective_of_the_backend_protocol():

@@ -94,7 +94,15 @@ def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, t
     assert json.loads((run / "config.json").read_text())["precision"]["chosen"] == "bf16"
     assert json.loads((sorted((run / "checkpoints").iterdir())[-1] / "meta.json").read_text()
                       )["precision"] == "bf16"
-    # `eval` decides auto the same way, and says what it chose.
+    # `eval` under auto scores in the precision the model was trained and tested in (its
+    # config.json says which), whatever auto would pick now; a model without that record is
+    # decided as auto decides, and either way it says what it chose.
+    assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task)]) == 0
+    assert "precision auto: bf16 (the model was trained and tested in it)" in capsys.readouterr().err
+    model_config = run / "model" / "config.json"
+    recorded = json.loads(model_config.read_text())
+    assert recorded.pop("nlptrain_precision") == "bf16"
+    model_config.write_text(json.dumps(recorded))
     assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task)]) == 0
     assert "precision auto: fp32 (pinned by" in capsys.readouterr().err
 
