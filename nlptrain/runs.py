@@ -128,12 +128,14 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     return False
 
 
-def changed_settings(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    """'key old -> new' for each [train] setting that differs (one a run predates: its default)."""
+def changed_settings(before: dict[str, Any], after: dict[str, Any],
+                     keys: tuple[str, ...] | None = None) -> list[str]:
+    """'key old -> new' for each [train] setting (of `keys`, default all) that differs; a key the
+    run's record predates had its default."""
     defaults = TrainConfig()
     return [f"{key} {before.get(key, getattr(defaults, key, None))!r} -> {value!r}"
-            for key, value in after.items()
-            if value != before.get(key, getattr(defaults, key, None))]
+            for key, value in after.items() if (keys is None or key in keys)
+            and value != before.get(key, getattr(defaults, key, None))]
 
 
 # The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
@@ -143,10 +145,8 @@ OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
 
 def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse a resume whose optimizer or data-order settings differ from the run's."""
-    defaults = TrainConfig()  # a run recorded before a key existed had its default
     for keys, what in ((OPTIMIZER_KEYS, "optimizer settings"), (DATA_ORDER_KEYS, "data order")):
-        changed = [f"{key} {saved.get(key, getattr(defaults, key))!r} -> {train[key]!r}"
-                   for key in keys if train[key] != saved.get(key, getattr(defaults, key))]
+        changed = changed_settings(saved, train, keys)
         if changed:
             raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "
                               f"{', '.join(changed)}; resume with the run's values, or start a "
