@@ -107,3 +107,26 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.batches_per_epoch = progress.batch_in_epoch + agreed
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     return itertools.islice(iter(loader), skip, skip + agreed)
+
+
+def typical_batch(data: Any, collate: Any, rows: int) -> dict[str, torch.Tensor] | None:
+    """A batch of `rows` rows of the length most batches have (the middle of the rows sorted by
+    length, where the dataset knows them; else its first rows), for timing a step before the
+    training starts. None for data that cannot be indexed without reading it (an iterable)."""
+    if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
+        return None
+    try:
+        size = len(data)
+    except TypeError:
+        return None
+    if size == 0:
+        return None
+    rows = min(rows, size)
+    lengths = getattr(data, "lengths", None)
+    if lengths is not None and len(lengths) == size:
+        middle = np.argsort(np.asarray(lengths), kind="stable")
+        start = (size - rows) // 2
+        picked = [int(i) for i in middle[start:start + rows]]
+    else:
+        picked = list(range(rows))
+    return collate([data[i] for i in picked])

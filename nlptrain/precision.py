@@ -1,10 +1,14 @@
 """`precision = "auto"`: the fastest safe precision for this device, decided by measuring.
 
-On a GPU that supports bf16, bf16 autocast. On a CPU it depends on the chip (an EPYC with
-avx512_bf16 runs bf16 matmuls 4x faster than fp32; a Xeon without AMX 0.7x), so a probe of a
-few tens of milliseconds at start-up times one encoder-sized matmul in both and picks bf16 only
-when it is clearly faster. fp16 (which needs a loss scaler) is never picked by itself. Under
-DDP every rank takes rank 0's measurement, so all ranks train in the same precision.
+On a CPU it depends on the chip (an EPYC with avx512_bf16 runs bf16 matmuls 4x faster than
+fp32; a Xeon without AMX 0.7x), so a probe of a few tens of milliseconds at start-up times one
+encoder-sized matmul in both and picks bf16 only when it is clearly faster. On a GPU bf16
+matmuls are always faster, but a small model at a small batch is bound by kernel launches, and
+autocast adds a cast kernel per weight (MiniLM at batch 16 on an H200 trains no faster in bf16
+than in fp32; bench/README.md, "On a GPU"): there the probe times the job's own forward and
+backward on a typical batch in both (`JobStep`) and picks bf16 unless it is slower. fp16 (which
+needs a loss scaler) is never picked by itself. Under DDP every rank takes rank 0's measurement,
+so all ranks train in the same precision.
 
 `autocast(device, precision)` is the context of every forward, in training and evaluation.
 """
@@ -15,7 +19,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,7 @@ CLEARLY_FASTER = 1.5  # bf16 matmuls at least this many times fp32's: autocast t
                       # end to end at 4x, measured in bench/run.py); below, casts eat the gain
 PROBE_SHAPE = (128, 384, 768)  # tokens x hidden x width, of MiniLM-sized layers
 PROBE_BUDGET_S = 0.1  # after one timed round, stop once the probe has taken this long
+STEP_PROBE_BUDGET_S = 1.0  # the same for the job's own step, on a GPU
 
 
 @dataclass
@@ -48,11 +53,42 @@ class PrecisionChoice:
                 "probe": self.probe}
 
 
+@dataclass
+class JobStep:
+    """The job's own forward and backward, to time: `logits(batch)` runs the model on a batch
+    already on the device. It leaves no trace: the model runs in eval mode (no dropout draws from
+    the RNG, no running statistics updated) and its gradients are cleared after."""
+
+    model: torch.nn.Module
+    batch: dict[str, torch.Tensor]
+    logits: Callable[[dict[str, torch.Tensor]], torch.Tensor]
+
+    def run(self, device: torch.device, precision: str) -> None:
+        self.model.to(device)
+        batch = {k: v.to(device) for k, v in self.batch.items()}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with autocast(device, precision):
+                logits = self.logits(batch)
+            if logits.requires_grad:
+                logits.float().sum().backward()
+        finally:
+            self.model.train(was_training)
+            self.model.zero_grad(set_to_none=True)
+
+    def shape(self) -> str:
+        ids = self.batch.get("input_ids")
+        return "x".join(map(str, ids.shape)) if ids is not None else "?"
+
+
 def choose(requested: str, device: torch.device, dist: Backend | None = None,
-           resumed_from: Path | None = None) -> PrecisionChoice:
+           resumed_from: Path | None = None,
+           job_step: Callable[[], JobStep | None] | None = None) -> PrecisionChoice:
     """`requested` as is unless it is "auto"; then the precision of the checkpoint it resumes
     from (`resumed_from`), else bf16 where it is supported and measurably faster, else fp32; the
-    choice is logged. `dist`: every rank gets rank 0's choice."""
+    choice is logged. `job_step`: on a GPU, makes what is timed (without it, or where it makes
+    none, bf16 where supported). `dist`: every rank gets rank 0's choice."""
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r}; use one of {', '.join(PRECISIONS)}")
     if requested != "auto":
@@ -66,12 +102,14 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
         if pinned not in ("fp32", "bf16"):
             raise ValueError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16")
         choice = PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
+    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        choice = PrecisionChoice("auto", "fp32", "this GPU has no bf16")
     elif device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            choice = PrecisionChoice("auto", "bf16", f"{torch.cuda.get_device_name(device)} "
-                                     "supports bf16")
-        else:
-            choice = PrecisionChoice("auto", "fp32", "this GPU has no bf16")
+        step = job_step() if job_step is not None else None
+        name = torch.cuda.get_device_name(device)
+        # No step to time (evaluation; an iterable train set): bf16's matmuls are the faster.
+        choice = (choose_by_step(step, device, name) if step is not None else
+                  PrecisionChoice("auto", "bf16", f"{name} supports bf16"))
     elif device.type == "cpu":
         probe = probe_cpu_matmuls()
         faster = probe["bf16_speedup"] >= CLEARLY_FASTER
@@ -108,6 +146,40 @@ def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
             break
     return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
             "bf16_speedup": best["fp32"] / best["bf16"], "threads": torch.get_num_threads(),
+            "probe_ms": (time.perf_counter() - began) * 1e3}
+
+
+def choose_by_step(job_step: JobStep, device: torch.device, where: str) -> PrecisionChoice:
+    """bf16 unless the job's own step runs slower in it than in fp32."""
+    probe = probe_job_step(job_step, device)
+    faster = probe["bf16_speedup"] >= 1.0
+    return PrecisionChoice(
+        "auto", "bf16" if faster else "fp32",
+        f"the job's step (batch {job_step.shape()}) {probe['bf16_speedup']:.2f}x as fast in bf16 "
+        f"as in fp32 on {where} ({probe['bf16_ms']:.1f} vs {probe['fp32_ms']:.1f} ms)", probe)
+
+
+def probe_job_step(job_step: JobStep, device: torch.device, repeats: int = 5) -> dict[str, float]:
+    """Best of up to `repeats` timings of the job's step in fp32 and in bf16, interleaved, after
+    one untimed round of each (kernel choice, allocator warm-up), within a budget."""
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    best = {"fp32": float("inf"), "bf16": float("inf")}
+    began = time.perf_counter()
+    for attempt in range(repeats + 1):
+        for name in best:
+            synchronize()
+            start = time.perf_counter()
+            job_step.run(device, name)
+            synchronize()
+            if attempt:
+                best[name] = min(best[name], time.perf_counter() - start)
+        if attempt and time.perf_counter() - began > STEP_PROBE_BUDGET_S:
+            break
+    return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
+            "bf16_speedup": best["fp32"] / best["bf16"],
             "probe_ms": (time.perf_counter() - began) * 1e3}
 
 

@@ -27,7 +27,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import batched_as_is, epoch_batches, train_loader
+from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.signals import stop_on_signals
 
@@ -70,14 +70,9 @@ class Trainer(ProgressCounters):
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
-        config = config or TrainConfig()
+        self.config = config = config or TrainConfig()  # its precision decided below
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
-        # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
-        self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from)
-        self.config = replace(config, precision=self.precision.precision)
-        if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
-            host_memory.keep_freed_memory()
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)
@@ -87,6 +82,18 @@ class Trainer(ProgressCounters):
         self.tokenizer = tokenizer
         train_data, eval_data = (self._as_dataset(data, what) for data, what in
                                  ((train_data, "train"), (eval_data, "valid")))
+        pad_id = getattr(model_config, "pad_token_id", None) or 0
+        self.collate = collate or Collator(pad_id)
+        def job_step() -> precision.JobStep | None:  # timed by "auto" on a GPU
+            batch = typical_batch(train_data, self.collate, config.batch_size)
+            return batch and precision.JobStep(model, batch, lambda b: logits_of(model(**model_inputs(b))))
+
+        # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
+        self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from,
+                                          job_step)
+        self.config = replace(config, precision=self.precision.precision)
+        if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
+            host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
@@ -94,8 +101,6 @@ class Trainer(ProgressCounters):
             model.compile()
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.train_data, self.eval_data = train_data, eval_data
-        pad_id = getattr(model_config, "pad_token_id", None) or 0
-        self.collate = collate or Collator(pad_id)
         self.optimizer = self.make_optimizer(param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")

@@ -17,6 +17,7 @@ from nlptrain.data import Collator
 from nlptrain.distributed import Distributed
 from nlptrain.loaders import train_loader
 from nlptrain.models import load_model
+from nlptrain.precision import PIN_VARIABLE
 from nlptrain.strategies import DDP
 
 pytestmark = [pytest.mark.gpu,
@@ -136,3 +137,20 @@ def test_compile_on_the_gpu_trains_like_eager(tmp_path, tiny_model_dir):
         assert next(trainer.unwrapped_model.parameters()).device.type == "cuda"
         assert (trainer.unwrapped_model._compiled_call_impl is not None) == compiled
     assert abs(losses[True] - losses[False]) <= 1e-3 * abs(losses[False])
+
+
+def test_auto_on_the_gpu_times_the_jobs_own_step_and_leaves_the_model_as_it_was(
+        tmp_path, tiny_model_dir, monkeypatch, caplog):
+    monkeypatch.delenv(PIN_VARIABLE)
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level("INFO", logger="nlptrain"):
+        trainer = Trainer(model, train, test, config=TrainConfig(epochs=1, batch_size=8))
+    probe = trainer.precision.probe
+    assert trainer.config.precision == ("bf16" if probe["bf16_speedup"] >= 1 else "fp32")
+    assert "the job's step (batch 8x" in caplog.text and torch.cuda.get_device_name() in caplog.text
+    assert probe["probe_ms"] < 5000, probe
+    assert all(torch.equal(v.cpu(), weights[k]) for k, v in trainer.unwrapped_model.state_dict().items())
+    assert all(p.grad is None for p in trainer.unwrapped_model.parameters())
+    assert trainer.fit()["rows"] == len(test)

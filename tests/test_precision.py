@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -12,7 +13,16 @@ from ddp import run_ranks
 
 from nlptrain import TrainConfig, Trainer
 from nlptrain.cli import main
-from nlptrain.precision import CLEARLY_FASTER, PIN_VARIABLE, choose, probe_cpu_matmuls
+from nlptrain.loaders import typical_batch
+from nlptrain.precision import (
+    CLEARLY_FASTER,
+    PIN_VARIABLE,
+    JobStep,
+    choose,
+    choose_by_step,
+    probe_cpu_matmuls,
+    probe_job_step,
+)
 
 
 def test_explicit_precisions_are_kept_as_asked():
@@ -147,3 +157,57 @@ def test_a_half_precision_forward_on_a_gpu_leaves_cudnn_attention_out_and_restor
     for device, precision in (("cuda", "fp32"), ("cpu", "bf16")):
         with autocast(torch.device(device), precision):
             assert [flag() for flag in flags] == before
+
+
+class TimedStep(JobStep):
+    """A job step that takes a set time in each precision (the GPU's choice, decided on a CPU)."""
+
+    def __init__(self, seconds: dict[str, float]) -> None:
+        super().__init__(torch.nn.Identity(), {"input_ids": torch.zeros(16, 40, dtype=torch.long)},
+                         lambda batch: batch["input_ids"])
+        self.seconds, self.runs = seconds, []
+
+    def run(self, device: torch.device, precision: str) -> None:
+        self.runs.append(precision)
+        time.sleep(self.seconds[precision])
+
+
+def test_on_a_gpu_auto_times_the_jobs_own_step_and_keeps_fp32_where_bf16_is_slower():
+    """A small model at a small batch is launch-bound on a GPU, and autocast's casts make bf16
+    the slower (MiniLM, batch 16, H200: 0.71x): the job's own step decides, not the matmuls."""
+    slower = TimedStep({"fp32": 0.004, "bf16": 0.006})
+    chosen = choose_by_step(slower, torch.device("cpu"), "a GPU")
+    assert chosen.precision == "fp32" and chosen.probe["bf16_speedup"] < 1
+    assert chosen.reason.startswith("the job's step (batch 16x40) 0.")
+    assert "as fast in bf16 as in fp32 on a GPU" in chosen.reason
+    # untimed warm-up of each, then timed rounds interleaved, within the budget
+    assert slower.runs[:4] == ["fp32", "bf16", "fp32", "bf16"] and len(slower.runs) <= 12
+    assert choose_by_step(TimedStep({"fp32": 0.006, "bf16": 0.002}), torch.device("cpu"),
+                          "a GPU").precision == "bf16"
+
+
+def test_the_timed_step_leaves_no_trace_on_the_model_or_the_rng(tiny_model_dir, tmp_path):
+    from toy_trainer import toy_datasets
+    from transformers import AutoModelForSequenceClassification
+
+    from nlptrain.data import Collator
+    from nlptrain.evaluate import logits_of, model_inputs
+
+    train, _ = toy_datasets(tmp_path, tiny_model_dir, rows=24)
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir), num_labels=2)
+    model.train()
+    batch = typical_batch(train, Collator(0), 8)
+    lengths = sorted(train.lengths)
+    # the middle of the rows by length: a batch as long as most length-grouped batches
+    assert batch["input_ids"].shape == (8, max(lengths[8:16]))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    step = JobStep(model, batch, lambda b: logits_of(model(**model_inputs(b))))
+    probe = probe_job_step(step, torch.device("cpu"))
+    assert probe["fp32_ms"] > 0 and probe["bf16_ms"] > 0 and probe["probe_ms"] < 5000
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)  # eval mode: no dropout draw
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    # nothing to take without reading it: no step, and auto falls back on what the GPU supports
+    assert typical_batch(iter(train), Collator(0), 8) is None
+    assert typical_batch([], Collator(0), 8) is None
