@@ -41,6 +41,7 @@ class TaskKind:
     metric_names: tuple[str, ...] = ()  # what `metrics` returns as scalars; metric_for_best picks one
     headline: tuple[str, ...] = ()      # the few metrics that logs, reports and plots show
     has_classes = True                  # per-class table and label vocabulary
+    decision_rule = ""                  # how outputs become predictions, where it is a setting
 
     @property
     def plotted(self) -> tuple[str, ...]:
@@ -108,8 +109,8 @@ class TaskKind:
 
 def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
     """The numbers among `metrics` (not counts, per-class tables or matrices), in their order."""
-    return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float)
-            and not isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch")}
+    return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float) and not
+            isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch", "threshold")}
 
 
 def best_score(metrics: dict[str, Any], metric: str) -> float:
@@ -225,6 +226,8 @@ class MultiLabel(TaskKind):
 
     def __init__(self, separator: str = ",", threshold: float = 0.5) -> None:
         self.separator, self.threshold = separator, threshold
+        self.decision_rule = (f"a label is predicted where its probability is at least {threshold:g}"
+                              " (`[data] threshold`); the metrics are at that threshold")
 
     def label_values(self, cell: str | list[str]) -> list[str]:
         if isinstance(cell, list):

@@ -71,23 +71,25 @@ def model_card(run_dir: Path) -> str:
     out += [f"| {key} | {train[key]} |" for key in SETTINGS if key in train]
     kind = from_run_config(run)
     pairs = task.get("data", {}).get("text_pair_column", "") != ""
-    out += ["", "## Metrics", "", *metrics_table(results), "", "## Use", "",
+    rule = [kind.decision_rule[0].upper() + kind.decision_rule[1:] + ".", ""] \
+        if kind.decision_rule else []
+    out += ["", "## Metrics", "", *metrics_table(results), "", *rule, "## Use", "",
             f"A {kind.name.replace('_', '-')} model" + (" of sentence pairs" if pairs else "") + ".",
             "", "```python", "from transformers import pipeline", "",
             'classify = pipeline("text-classification", model="path/to/this/folder")',
             "# truncation=True: texts are cut at the max_length the model was trained with",
-            *_usage(kind.name, pairs, labels), "```", ""]
+            *_usage(kind, pairs, labels), "```", ""]
     return "\n".join(out)
 
 
-def _usage(kind: str, pairs: bool, labels: list[str]) -> list[str]:
+def _usage(kind: Any, pairs: bool, labels: list[str]) -> list[str]:
     text = '{"text": "first sentence", "text_pair": "second sentence"}' if pairs \
         else '"a text to classify"'
-    if kind == "multi_label":  # independent labels: a sigmoid each, every label over the threshold
+    if kind.name == "multi_label":  # independent labels: a sigmoid each, those over the threshold
         return [f'classify({text}, top_k=None, function_to_apply="sigmoid", truncation=True)',
-                "# [{'label': ..., 'score': ...}, ...] for every label; keep those over the "
-                "threshold"]
-    if kind == "regression":  # one output, the score itself
+                "# [{'label': ..., 'score': ...}, ...] for every label; the predicted ones are "
+                f"those with score >= {kind.threshold:g}"]
+    if kind.name == "regression":  # one output, the score itself
         return [f'classify({text}, function_to_apply="none", truncation=True)   # [{{"label": "score", '
                 '"score": 3.8}]']
     return [f'classify({text}, truncation=True)   '

@@ -38,7 +38,8 @@ def metrics_text(metrics: dict[str, Any]) -> str:
     from nlptrain.kinds import metric_label, scalar_metrics
 
     scalars = "  ".join(f"{metric_label(k)} {v:.4f}" for k, v in scalar_metrics(metrics).items())
-    lines = [f"rows {metrics['rows']}  {scalars}"]
+    at = f"  (at threshold {metrics['threshold']:g})" if "threshold" in metrics else ""
+    lines = [f"rows {metrics['rows']}  {scalars}{at}"]
     if not metrics.get("per_class"):
         return lines[0]
     names = list(metrics["per_class"])
@@ -148,6 +149,8 @@ def report_markdown(run_dir: Path) -> str:
     table, detail, where = _results_section(results, evals, eval_name, kind)
     out += ["## Results", ""]
     out += table if len(table) > 2 else ["No evaluation was recorded."]
+    if kind.decision_rule:
+        out += ["", kind.decision_rule[0].upper() + kind.decision_rule[1:] + "."]
     if detail is not None and detail.get("per_class"):
         names = list(detail["per_class"])
         out += ["", f"### Per class ({where})", ""]

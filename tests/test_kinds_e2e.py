@@ -14,6 +14,7 @@ from kinds_data import write_kind_task
 from nlptrain.cli import main
 from nlptrain.config import file_spec, load_task
 from nlptrain.data.readers import read_examples
+from nlptrain.report import metrics_text
 
 KINDS = ("pair", "multi_label", "regression")
 METRICS = {"pair": {"accuracy", "macro_f1", "mcc", "f1"},
@@ -54,6 +55,16 @@ def test_a_run_of_each_kind_reports_its_own_metrics(trained, kind):
                                       "regression": "regression"}[kind]
     if kind == "regression":
         assert config["id2label"] == {"0": "score"} and "confusion_matrix" not in results["test"]
+    # Multi-label: the threshold is a setting the scores were computed at, said as such, never a
+    # metric (the model card's table and the terminal's line list scores only).
+    card = (run / "model" / "README.md").read_text()
+    rule = "a label is predicted where its probability is at least 0.5 (`[data] threshold`)"
+    for text in (report, card):
+        assert (rule.capitalize() in text) == (kind == "multi_label")
+        assert "| threshold |" not in text
+    if kind == "multi_label":
+        assert results["test"]["threshold"] == 0.5 and "score >= 0.5" in card
+        assert metrics_text(results["test"]).splitlines()[0].endswith("(at threshold 0.5)")
 
 
 @pytest.mark.parametrize("kind", KINDS)
