@@ -394,7 +394,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
         tell_launcher("stopped: another rank failed (see its error)", follows=True)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # a second Ctrl-C (the first finishes the step and checkpoints)
+        print(f"{_rank_prefix()}interrupted: stopped at once, without waiting for the step under "
+              "way; a run goes on from its last whole checkpoint with train --resume",
+              file=sys.stderr)
         return 130
     except Exception:
         tell_launcher(None)

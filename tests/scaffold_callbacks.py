@@ -136,3 +136,11 @@ class SigtermDuringEvaluation(Callback):
     def on_valid_start(self, trainer) -> None:
         if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SecondCtrlCAtStep(Callback):
+    """What a second Ctrl-C does at AT_STEP: the default SIGINT handler's KeyboardInterrupt."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
+            raise KeyboardInterrupt

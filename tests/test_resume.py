@@ -73,6 +73,19 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_pat
     assert_same_run(uninterrupted, run)
 
 
+def test_a_second_ctrl_c_stops_at_once_says_so_and_the_run_resumes_exactly(
+        toy_task, tmp_path, uninterrupted, capsys, monkeypatch):
+    run = tmp_path / "killed"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "3"]
+    monkeypatch.setenv("AT_STEP", "8")
+    assert main([*args, "--callback", f"{SCAFFOLD}:SecondCtrlCAtStep"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: stopped at once" in err and "train --resume" in err
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000006"
+    assert main([*args, "--resume"]) == 0
+    assert_same_run(uninterrupted, run)
+
+
 @pytest.mark.parametrize(("fault", "at_step"), [("SigtermDuringEvaluation", "20"),
                                                 ("SigtermRank0", "19")])
 def test_sigterm_at_the_epoch_end_stops_with_130_and_resumes_exactly(
