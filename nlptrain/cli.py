@@ -277,6 +277,23 @@ def launch_environment(args: argparse.Namespace) -> Any:
     return detect(local_rank=args.local_rank)
 
 
+def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
+    """`train --resume` without --nproc and without a launcher, of a run that last ran on N
+    processes started by `--nproc N`: N again (the run goes on as it ran), said. None otherwise: a
+    torchrun or SLURM job is launched again by its own launcher."""
+    from nlptrain.environments import Local, NlptrainLaunch, detect
+    from nlptrain.runs import last_launch
+
+    if not args.output_dir or not isinstance(detect(), Local):
+        return None
+    processes, launcher = last_launch(Path(args.output_dir))
+    if processes < 2 or launcher != NlptrainLaunch.name:
+        return None
+    print(f"resume: {processes} processes, as the run last ran (--nproc {processes}); give --nproc "
+          "1 to go on in one", file=sys.stderr)
+    return processes
+
+
 def _rank_prefix() -> str:
     from nlptrain.environments import detect
 
@@ -301,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "resume", False) and args.nproc is None:
+            args.nproc = _processes_to_resume_with(args)
         if getattr(args, "nproc", None) is not None:  # --nproc 0 is refused, not ignored
             from nlptrain.launch import start_workers
 

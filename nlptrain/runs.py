@@ -90,6 +90,14 @@ def recorded_task(folder: Path) -> TaskConfig | None:
     return None if saved is None else task_from_dict(saved["task"], str(folder / CONFIG_FILE))
 
 
+def last_launch(folder: Path) -> tuple[int, str | None]:
+    """(processes, launcher name) of the run in `folder` as it last ran; (1, None) for none."""
+    saved = read_config(folder) or {}
+    last = (saved.get("resumes") or [saved])[-1]
+    launcher = last.get("launcher") if "resumes" in saved else (saved.get("launch") or {}).get("launcher")
+    return int(last.get("world_size", 1)), launcher
+
+
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
                     overwrite: bool, launch: Environment | None = None) -> bool:
     """Make `folder` ready and write config.json; returns whether there is a run to resume."""
@@ -109,7 +117,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         saved["task"] = task
         saved.setdefault("resumes", []).append({
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": world_size,
-            "changed": changed})
+            "launcher": launch.name if launch else None, "changed": changed})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
     if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen

@@ -70,6 +70,25 @@ def test_nproc_starts_one_job_of_n_ranks(nproc_run):
     assert nproc_run["log"].count("launched by") == 1  # rank 0 alone says it
 
 
+def test_a_resume_without_nproc_goes_on_in_the_processes_the_run_last_ran_in(toy, two_rank_run,
+                                                                           tmp_path):
+    """`train --output-dir RUN --resume` alone, of a `--nproc 2` run: 2 processes again, said;
+    `--nproc 1` given is honoured."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(two_rank_run.folder, run_dir)
+    resumed = run([sys.executable, "-m", "nlptrain", "train", "--output-dir", str(run_dir),
+                   "--resume", "--epochs", "2"], toy)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resume: 2 processes, as the run last ran (--nproc 2)" in resumed.stderr
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["resumes"][-1]["world_size"] == 2
+    assert config["resumes"][-1]["launcher"] == "nlptrain --nproc"
+    one = run([sys.executable, "-m", "nlptrain", "train", "--output-dir", str(run_dir),
+               "--resume", "--epochs", "3", "--nproc", "1"], toy)
+    assert one.returncode == 0 and "resume: 2 processes" not in one.stderr, one.stderr[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["resumes"][-1]["world_size"] == 1
+
+
 def slurm_answers() -> bool:
     """srun is installed and a controller takes jobs (installed is not enough: no daemons)."""
     if shutil.which("sinfo") is None:
