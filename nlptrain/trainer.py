@@ -239,6 +239,10 @@ class Trainer(ProgressCounters):
         # epoch counted from 1, as every log, report and results.json say it
         self.metrics = {**metrics, "epoch": self.epoch + 1, "step": self.global_step}
         self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
+        # A stop decided on the evaluation (early stopping) ends the run at this step on every
+        # rank; the evaluation has synced the ranks already, so agreeing now costs no stall.
+        if self._agree_on_stop(interrupt=False):
+            self._stop_agreed = True
         return self.metrics
 
     @property

@@ -392,3 +392,20 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
     config = json.loads((run / "config.json").read_text())
     assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
     assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 4"]]
+
+
+def test_early_stopping_ends_the_run_at_the_evaluation_that_decided_it(toy_task, tmp_path,
+                                                                       monkeypatch, capsys):
+    """Evaluations at steps 5 and 10; the one at 10 is worse (spoiled) and patience is 1: the
+    run ends at step 10, the step whose evaluation stopped it. No step 11 trained past the
+    decision, no second evaluation of it, and the last checkpoint is step 10's."""
+    monkeypatch.setenv("BEST_STEP", "5")
+    run = tmp_path / "run"
+    assert main(_best_run(toy_task, run, "--eval-every", "5", "--early-stopping", "1",
+                          "--checkpoint-every", "5")) == 0
+    assert "early stop at step 10" in capsys.readouterr().err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [5, 10]
+    assert max(r["step"] for r in rows) == 10
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000010"
+    assert results(run)["valid"]["step"] == 5  # the best model's
