@@ -78,14 +78,16 @@ def default_max_length(model_dir: Path, tokenizer: Any, model: Any) -> int:
 
 def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
             kind: TaskKind | None = None) -> Iterable[dict]:
-    """One dict per text, in input order: row (from 1), the prediction (single-label: label and
+    """One dict per text, in input order: row (from 1), line (where the text is in the input file:
+    blank lines are skipped, a header counts), the prediction (single-label: label and
     its probability; multi-label: every label over the threshold and its probability;
     regression: the score), [every label's probability], the text [and its pair].
     `texts`: an `Examples` (texts and pairs) or a list of texts."""
     kind = kind or SingleLabel()
-    pairs = getattr(texts, "pairs", None)
+    pairs, lines = getattr(texts, "pairs", None), getattr(texts, "lines", None)
     for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
-        row: dict[str, Any] = {"row": i + 1, **kind.predicted(p, names)}
+        row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {}),
+                               **kind.predicted(p, names)}
         if all_probs and kind.has_classes:
             row["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
         row["text"] = text
@@ -163,6 +165,9 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     model = load_saved_model(args.model)
     kind = from_model_config(model.config)
     check_inputs_fit(model.config, args, texts.pairs is not None)
+    if args.all_probs and not kind.has_classes:
+        log.warning("--all-probs: a %s model has no label probabilities; its score is written",
+                    kind.name)
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     max_length = args.max_length or default_max_length(Path(args.model), tokenizer, model)
     check_max_length(model, max_length, "--max-length" if args.max_length else
@@ -204,7 +209,8 @@ def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "predict", help="label the texts of a file with a saved model",
         description="Label each text of a file with a saved model (a run's model/ folder): row "
-        "number, label, its probability and the text, in input order; the same with torchrun.",
+        "number, the input line it came from, label, its probability and the text, in input "
+        "order; the same with torchrun.",
         epilog="examples:\n  python -m nlptrain predict --model runs/RUN/model --input texts.txt\n"
         "  torchrun --nproc_per_node 2 -m nlptrain predict --model runs/RUN/model "
         "--input in.tsv --output out.jsonl --all-probs",

@@ -134,13 +134,15 @@ def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     capsys.readouterr()
     assert main(["predict", "--model", str(multi / "run" / "model"), "--input", str(multi / "in.txt")]) == 0
     header, row = capsys.readouterr().out.splitlines()
-    assert header == "row\tlabels\tlabel_probabilities\ttext"
-    labels = [name for name in row.split("\t")[1].split(",") if name]
-    probabilities = [float(p) for p in row.split("\t")[2].split(",") if p]
+    assert header == "row\tline\tlabels\tlabel_probabilities\ttext"
+    labels = [name for name in row.split("\t")[2].split(",") if name]
+    probabilities = [float(p) for p in row.split("\t")[3].split(",") if p]
     assert labels and len(probabilities) == len(labels)
     assert all(p >= 0.5 for p in probabilities)  # every label over the threshold, no other
     assert main(["predict", "--model", str(trained["regression"] / "run" / "model"), "--input",
                  str(pairs), "--text-column", "premise", "--text-pair-column", "hypothesis",
-                 "--format", "jsonl"]) == 0
-    assert [set(json.loads(line)) for line in capsys.readouterr().out.splitlines()] == \
-        [{"row", "score", "text", "text_pair"}] * 2
+                 "--format", "jsonl", "--all-probs"]) == 0
+    out, err = capsys.readouterr()
+    assert [set(json.loads(line)) for line in out.splitlines()] == \
+        [{"row", "line", "score", "text", "text_pair"}] * 2
+    assert "--all-probs: a regression model has no label probabilities" in err

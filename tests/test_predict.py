@@ -62,11 +62,15 @@ def test_order_and_probabilities_equal_with_1_and_2_processes(tmp_path: Path, sh
 
     single = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     double = parse_tsv(two.stdout)
-    assert list(double[0]) == ["row", "label", "probability", "p_LABEL_0", "p_LABEL_1", "text"]
+    assert list(double[0]) == ["row", "line", "label", "probability", "p_LABEL_0", "p_LABEL_1",
+                               "text"]
     assert [r["text"] for r in single] == texts
     assert [r["text"] for r in double] == texts
     assert [r["row"] for r in single] == list(range(1, 38))
     assert [int(r["row"]) for r in double] == list(range(1, 38))
+    # Where each text is in its input: after the TSV's header; past the text file's blank line.
+    assert [r["line"] for r in single] == list(range(2, 39))
+    assert [int(r["line"]) for r in double] == [*range(1, 11), *range(12, 39)]
     assert [r["label"] for r in single] == [r["label"] for r in double]
     names = ["LABEL_0", "LABEL_1"]
     probs_1 = np.array([[r["probabilities"][n] for n in names] for r in single])
