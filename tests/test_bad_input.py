@@ -358,3 +358,19 @@ def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_pat
     code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
     assert code == 1 and "[data] threshold must be between 0 and 1 (a probability)" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_per_rank_files_with_a_label_the_task_lacks_are_refused_before_overwrite(capsys, toy_task,
+                                                                                  tmp_path):
+    """The labels `split` saw are checked against the task's before the run directory is
+    touched: with --overwrite, the earlier run is still there after the refusal."""
+    source = tmp_path / "all.tsv"
+    source.write_text((toy_task.parent / "train.tsv").read_text() + "a hesitant review\tmaybe\n")
+    assert main(["split", str(source), "--world-size", "1", "--out", str(tmp_path / "parts")]) == 0
+    earlier = tmp_path / "run"
+    assert train(capsys, toy_task, earlier, "--epochs", "1", "--steps-per-epoch", "1")[0] == 0
+    code, err = train(capsys, toy_task, earlier, "--train-shards", str(tmp_path / "parts"),
+                      "--overwrite")
+    assert code == 1 and "Traceback" not in err
+    assert "manifest.json: the per-rank files hold labels the task does not name: maybe" in err
+    assert (earlier / "model" / "model.safetensors").is_file()  # not replaced by a refused run

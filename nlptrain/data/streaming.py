@@ -162,7 +162,21 @@ def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:
         folder = Path(task.data_dir or ".") / task.data.train_shards
         manifest = Manifest.load(folder)
         manifest.check_world_size(world_size, folder)  # before any model is loaded
-        return vocab or LabelVocab(list(manifest.labels), list(manifest.labels))
+        if vocab is None:
+            return LabelVocab(list(manifest.labels), list(manifest.labels))
+        # Checked now, from the labels `split` saw: a rank would find them only once training
+        # began, after --overwrite had replaced the earlier run.
+        from nlptrain.kinds import from_task
+
+        known = vocab.ids()
+        unknown = sorted({value for cell in manifest.labels
+                          for value in from_task(task).label_values(cell)} - set(known))
+        if unknown:
+            raise ConfigError(f"{folder / 'manifest.json'}: the per-rank files hold labels the "
+                              f"task does not name: {', '.join(unknown[:10])} (the task's: "
+                              f"{', '.join(vocab.names)}); add them to [data] labels, or split "
+                              "a file without them")
+        return vocab
     if vocab is None:
         raise ConfigError(f"task '{task.name}': streaming needs [data] labels, since the train "
                           "file is not read ahead; e.g. labels = [\"neg\", \"pos\"]")
