@@ -36,6 +36,7 @@ CLEARLY_FASTER = 1.5  # bf16 matmuls at least this many times fp32's: autocast t
                       # end to end at 4x, measured in bench/run.py); below, casts eat the gain
 PROBE_SHAPE = (128, 384, 768)  # tokens x hidden x width, of MiniLM-sized layers
 PROBE_BUDGET_S = 0.1  # after one timed round, stop once the probe has taken this long
+PROBE_ATTEMPTS = 3  # probes at most while bf16 looks no faster (`probe_cpu`)
 STEP_PROBE_BUDGET_S = 1.0  # the same for the job's own step, on a GPU
 
 
@@ -111,7 +112,7 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
         choice = (choose_by_step(step, device, name) if step is not None else
                   PrecisionChoice("auto", "bf16", f"{name} supports bf16"))
     elif device.type == "cpu":
-        probe = probe_cpu_matmuls()
+        probe = probe_cpu()
         faster = probe["bf16_speedup"] >= CLEARLY_FASTER
         choice = PrecisionChoice(
             "auto", "bf16" if faster else "fp32",
@@ -123,6 +124,22 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
         choice = dist.broadcast_object(choice)
     log.info("precision auto: %s (%s)", choice.precision, choice.reason)
     return choice
+
+
+def probe_cpu(attempts: int = PROBE_ATTEMPTS) -> dict[str, float]:
+    """`probe_cpu_matmuls`, again while bf16 comes out short of clearly faster, up to `attempts`
+    times, keeping the fastest bf16 seen: other work on the machine slows a probe's bf16 timings
+    as often as its fp32 ones and can hide bf16's speed, but never fakes it (under two busy
+    processes on 2 cores a single probe missed a 3x bf16 in 8 of 40 runs; up to three, in none).
+    A CPU without bf16 units stays far below (0.03x) and costs ~0.3 s of probing."""
+    best = probe_cpu_matmuls()
+    tried = 1
+    while tried < attempts and best["bf16_speedup"] < CLEARLY_FASTER:
+        probe = probe_cpu_matmuls()
+        tried += 1
+        if probe["bf16_speedup"] > best["bf16_speedup"]:
+            best = probe
+    return {**best, "attempts": tried}
 
 
 def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:

@@ -211,3 +211,23 @@ def test_the_timed_step_leaves_no_trace_on_the_model_or_the_rng(tiny_model_dir, 
     # nothing to take without reading it: no step, and auto falls back on what the GPU supports
     assert typical_batch(iter(train), Collator(0), 8) is None
     assert typical_batch([], Collator(0), 8) is None
+
+
+def test_the_cpu_probe_tries_again_while_bf16_looks_slow_and_keeps_its_best(monkeypatch):
+    """Load can hide bf16's speed (a probe measures tenths of a millisecond) but not fake it: a
+    probe short of CLEARLY_FASTER is repeated, up to 3 in all, the fastest bf16 kept."""
+    import nlptrain.precision as precision
+
+    def probes(speedups):
+        found = iter(speedups)
+        monkeypatch.setattr(precision, "probe_cpu_matmuls",
+                            lambda: {"bf16_speedup": next(found), "fp32_ms": 1.0, "bf16_ms": 1.0})
+
+    probes([0.5, 3.1, 0.4])  # slowed by a neighbour, then clearly faster: no third probe
+    assert precision.probe_cpu() == {"bf16_speedup": 3.1, "fp32_ms": 1.0, "bf16_ms": 1.0,
+                                     "attempts": 2}
+    probes([0.03, 0.04, 0.02, 5.0])  # no bf16 units: three probes, then fp32
+    found = precision.probe_cpu()
+    assert (found["bf16_speedup"], found["attempts"]) == (0.04, 3)
+    probes([4.0])
+    assert precision.probe_cpu()["attempts"] == 1
