@@ -98,7 +98,8 @@ def _task_options(parser: argparse.ArgumentParser) -> None:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", help="task file, or the name of one in tasks/ (default: the "
-                        "small sentiment set in data/; train --resume: the run's own)")
+                        "small sentiment set in data/; train --resume, and eval of a run's "
+                        "model/: the run's own)")
     parser.add_argument("--data-dir", help="folder the task's data paths start from "
                         "(default: the task's data_dir, or $NLPTRAIN_DATA_DIR)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -186,11 +187,17 @@ def load_object(spec: str) -> Any:
 
 def resolve_task(args: argparse.Namespace) -> TaskConfig:
     """The task file named by --task, with the command line's overrides and data folder. A resume
-    that names no task goes on with the run's own (its config.json), the overrides on top."""
+    that names no task goes on with the run's own (its config.json), the overrides on top; so
+    does `eval` of a run's model/ (the run's data, its held-out split)."""
     from nlptrain.runs import recorded_task
 
     resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
-    task = (resumed and recorded_task(Path(args.output_dir))) or load_task(find_task(args.task or "default"))
+    task = resumed and recorded_task(Path(args.output_dir))
+    if args.task is None and getattr(args, "model", None) and args.command == "eval":
+        task = recorded_task(Path(args.model).parent)
+        if task:
+            log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
+    task = task or load_task(find_task(args.task or "default"))
     task = apply_overrides(task, args)
     data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
     if not data_dir:
@@ -252,9 +259,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from nlptrain import recipe
     from nlptrain.report import metrics_text
 
-    task = resolve_task(args)
     environment = launch_environment(args)
     start_logging(args, environment.rank)
+    task = resolve_task(args)
     with recipe.backend(task.train.timeout, environment) as dist:
         metrics = recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)
         if dist.is_main:

@@ -101,6 +101,14 @@ def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Pa
              if '"eval"' in line]
     best = results["valid"]
     assert [e["epoch"] for e in evals if e["step"] == best["step"]] == [best["epoch"]]
+    # No --task: the run's own (its config.json), with the options it ran with: the held-out
+    # validation rows are the run's, and model/ (the best model) scores on them as it did.
+    assert main(["eval", "--model", str(run / "model"), "--split", "valid", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert f"the run's own, from {run / 'config.json'}" in err
+    scored = json.loads(out)
+    for key in ("accuracy", "macro_f1", "loss", "rows"):
+        assert scored[key] == best[key], key
 
 
 def test_the_printed_confusion_matrix_keeps_long_label_names_whole() -> None:
