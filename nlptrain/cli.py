@@ -30,6 +30,7 @@ log = logging.getLogger("nlptrain")
 FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
               ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
 NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
+SOURCE = "<options>"  # where validate() names the source, filled in with the options at fault
 # Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
 MORE_COMMANDS: tuple[str, ...] = ("nlptrain.data.split", "nlptrain.plots", "nlptrain.predict")
 
@@ -209,23 +210,29 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
 
 def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
     """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
-    together once all are set (an error names them all)."""
-    given = []
+    together once all are set (an error names the options whose keys it is about)."""
+    given: list[tuple[str, str]] = []  # (the option as given, "[section] key")
     for key, value in vars(args).items():
         if key.startswith("set:") and value is not None:
             section, name = key[4:].split(".")
             hint = typing.get_type_hints(SECTIONS[section])[name]
-            given.append(flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name]))
+            flag = flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name])
+            given.append((flag, f"[{section}] {name}"))
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
-                           else value, given[-1])
+                           else value, flag)
     for item in args.set:
         dotted, sep, text = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
-        given.append(f"--set {item}")
-        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1])
+        section, _, name = dotted.strip().partition(".")
+        given.append((f"--set {item}", f"[{section}] {name}"))
+        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
     if given:  # the task file alone was checked when it was read
-        validate(task, ", ".join(given))
+        try:
+            validate(task, SOURCE)
+        except ConfigError as err:  # named: the options the message is about, else all given
+            about = [flag for flag, key in given if key in str(err)] or [flag for flag, _ in given]
+            raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
     return task
 
 

@@ -320,6 +320,15 @@ def test_an_error_names_the_option_as_it_was_typed(capsys, toy_task, tmp_path):
     assert code == 1 and "error: --data-format: [data] format = 'xml'" in err, err  # not --format
 
 
+def test_an_error_names_the_options_at_fault_not_every_one_given(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--lr=-1",
+                      "--set", "train.batch_size=8")
+    assert code == 1 and "error: --lr: [train] lr must be at least 0" in err, err
+    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--max-tokens", "64",
+                      "--set", "data.streaming=true")
+    assert "error: --max-tokens, --set data.streaming=true: [train] max_tokens needs" in err, err
+
+
 @pytest.mark.parametrize(("flag", "value"), [
     ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
     ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])

@@ -188,7 +188,7 @@ def test_task_files_choose_the_kind_and_check_metric_for_best():
     assert isinstance(kind, MultiLabel) and (kind.separator, kind.threshold) == (";", 0.3)
     assert isinstance(from_task(TaskConfig(data=DataConfig(kind="regression"))), Regression)
     with pytest.raises(ConfigError, match=r"metric_for_best = 'accuracy' is not a metric of "
-                                          r"regression tasks; choose one of pearson"):
+                                          r"regression tasks \(\[data\] kind\); choose one of pearson"):
         task_from_dict({"data": {"kind": "regression"}, "train": {"metric_for_best": "accuracy"}},
                        "t.toml")
     with pytest.raises(ConfigError, match=r"\[data\] kind = 'multi'; choose one of"):
