@@ -1,38 +1,31 @@
 """Command line: `python -m nlptrain {train,eval,...}`, the same under `torchrun -m nlptrain`.
 
-Every key of [data], [model] and [train] but labels is also an option of `train` (`--lr 3e-5`,
-`--max-length 64`, ...), generated from the dataclasses in config.py so `--help` lists them with
-their meaning; `--set section.key=value` reaches every key.
+The commands, their options and how an error ends the process (its exit code, the launcher
+told). The task's own options (`--lr 3e-5`, `--set section.key=value`, `--task`) and how they
+make a task are in task_options.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import faulthandler
 import importlib
 import importlib.util
 import logging
 import os
 import sys
-import tomllib
-import typing
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task, validate
+from nlptrain.config import TaskConfig
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.logs import add_log_level
+from nlptrain.task_options import add_task_options, apply_overrides, resolve_task
 
 log = logging.getLogger("nlptrain")
 
-# Options whose names would be unclear or clash as plain `--<key>`.
-FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
-              ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
-NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
-SOURCE = "<options>"  # where validate() names the source, filled in with the options at fault
 # Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
-MORE_COMMANDS: tuple[str, ...] = ("nlptrain.data.split", "nlptrain.plots", "nlptrain.predict")
+MORE_COMMANDS: tuple[str, ...] = ("nlptrain.plots", "nlptrain.predict")
 
 EPILOG = """examples:
   python -m nlptrain train                                  # the default task on data/
@@ -42,59 +35,6 @@ EPILOG = """examples:
   python -m nlptrain train --task my.toml --set train.lr=3e-5 --output-dir runs/mine
   python -m nlptrain eval --model runs/RUN/model --task rt-polarity --data-dir DATA
 """
-
-
-def tasks_dir() -> Path:
-    import nlptrain.tasks
-
-    return Path(nlptrain.tasks.__file__).parent
-
-
-def find_task(name: str) -> Path:
-    """A task file path, or the name of a file in tasks/ (with or without .toml)."""
-    path = Path(name)
-    if path.is_file():
-        return path
-    shipped = tasks_dir() / f"{name.removesuffix('.toml')}.toml"
-    if shipped.is_file():
-        return shipped
-    known = ", ".join(sorted(p.stem for p in tasks_dir().glob("*.toml")))
-    raise ConfigError(f"{name}: no such task file, and not a shipped task ({known})")
-
-
-def parse_value(text: str, hint: Any) -> Any:
-    """A command-line value: a TOML literal (3e-5, true, [..]) unless the key is plain text."""
-    if hint is str:
-        return text
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def flag_of(section: str, f: dataclasses.Field) -> str:
-    """The option that sets task key `section.f`: `--max-length`, `--train-file`, `--model`."""
-    return FLAG_NAMES.get((section, f.name)) or f.metadata.get("flag") or \
-        "--" + f.name.replace("_", "-")
-
-
-def _task_options(parser: argparse.ArgumentParser) -> None:
-    for section, cls in SECTIONS.items():
-        group = parser.add_argument_group(f"[{section}] options (override the task file)")
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if (section, f.name) in NOT_ON_COMMAND_LINE:
-                continue
-            flag = flag_of(section, f)
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            kwargs: dict[str, Any] = {"dest": f"set:{section}.{f.name}", "default": None,
-                                      "help": f"{f.metadata['help']} (default: {default!r})"}
-            if hints[f.name] is bool:
-                kwargs["action"] = argparse.BooleanOptionalAction
-            else:
-                kwargs["metavar"] = hints[f.name].__name__.upper() if isinstance(
-                    hints[f.name], type) else "VALUE"
-            group.add_argument(flag, **kwargs)
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
@@ -146,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
                        help="when stderr is not a terminal (a log file), one progress line this "
                             "often instead of a progress bar (default: 30)")
-    _task_options(train)
+    add_task_options(train)
     train.set_defaults(handler=cmd_train)
 
     evaluate = commands.add_parser("eval", help="score a saved model on a task's data",
@@ -161,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help="which set of the task to score (default: test)")
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     evaluate.set_defaults(handler=cmd_eval)
+    add_split_command(commands)
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
     return parser
@@ -186,54 +127,63 @@ def load_object(spec: str) -> Any:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 
 
-def resolve_task(args: argparse.Namespace) -> TaskConfig:
-    """The task file named by --task, with the command line's overrides and data folder. A resume
-    that names no task goes on with the run's own (its config.json), the overrides on top; so
-    does `eval` of a run's model/ (the run's data, its held-out split)."""
-    from nlptrain.runs import recorded_task
+def add_split_command(commands: Any) -> None:
+    parser = commands.add_parser(
+        "split", help="write one file per rank (plus manifest.json) for per-rank training",
+        description="Split a training file into N per-rank files and a manifest, in constant "
+        "memory. Train on them with --train-shards DIR (each rank reads only its own file).")
+    parser.add_argument("file", nargs="?", help="the file to split (else the task's train file)")
+    parser.add_argument("--world-size", type=int, required=True, metavar="N",
+                        help="number of ranks (processes) of the jobs that will read the files")
+    parser.add_argument("--out", metavar="DIR",
+                        help="output folder (default: ./STEM-N-ranks, e.g. ./train-4-ranks)")
+    parser.add_argument("--by", choices=["rows", "size"], default="rows",
+                        help="rows: round-robin, counts differ by at most one; size: balance "
+                        "characters, row counts may differ (default: rows)")
+    parser.add_argument("--shuffle", action="store_true", help="shuffle the rows first (seeded)")
+    parser.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier split in --out")
+    parser.add_argument("--task", help="task file or shipped task whose file to split")
+    parser.add_argument("--which", choices=["train", "valid", "test"], default="train",
+                        help="which file of the task (default: train)")
+    parser.add_argument("--data-dir", help="folder the task's data paths start from")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
+    for key, help_text in (("format", "tsv | csv | jsonl | parquet | lines | auto (by extension)"),
+                           ("text_column", "text column (name or 0-based index)"),
+                           ("label_column", "label column (name or 0-based index)")):
+        flag = "--data-format" if key == "format" else "--" + key.replace("_", "-")
+        parser.add_argument(flag, dest=f"set:data.{key}", metavar=key.split("_")[0].upper(),
+                            help=help_text)
+    parser.add_argument("--header", dest="set:data.header", action=argparse.BooleanOptionalAction,
+                        help="tsv/csv: the first row names the columns (default: true)")
+    parser.set_defaults(handler=cmd_split)
 
-    resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
-    task = resumed and recorded_task(Path(args.output_dir))
-    if args.task is None and getattr(args, "model", None) and args.command == "eval":
-        task = recorded_task(Path(args.model).parent)
-        if task:
-            log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
-    task = task or load_task(find_task(args.task or "default"))
-    task = apply_overrides(task, args)
-    data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
-    if not data_dir:
-        raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR "
-                          "(e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
-    task.data_dir = str(Path(data_dir).resolve())
-    return task
 
+def cmd_split(args: argparse.Namespace) -> int:
+    from nlptrain.config import file_spec
+    from nlptrain.data.split import split_task
 
-def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
-    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
-    together once all are set (an error names the options whose keys it is about)."""
-    given: list[tuple[str, str]] = []  # (the option as given, "[section] key")
-    for key, value in vars(args).items():
-        if key.startswith("set:") and value is not None:
-            section, name = key[4:].split(".")
-            hint = typing.get_type_hints(SECTIONS[section])[name]
-            flag = flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name])
-            given.append((flag, f"[{section}] {name}"))
-            apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
-                           else value, flag)
-    for item in args.set:
-        dotted, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
-        section, _, name = dotted.strip().partition(".")
-        given.append((f"--set {item}", f"[{section}] {name}"))
-        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
-    if given:  # the task file alone was checked when it was read
-        try:
-            validate(task, SOURCE)
-        except ConfigError as err:  # named: the options the message is about, else all given
-            about = [flag for flag, key in given if key in str(err)] or [flag for flag, _ in given]
-            raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
-    return task
+    if args.task:
+        task = resolve_task(args)
+    elif args.file:
+        task = apply_overrides(TaskConfig(name=Path(args.file).stem, data_dir=os.getcwd()), args)
+    else:
+        raise ConfigError("split: give a FILE or --task TASK")
+    if args.file:
+        setattr(task.data, args.which, str(Path(args.file).resolve()))
+    spec = file_spec(task, args.which)
+    # Default: the current folder, never beside the input (data folders are often shared).
+    stem = Path(spec.path).name.split(".")[0] if spec else "split"
+    out = Path(args.out or f"{stem}-{args.world_size}-ranks").resolve()
+    manifest = split_task(task, out, args.world_size, args.by, args.shuffle, args.seed,
+                          args.which, args.overwrite)
+    rows = manifest.rows
+    print(f"{sum(rows)} rows -> {len(rows)} files of {min(rows)}-{max(rows)} rows"
+          f"{f', shuffled (seed {args.seed})' if args.shuffle else ''}, by {args.by}, in {out}\n"
+          f"train with: --train-shards {out} and {manifest.world_size} processes "
+          f"(labels seen: {', '.join(manifest.labels[:20])})")
+    return 0
 
 
 def run_options(args: argparse.Namespace) -> Any:

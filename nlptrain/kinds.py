@@ -89,7 +89,8 @@ class TaskKind:
         """`metric` (metric_for_best) is one this kind computes, for these labels where known."""
         if metric not in (*self.metric_names, "loss"):
             raise ConfigError(f"{source}: [train] metric_for_best = {metric!r} is not a metric of "
-                              f"{self.name} tasks ([data] kind); choose one of {', '.join(self.metric_names)}, loss")
+                              f"{self.name} tasks ([data] kind); choose one of "
+                              f"{', '.join(self.metric_names)}, loss")
 
     def check_labels(self, label_names: Sequence[str], source: str) -> None:
         """The task's labels (configured or found in the train rows) make a task of this kind."""

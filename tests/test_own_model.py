@@ -77,7 +77,8 @@ def test_a_metric_for_best_that_no_metric_gives_is_refused_before_training(tmp_p
     model = MeanPoolClassifier(tiny_model_dir, 2)
     common = dict(kind=SingleLabel(), label_names=["neg", "pos"])
     with pytest.raises(ConfigError, match=r"metric_for_best = 'acc' is not a metric of "
-                                          r"single_label tasks \(\[data\] kind\); choose one of accuracy, macro_f1"):
+                                          r"single_label tasks \(\[data\] kind\); "
+                                          r"choose one of accuracy, macro_f1"):
         Trainer(model, config=TrainConfig(metric_for_best="acc"), **common)
     with pytest.raises(ConfigError, match=r"metric_for_best = 'f1' is the binary F1"):
         Trainer(model, config=TrainConfig(metric_for_best="f1"), kind=SingleLabel(),

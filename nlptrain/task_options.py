@@ -1,0 +1,128 @@
+"""A task from the command line: the task file `--task` names (or a shipped one, or a run's
+own), every key of [data], [model] and [train] as an option of its own (`--lr 3e-5`,
+`--max-length 64`, generated from the dataclasses in config.py so `--help` lists them with their
+meaning), `--set section.key=value`, and the data folder."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import tomllib
+import typing
+from pathlib import Path
+from typing import Any
+
+from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task, validate
+from nlptrain.errors import ConfigError
+
+log = logging.getLogger("nlptrain")
+
+# Options whose names would be unclear or clash as plain `--<key>`.
+FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
+              ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
+NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
+SOURCE = "<options>"  # where validate() names the source, filled in with the options at fault
+
+def tasks_dir() -> Path:
+    import nlptrain.tasks
+
+    return Path(nlptrain.tasks.__file__).parent
+
+
+def find_task(name: str) -> Path:
+    """A task file path, or the name of a file in tasks/ (with or without .toml)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = tasks_dir() / f"{name.removesuffix('.toml')}.toml"
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in tasks_dir().glob("*.toml")))
+    raise ConfigError(f"{name}: no such task file, and not a shipped task ({known})")
+
+
+def parse_value(text: str, hint: Any) -> Any:
+    """A command-line value: a TOML literal (3e-5, true, [..]) unless the key is plain text."""
+    if hint is str:
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def flag_of(section: str, f: dataclasses.Field) -> str:
+    """The option that sets task key `section.f`: `--max-length`, `--train-file`, `--model`."""
+    return FLAG_NAMES.get((section, f.name)) or f.metadata.get("flag") or \
+        "--" + f.name.replace("_", "-")
+
+
+def add_task_options(parser: argparse.ArgumentParser) -> None:
+    for section, cls in SECTIONS.items():
+        group = parser.add_argument_group(f"[{section}] options (override the task file)")
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if (section, f.name) in NOT_ON_COMMAND_LINE:
+                continue
+            flag = flag_of(section, f)
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            kwargs: dict[str, Any] = {"dest": f"set:{section}.{f.name}", "default": None,
+                                      "help": f"{f.metadata['help']} (default: {default!r})"}
+            if hints[f.name] is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["metavar"] = hints[f.name].__name__.upper() if isinstance(
+                    hints[f.name], type) else "VALUE"
+            group.add_argument(flag, **kwargs)
+
+
+def resolve_task(args: argparse.Namespace) -> TaskConfig:
+    """The task file named by --task, with the command line's overrides and data folder. A resume
+    that names no task goes on with the run's own (its config.json), the overrides on top; so
+    does `eval` of a run's model/ (the run's data, its held-out split)."""
+    from nlptrain.runs import recorded_task
+
+    resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
+    task = resumed and recorded_task(Path(args.output_dir))
+    if args.task is None and getattr(args, "model", None) and args.command == "eval":
+        task = recorded_task(Path(args.model).parent)
+        if task:
+            log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
+    task = task or load_task(find_task(args.task or "default"))
+    task = apply_overrides(task, args)
+    data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
+    if not data_dir:
+        raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR "
+                          "(e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
+    task.data_dir = str(Path(data_dir).resolve())
+    return task
+
+
+def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
+    """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
+    together once all are set (an error names the options whose keys it is about)."""
+    given: list[tuple[str, str]] = []  # (the option as given, "[section] key")
+    for key, value in vars(args).items():
+        if key.startswith("set:") and value is not None:
+            section, name = key[4:].split(".")
+            hint = typing.get_type_hints(SECTIONS[section])[name]
+            flag = flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name])
+            given.append((flag, f"[{section}] {name}"))
+            apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
+                           else value, flag)
+    for item in args.set:
+        dotted, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
+        section, _, name = dotted.strip().partition(".")
+        given.append((f"--set {item}", f"[{section}] {name}"))
+        apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
+    if given:  # the task file alone was checked when it was read
+        try:
+            validate(task, SOURCE)
+        except ConfigError as err:  # named: the options the message is about, else all given
+            about = [flag for flag, key in given if key in str(err)] or [flag for flag, _ in given]
+            raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
+    return task
