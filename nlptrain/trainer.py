@@ -84,9 +84,11 @@ class Trainer(ProgressCounters):
                                  ((train_data, "train"), (eval_data, "valid")))
         pad_id = getattr(model_config, "pad_token_id", None) or 0
         self.collate = collate or Collator(pad_id)
-        def job_step() -> precision.JobStep | None:  # timed by "auto" on a GPU
+
+        def job_step() -> precision.JobStep | None:  # what "auto" times on a GPU
             batch = typical_batch(train_data, self.collate, config.batch_size)
-            return batch and precision.JobStep(model, batch, lambda b: logits_of(model(**model_inputs(b))))
+            forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
+            return None if batch is None else precision.JobStep(model, batch, forward)
 
         # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
         self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from,
