@@ -19,6 +19,7 @@ from typing import Any
 
 from nlptrain.config import TaskConfig
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.task_options import add_task_options, apply_overrides, resolve_task
 
@@ -51,12 +52,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     # Also after the command; SUPPRESS keeps a value given before it (see build_parser).
     parser.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)
-    parser.add_argument("--nproc", type=int, metavar="N",
-                        help="start N processes on this machine (DDP; torch's elastic agent, as "
-                        "torchrun): no launcher needed")
-    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                        help="with --nproc: restart all processes up to N times after a failure; "
-                        "a restarted training resumes from its latest checkpoint (default: 0)")
+    add_launch_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "nproc", None) is not None:  # --nproc 0 is refused, not ignored
             from nlptrain.launch import start_workers
 
-            code = start_workers(args, argv, lambda: resolve_task(args))
+            check = getattr(args, "check_before_launch", resolve_task)  # predict: its files
+            code = start_workers(args, argv, lambda: check(args))
             if code is not None:
                 return code
         return args.handler(args)

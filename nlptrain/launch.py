@@ -86,11 +86,21 @@ def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0
     return [results[rank] for rank in range(nproc)]
 
 
+def add_launch_options(parser: argparse.ArgumentParser) -> None:
+    """`--nproc N` and `--max-restarts N`, for a command that runs as one process or many."""
+    parser.add_argument("--nproc", type=int, metavar="N",
+                        help="start N processes on this machine (DDP; torch's elastic agent, as "
+                        "torchrun): no launcher needed")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="with --nproc: restart all processes up to N times after a failure; "
+                        "a restarted training resumes from its latest checkpoint (default: 0)")
+
+
 def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callable[[], Any]
                   ) -> int | None:
     """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
-    process is one of them (then None: run the command). `check_task` reads the task, so that a
-    mistake in it is reported once, before any worker starts."""
+    process is one of them (then None: run the command). `check_task` checks what the command was
+    given (a task, files), so that a mistake is reported once, before any worker starts."""
     from nlptrain.environments import NlptrainLaunch, detect
 
     if args.nproc < 1:

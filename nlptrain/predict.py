@@ -20,6 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
+from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.models import usable_positions
 
@@ -150,6 +151,16 @@ def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -
                           f"--text-pair-column {args.text_pair_column}")
 
 
+def check_files(args: argparse.Namespace) -> None:
+    """Before `--nproc` starts workers: a mistake in the files is one error, not one a rank."""
+    from nlptrain.data.readers import open_checked
+
+    open_checked(Path(args.input), "input")
+    if not (Path(args.model) / "config.json").is_file():
+        raise ConfigError(f"{args.model}: no config.json; give a saved model folder (a run's model/)")
+    check_output(args.output, args.input)
+
+
 def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
@@ -212,6 +223,8 @@ def add_command(commands: Any) -> None:
         "number, the input line it came from, label, its probability and the text, in input "
         "order; the same with torchrun.",
         epilog="examples:\n  python -m nlptrain predict --model runs/RUN/model --input texts.txt\n"
+        "  python -m nlptrain predict --nproc 2 --model runs/RUN/model --input in.tsv "
+        "--output out.tsv\n"
         "  torchrun --nproc_per_node 2 -m nlptrain predict --model runs/RUN/model "
         "--input in.tsv --output out.jsonl --all-probs",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -241,4 +254,5 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds a rank waits for the others before failing")
     add_log_level(parser)
-    parser.set_defaults(handler=cmd_predict)
+    add_launch_options(parser)
+    parser.set_defaults(handler=cmd_predict, check_before_launch=check_files)

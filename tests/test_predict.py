@@ -210,3 +210,25 @@ def test_max_length_comes_from_the_run_else_from_the_model(tmp_path: Path) -> No
     assert default_max_length(tmp_path / "model", tokenizer, roberta) == 128
     (tmp_path / "config.json").write_text(json.dumps({"task": {"model": {"max_length": 48}}}))
     assert default_max_length(tmp_path / "model", tokenizer, model_config) == 48
+
+
+@pytest.mark.distributed
+def test_nproc_starts_its_own_workers_and_writes_what_one_process_does(tmp_path: Path,
+                                                                       sharp_model: Path,
+                                                                       capsys) -> None:
+    texts = varied_texts(23)
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    common = ["predict", "--model", str(sharp_model), "--input", "in.txt", "--all-probs"]
+    two = run_cli([*common, "--nproc", "2", "--output", "two.tsv"], cwd=tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "in.txt: 23 texts, 2 process(es)" in two.stderr
+    one = run_cli([*common, "--output", "one.tsv"], cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    rows_two, rows_one = (parse_tsv((tmp_path / name).read_text()) for name in ("two.tsv", "one.tsv"))
+    assert [r["text"] for r in rows_two] == texts
+    assert [r["label"] for r in rows_two] == [r["label"] for r in rows_one]
+    np.testing.assert_allclose([float(r["p_LABEL_1"]) for r in rows_two],
+                               [float(r["p_LABEL_1"]) for r in rows_one], atol=2e-6)
+    # A missing input is one error before any worker starts, not one from each.
+    missing = run_cli([*common, "--nproc", "2", "--input", "nope.txt"], cwd=tmp_path)
+    assert missing.returncode == 1 and missing.stderr.count("input file not found") == 1
