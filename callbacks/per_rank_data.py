@@ -131,7 +131,13 @@ class PerRankData(Callback):
         cfg = trainer.config
         ranks = plan(self.manifest.rows, trainer.batches_per_epoch, cfg.batch_size, cfg.drop_last,
                      self.uneven == "wrap")
-        report = {"epoch": trainer.epoch, "batches": trainer.batches_per_epoch, "ranks": ranks}
+        # What set the count: [train] steps_per_epoch when it cut every rank short, else the files.
+        capped = bool(cfg.steps_per_epoch) and all(r["batches"] > trainer.batches_per_epoch
+                                                   for r in ranks)
+        why = f"steps_per_epoch {cfg.steps_per_epoch}" if capped else \
+            f"uneven shards policy: {self.uneven}"
+        report = {"epoch": trainer.epoch, "batches": trainer.batches_per_epoch, "ranks": ranks,
+                  "why": why}
         changed = not self.reports or self.reports[-1]["ranks"] != ranks
         self.reports.append(report)
         if trainer.is_main and changed:
@@ -140,7 +146,7 @@ class PerRankData(Callback):
     def describe(self, report: dict[str, Any]) -> str:
         order = "random rows, new each epoch" if self.shuffle else "in file order"
         lines = [f"per-rank data, epoch {report['epoch'] + 1}: each rank takes "
-                 f"{report['batches']} batches (uneven shards policy: {self.uneven})"]
+                 f"{report['batches']} batches ({report['why']})"]
         for rank, info in enumerate(report["ranks"]):
             part = self.manifest.parts[rank]["file"] if self.manifest else f"rank {rank}"
             line = f"  rank {rank}: {part}: {info['rows']} rows, trained on {info['trained']}"

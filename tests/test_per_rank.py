@@ -151,3 +151,21 @@ def test_sampler_and_plan():
     assert list(EpochSampler(3, length=7)) == [0, 1, 2, 0, 1, 2, 0]
     dropped = plan([10, 20], batches=2, batch_size=4, drop_last=True)
     assert [(r["trained"], r["dropped"]) for r in dropped] == [(8, 2), (8, 12)]
+
+
+def test_the_report_says_what_set_each_ranks_batch_count(tmp_path, caplog):
+    """Rows each rank leaves out are 'dropped' either by the uneven shards policy or because
+    [train] steps_per_epoch cut the epoch short; the report names which."""
+    from types import SimpleNamespace
+
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 237, seed=1)
+    callback = PerRankData(write_parts(tmp_path / "parts", source, [100, 137]))
+    callback.manifest = Manifest.load(tmp_path / "parts")
+    for steps_per_epoch, batches, why in ((0, 13, "uneven shards policy: drop"),
+                                          (3, 3, "steps_per_epoch 3")):
+        trainer = SimpleNamespace(config=TrainConfig(batch_size=8, steps_per_epoch=steps_per_epoch),
+                                  batches_per_epoch=batches, epoch=0, is_main=True)
+        callback._reported, callback.reports = False, []
+        with caplog.at_level("INFO", logger="nlptrain"):
+            callback.on_batch_start(trainer, {})
+        assert f"each rank takes {batches} batches ({why})" in caplog.text
