@@ -5,11 +5,15 @@ The schedule is a function of training progress p in [0, 1] (warmup over the fir
 `warmup_ratio` of it). The planned total is read at every batch: the steps done, the rest of this
 epoch, and the later epochs at this epoch's length. When it changes (a callback swapped in a
 larger or smaller set), the remaining progress is spread over the new remaining steps from where
-the lr is now: no jump, and the lr still reaches the schedule's end on the last step.
+the lr is now: no jump, and the lr still reaches the schedule's end on the last step. One
+exception: a finished run resumed with more epochs had reached its schedule's end (lr 0 under a
+decay), where every added step would train at that lr; its schedule is planned again over the
+new total, as if so planned from the start (the lr rises to that schedule's value, said).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +26,7 @@ from nlptrain.events import Callback
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
 
+log = logging.getLogger(__name__)
 RESOLUTION = 1_000_000  # the transformers schedule is sampled on this many virtual steps
 
 
@@ -85,7 +90,17 @@ class LRSchedule(Callback):
             restore(trainer.scheduler, saved.get("scheduler", saved))
         if self.plan.end_step != total:
             step = trainer.global_step
-            self.plan = Plan(step, self.plan.progress(step), total)
+            if saved is not None and self.plan.progress(step) >= 1.0:  # ended: more epochs given
+                self.plan = Plan(0, 0.0, total)
+                ended = trainer.scheduler.get_last_lr()[0]
+                for group, base in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs,
+                                       strict=True):
+                    group["lr"] = base * self.shape(self.plan.progress(step))
+                log.info("lr schedule: it had ended at step %d (lr %.3g); planned again over %d "
+                         "steps as if from the start: lr %.3g from step %d", step, ended, total,
+                         trainer.optimizer.param_groups[0]["lr"], step + 1)
+            else:
+                self.plan = Plan(step, self.plan.progress(step), total)
 
     def on_step_end(self, trainer: Trainer) -> None:
         trainer.scheduler.step()

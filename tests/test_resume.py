@@ -387,8 +387,16 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
         capsys.readouterr().err
     assert max(steps(run)) == 60
     assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "4"]) == 0
-    assert "resume with changed settings: epochs 3 -> 4" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "resume with changed settings: epochs 3 -> 4" in err
     assert max(steps(run)) == 80
+    # The linear decay had reached 0 at step 60: the added epoch trains on the schedule planned
+    # over 80 steps (warmup 8), not at lr 0.
+    assert "lr schedule: it had ended at step 60 (lr 0); planned again over 80 steps" in err
+    lrs = {r["step"]: r["lr"] for r in map(json.loads, (run / "metrics.jsonl").open())
+           if r["kind"] == "train"}
+    for step in (62, 70, 80):
+        assert lrs[step] == pytest.approx(2e-3 * (80 - (step - 1)) / 72, rel=1e-3), step
     config = json.loads((run / "config.json").read_text())
     assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
     assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 4"]]
