@@ -49,3 +49,7 @@ class EarlyStopping(Callback):
         # crash in the final test or export) must not train past it.
         if self.waited >= self.patience:
             trainer.should_stop = True
+            log.info(f"early stopping had stopped this run at step {trainer.global_step} "
+                     f"({self.waited} evaluations without a better {trainer.metric_for_best}, "
+                     f"patience {self.patience}): nothing more is trained. To train on, resume "
+                     "with a larger --early-stopping, or --early-stopping 0")

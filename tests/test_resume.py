@@ -417,3 +417,10 @@ def test_early_stopping_ends_the_run_at_the_evaluation_that_decided_it(toy_task,
     assert max(r["step"] for r in rows) == 10
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000010"
     assert results(run)["valid"]["step"] == 5  # the best model's
+    # Resumed, the stop holds, and says how to train on; without early stopping it does.
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "3"]) == 0
+    assert "early stopping had stopped this run at step 10 (1 evaluations without a better " \
+           "loss, patience 1): nothing more is trained" in capsys.readouterr().err
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000010"
+    assert main(["train", "--output-dir", str(run), "--resume", "--early-stopping", "0"]) == 0
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000045"  # --epochs 3 kept
