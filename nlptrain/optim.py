@@ -11,6 +11,7 @@ lower one times `d` again, the embeddings last at `lr * d ** (layers + 1)`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from nlptrain.config import TrainConfig
 
 LAYER_LIST_NAMES = ("layer", "layers", "block", "blocks")  # BERT/RoBERTa/ELECTRA/DeBERTa, DistilBERT
+# (model, lr, config) -> optimizer parameter groups, each with its "params", "lr", "weight_decay"
+ParamGroupsFn = Callable[[torch.nn.Module, float, "TrainConfig"], list[dict[str, Any]]]
+OptimizerFn = Callable[[list[dict[str, Any]], "TrainConfig"], torch.optim.Optimizer]
 
 
 @dataclass
@@ -96,3 +100,13 @@ def adamw(groups: list[dict[str, Any]], config: TrainConfig) -> torch.optim.Opti
     device = next((p.device for g in groups for p in g["params"]), torch.device("cpu"))
     fused = device.type in ("cpu", "cuda") or None
     return torch.optim.AdamW(groups, lr=config.lr, fused=fused)
+
+
+def make_optimizer(model: torch.nn.Module, config: TrainConfig, world_size: int,
+                   groups_of: ParamGroupsFn | None = None,
+                   make: OptimizerFn | None = None) -> torch.optim.Optimizer:
+    """The optimizer (`make`, default `adamw`) over the parameter groups of `groups_of` (default
+    `param_groups`: decay / no-decay, per layer under `layer_lr_decay`); the Trainer's
+    `param_groups=` and `optimizer=`. Under `scale_lr` the lr is times the world size."""
+    lr = config.lr * (world_size if config.scale_lr else 1)
+    return (make or adamw)((groups_of or param_groups)(model, lr, config), config)

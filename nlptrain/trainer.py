@@ -34,9 +34,6 @@ from nlptrain.signals import stop_on_signals
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
 MetricFn = Callable[[Predictions], dict[str, float]]           # gathered predictions -> metrics
-# (model, lr, config) -> optimizer parameter groups, each with its "params", "lr", "weight_decay"
-ParamGroupsFn = Callable[[torch.nn.Module, float, TrainConfig], list[dict[str, Any]]]
-OptimizerFn = Callable[[list[dict[str, Any]], TrainConfig], torch.optim.Optimizer]
 
 
 class Trainer(ProgressCounters):
@@ -64,8 +61,8 @@ class Trainer(ProgressCounters):
         label_names: Sequence[str] | None = None,
         metrics: Sequence[MetricFn] = (),
         strategy: strategies.Strategy | None = None,
-        param_groups: ParamGroupsFn | None = None,
-        optimizer: OptimizerFn | None = None,
+        param_groups: optim.ParamGroupsFn | None = None,
+        optimizer: optim.OptimizerFn | None = None,
         resume_from: str | Path | None = None,
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
@@ -103,7 +100,8 @@ class Trainer(ProgressCounters):
             model.compile()
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.train_data, self.eval_data = train_data, eval_data
-        self.optimizer = self.make_optimizer(param_groups, optimizer)
+        self.optimizer = optim.make_optimizer(self.unwrapped_model, self.config, self.dist.world_size,
+                                              param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         from nlptrain.callbacks import config_callbacks  # a package of callbacks: imported late
@@ -351,15 +349,6 @@ class Trainer(ProgressCounters):
                 del self.optimizer.grad_scale, self.optimizer.found_inf
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def make_optimizer(self, param_groups: ParamGroupsFn | None = None,
-                       optimizer: OptimizerFn | None = None) -> torch.optim.Optimizer:
-        """The optimizer over the groups of `param_groups` (default `optim.param_groups`: decay /
-        no-decay, per layer under `layer_lr_decay`), made by `optimizer` (default AdamW)."""
-        cfg = self.config
-        lr = cfg.lr * (self.dist.world_size if cfg.scale_lr else 1)
-        groups = (param_groups or optim.param_groups)(self.unwrapped_model, lr, cfg)
-        return (optimizer or optim.adamw)(groups, cfg)
 
     def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
         self.interrupted = self.should_stop = True
