@@ -29,11 +29,13 @@ __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", 
 
 
 def config_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback]]:
-    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping, early
-    stopping) and after them (EMA: SaveBestModel saves the average before it is swapped out)."""
-    made: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
+    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping) and
+    after them (EMA: SaveBestModel saves the average before it is swapped out; early stopping
+    decides once every other callback has seen the evaluation, and says so after its line)."""
+    first: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
     if config.max_grad_norm > 0:
-        made.append(GradClip(config.max_grad_norm))
+        first.append(GradClip(config.max_grad_norm))
+    last: list[Callback] = [EMA(config.ema_decay)] if config.ema_decay > 0 else []
     if config.early_stopping > 0:
-        made.append(EarlyStopping(config.early_stopping))
-    return made, [EMA(config.ema_decay)] if config.ema_decay > 0 else []
+        last.append(EarlyStopping(config.early_stopping))
+    return first, last

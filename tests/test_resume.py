@@ -411,7 +411,9 @@ def test_early_stopping_ends_the_run_at_the_evaluation_that_decided_it(toy_task,
     run = tmp_path / "run"
     assert main(_best_run(toy_task, run, "--eval-every", "5", "--early-stopping", "1",
                           "--checkpoint-every", "5")) == 0
-    assert "early stop at step 10" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # The decision follows the evaluation it was taken on, in the log too.
+    assert err.index("validation at step 10:") < err.index("early stop at step 10"), err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [5, 10]
     assert max(r["step"] for r in rows) == 10
