@@ -221,7 +221,7 @@ def add_command(commands: Any) -> None:
         "predict", help="label the texts of a file with a saved model",
         description="Label each text of a file with a saved model (a run's model/ folder): row "
         "number, the input line it came from, label, its probability and the text, in input "
-        "order; the same with torchrun.",
+        "order; the same with --nproc N or torchrun.",
         epilog="examples:\n  python -m nlptrain predict --model runs/RUN/model --input texts.txt\n"
         "  python -m nlptrain predict --nproc 2 --model runs/RUN/model --input in.tsv "
         "--output out.tsv\n"
