@@ -259,3 +259,36 @@ def test_both_backends_implement_every_collective_of_the_backend_protocol():
     for backend in (SingleProcess, Distributed):
         missing = [name for name in methods if getattr(backend, name) is getattr(Backend, name)]
         assert not missing, f"{backend.__name__} lacks {missing}"
+
+
+class StopOnRank1At(Callback):
+    """Rank 1 alone decides on an evaluation to stop (as early stopping decides, but on one rank)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_valid_end(self, trainer, metrics: dict, is_best: bool) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == self.step:
+            trainer.should_stop = True
+
+
+def stop_on_evaluation_worker(rank: int, world: int, folder: str, model_dir: str) -> tuple:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, test = toy_datasets(own, Path(model_dir), rows=24, test_rows=10)
+    torch.manual_seed(0)
+    config = TrainConfig(epochs=3, batch_size=4, lr=1e-3, eval_every=2, timeout=60)
+    trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), train, test, config=config,
+                          callbacks=[StopOnRank1At(4)])
+    trainer.fit()
+    found = (trainer.global_step, trainer.metrics["step"], trainer.epoch)
+    trainer.close()
+    return found
+
+
+def test_a_stop_decided_on_one_ranks_evaluation_ends_every_rank_at_that_step(tmp_path,
+                                                                           tiny_model_dir):
+    """3 steps an epoch a rank, evaluations every 2: rank 1 stops at step 4's evaluation, and
+    both ranks end there, with no later step or evaluation (the stop is agreed after it)."""
+    found = run_ranks(stop_on_evaluation_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert [f[:2] for f in found] == [(4, 4), (4, 4)]
