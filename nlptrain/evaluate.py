@@ -12,6 +12,8 @@ evaluation give the model the same inputs (`model_inputs`).
 from __future__ import annotations
 
 import itertools
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,9 @@ from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 30.0  # a long scoring (predict on a big file, eval of a big set) says how far
 
 
 @dataclass
@@ -75,6 +80,7 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
     filler = (collate([dataset[0]]) for _ in range(padding))
     index, outputs, labels = [], [], []
+    began = said = time.perf_counter()
     for step, batch in enumerate(itertools.chain(loader, filler)):
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
@@ -84,6 +90,11 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
         outputs.append(kind.outputs(logits).cpu())
         index.append(batch["index"])
         labels.append(batch["labels"])
+        if time.perf_counter() - said >= PROGRESS_EVERY_S:  # (logged by rank 0, for its share)
+            said = time.perf_counter()
+            left = (said - began) / (step + 1) * (counted - step - 1)
+            log.info("scoring: batch %d/%d (%.0f%%), about %.0f s left", step + 1, counted,
+                     100 * (step + 1) / counted, left)
     model.train(was_training)
     local = (torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
              torch.cat(outputs) if outputs else torch.zeros(0, _output_width(model, kind)),

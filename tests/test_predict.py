@@ -232,3 +232,19 @@ def test_nproc_starts_its_own_workers_and_writes_what_one_process_does(tmp_path:
     # A missing input is one error before any worker starts, not one from each.
     missing = run_cli([*common, "--nproc", "2", "--input", "nope.txt"], cwd=tmp_path)
     assert missing.returncode == 1 and missing.stderr.count("input file not found") == 1
+
+
+def test_a_long_scoring_says_how_far_it_is(tmp_path: Path, sharp_model: Path, monkeypatch,
+                                           capsys) -> None:
+    """Predict on a big file (or eval of a big set) logs its progress every PROGRESS_EVERY_S
+    seconds: here every batch, with the interval at 0."""
+    import nlptrain.evaluate
+
+    monkeypatch.setattr(nlptrain.evaluate, "PROGRESS_EVERY_S", 0.0)
+    (tmp_path / "in.txt").write_text("\n".join(varied_texts(10)) + "\n")
+    assert main(["predict", "--model", str(sharp_model), "--input", str(tmp_path / "in.txt"),
+                 "--batch-size", "4", "--output", str(tmp_path / "out.tsv")]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("scoring:")]
+    assert [s.split(" (")[0] for s in said] == ["scoring: batch 1/3", "scoring: batch 2/3",
+                                                "scoring: batch 3/3"]
+    assert said[-1].endswith("(100%), about 0 s left")
