@@ -151,19 +151,9 @@ def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
     a32 = torch.randn(tokens, hidden, generator=generator)
     b32 = torch.randn(hidden, width, generator=generator)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
-    best = {"fp32": float("inf"), "bf16": float("inf")}
-    began = time.perf_counter()
-    for attempt in range(repeats + 1):  # the first round warms the kernels up, untimed
-        for name, (a, b) in (("fp32", (a32, b32)), ("bf16", (a16, b16))):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            if attempt:
-                best[name] = min(best[name], time.perf_counter() - start)
-        if attempt and time.perf_counter() - began > PROBE_BUDGET_S:
-            break
-    return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
-            "bf16_speedup": best["fp32"] / best["bf16"], "threads": torch.get_num_threads(),
-            "probe_ms": (time.perf_counter() - began) * 1e3}
+    inputs = {"fp32": (a32, b32), "bf16": (a16, b16)}
+    probe = best_of_interleaved(lambda name: torch.mm(*inputs[name]), repeats, PROBE_BUDGET_S)
+    return {**probe, "threads": torch.get_num_threads()}
 
 
 def choose_by_step(job_step: JobStep, device: torch.device, where: str) -> PrecisionChoice:
@@ -177,23 +167,31 @@ def choose_by_step(job_step: JobStep, device: torch.device, where: str) -> Preci
 
 
 def probe_job_step(job_step: JobStep, device: torch.device, repeats: int = 5) -> dict[str, float]:
-    """Best of up to `repeats` timings of the job's step in fp32 and in bf16, interleaved, after
-    one untimed round of each (kernel choice, allocator warm-up), within a budget."""
-    def synchronize() -> None:
+    """Best of up to `repeats` timings of the job's step in fp32 and in bf16 (`best_of_interleaved`;
+    the untimed first round: kernel choice, allocator warm-up), each ended by a device sync."""
+    def run(precision: str) -> None:
+        job_step.run(device, precision)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return best_of_interleaved(run, repeats, STEP_PROBE_BUDGET_S)
+
+
+def best_of_interleaved(run: Callable[[str], Any], repeats: int, budget_s: float) -> dict[str, float]:
+    """The best of up to `repeats` timings of `run("fp32")` and `run("bf16")`, interleaved so that
+    a noisy neighbour slows both alike, after one untimed round of each (warm-up); it stops after
+    any timed round once `budget_s` has passed (a CPU without bf16 units takes ~40x longer)."""
     best = {"fp32": float("inf"), "bf16": float("inf")}
     began = time.perf_counter()
     for attempt in range(repeats + 1):
         for name in best:
-            synchronize()
             start = time.perf_counter()
-            job_step.run(device, name)
-            synchronize()
+            run(name)
             if attempt:
                 best[name] = min(best[name], time.perf_counter() - start)
-        if attempt and time.perf_counter() - began > STEP_PROBE_BUDGET_S:
+        if attempt and time.perf_counter() - began > budget_s:
             break
     return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
             "bf16_speedup": best["fp32"] / best["bf16"],
