@@ -13,7 +13,7 @@ from conftest import REPO, TWO_RANK_TRAIN, run_cli, write_toy_task
 from finetune_setup import StopAt
 from nlptrain.callbacks import Checkpointer
 from safetensors.torch import load_file
-from toy_trainer import make_trainer, results, weights
+from toy_trainer import best_run_args, make_trainer, results, weights
 from transformers import BertConfig, BertForSequenceClassification
 
 from nlptrain import TrainConfig, Trainer
@@ -217,13 +217,6 @@ def test_resume_with_another_world_size_trains_each_remaining_row_once(toy_task,
     assert sorted(kept + after) == list(range(160))  # every row once, none skipped or repeated
 
 
-def _best_run(toy_task: Path, run: Path, *extra: str) -> list[str]:
-    """Train with 40 of the 160 rows held out (15 steps an epoch), the best model by loss; the
-    evaluations after BEST_STEP are spoiled, so the best stays the one of BEST_STEP."""
-    return ["train", "--task", str(toy_task), "--output-dir", str(run), "--valid-size", "0.25",
-            "--metric-for-best", "loss", "--callback", f"{SCAFFOLD}:SpoilEvaluationsAfter", *extra]
-
-
 @pytest.mark.parametrize(("extra", "best_step", "crashes"), [
     # An epoch-end checkpoint (step 15, also a --checkpoint-every step) and a later one (24).
     (("--checkpoint-every", "3"), "15", ("16", "25")),
@@ -236,29 +229,16 @@ def test_a_resume_that_finds_no_better_model_keeps_the_best(toy_task, tmp_path, 
     whose evaluations never beat the best still ends with it, as the run that never stopped."""
     monkeypatch.setenv("BEST_STEP", best_step)
     whole = tmp_path / "whole"
-    assert main(_best_run(toy_task, whole, *extra)) == 0
+    assert main(best_run_args(toy_task, whole, *extra)) == 0
     assert results(whole)["valid"]["step"] == int(best_step)
     for crash in crashes:
         run = tmp_path / f"crash-{crash}"
         monkeypatch.setenv("AT_STEP", crash)
         with pytest.raises(RuntimeError, match=f"injected crash at step {crash}"):
-            main([*_best_run(toy_task, run, *extra), "--callback", f"{SCAFFOLD}:RaiseAtStep"])
-        assert main([*_best_run(toy_task, run, *extra), "--resume"]) == 0
+            main([*best_run_args(toy_task, run, *extra), "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+        assert main([*best_run_args(toy_task, run, *extra), "--resume"]) == 0
         assert_same_run(whole, run)
         assert results(run)["valid"] == results(whole)["valid"]
-
-
-def test_a_run_stopped_early_is_not_trained_further_by_a_resume(toy_task, tmp_path, monkeypatch):
-    """Early stopping ends the run after epoch 2 of 4; a resume from its last checkpoint (a
-    restart after a crash in the final test or export) trains no further."""
-    monkeypatch.setenv("BEST_STEP", "15")  # epoch 2's evaluation is worse: patience 1 stops
-    run = tmp_path / "run"
-    args = _best_run(toy_task, run, "--epochs", "4", "--early-stopping", "1")
-    assert main(args) == 0
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000030"
-    assert main([*args, "--resume"]) == 0
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000030"
-    assert max(json.loads(line)["step"] for line in (run / "metrics.jsonl").open()) == 30
 
 
 def test_a_stream_resumed_mid_epoch_equals_an_uninterrupted_run(toy_task, tmp_path, monkeypatch):
@@ -400,29 +380,3 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
     config = json.loads((run / "config.json").read_text())
     assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
     assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 4"]]
-
-
-def test_early_stopping_ends_the_run_at_the_evaluation_that_decided_it(toy_task, tmp_path,
-                                                                       monkeypatch, capsys):
-    """Evaluations at steps 5 and 10; the one at 10 is worse (spoiled) and patience is 1: the
-    run ends at step 10, the step whose evaluation stopped it. No step 11 trained past the
-    decision, no second evaluation of it, and the last checkpoint is step 10's."""
-    monkeypatch.setenv("BEST_STEP", "5")
-    run = tmp_path / "run"
-    assert main(_best_run(toy_task, run, "--eval-every", "5", "--early-stopping", "1",
-                          "--checkpoint-every", "5")) == 0
-    err = capsys.readouterr().err
-    # The decision follows the evaluation it was taken on, in the log too.
-    assert err.index("validation at step 10:") < err.index("early stop at step 10"), err
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if r["kind"] == "eval"] == [5, 10]
-    assert max(r["step"] for r in rows) == 10
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000010"
-    assert results(run)["valid"]["step"] == 5  # the best model's
-    # Resumed, the stop holds, and says how to train on; without early stopping it does.
-    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "3"]) == 0
-    assert "early stopping had stopped this run at step 10 (1 evaluations without a better " \
-           "loss, patience 1): nothing more is trained" in capsys.readouterr().err
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000010"
-    assert main(["train", "--output-dir", str(run), "--resume", "--early-stopping", "0"]) == 0
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000045"  # --epochs 3 kept
