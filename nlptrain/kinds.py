@@ -41,6 +41,7 @@ class TaskKind:
     metric_names: tuple[str, ...] = ()  # what `metrics` returns as scalars; metric_for_best picks one
     headline: tuple[str, ...] = ()      # the few metrics that logs, reports and plots show
     has_classes = True                  # per-class table and label vocabulary
+    empty_label_ok = False              # an empty label cell is a row's labels (none), not a gap
     decision_rule = ""                  # how outputs become predictions, where it is a setting
 
     @property
@@ -221,6 +222,7 @@ class SingleLabel(TaskKind):
 class MultiLabel(TaskKind):
     name = "multi_label"
     problem_type = "multi_label_classification"
+    empty_label_ok = True  # a row may have none of the labels (e.g. a comment not toxic at all)
     default_metric = "micro_f1"
     metric_names = ("micro_f1", "macro_f1", "subset_accuracy")
     headline = ("micro_f1", "macro_f1", "subset_accuracy")

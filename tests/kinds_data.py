@@ -44,9 +44,9 @@ def write_multi_label_jsonl(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def write_multi_label_tsv(path: Path, rows: int, seed: int = 0, separator: str = "|") -> Path:
-    """text<TAB>tags with the labels joined by `separator`; rows without a tag are left out."""
+    """text<TAB>tags with the labels joined by `separator`; a row without a tag has an empty cell."""
     lines = ["text\ttags"] + [f"{text}\t{separator.join(tags)}"
-                              for text, tags in multi_label_rows(rows, seed) if tags]
+                              for text, tags in multi_label_rows(rows, seed)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
@@ -64,14 +64,17 @@ def write_scores(path: Path, rows: int, seed: int = 0) -> Path:
 
 
 def write_kind_task(folder: Path, model_dir: Path, kind: str, epochs: int = 2) -> Path:
-    """A task file of the given kind ('pair', 'multi_label' or 'regression') over toy files in
-    `folder`, with a validation file (so best/ is kept) and a test file."""
+    """A task file of the given kind ('pair', 'multi_label', 'multi_label_tsv' or 'regression')
+    over toy files in `folder`, with a validation file (so best/ is kept) and a test file."""
     # kind -> (file writer, suffix, [data] keys besides the files, metric_for_best)
     writer, suffix, keys, best = {
         "pair": (write_pairs, "tsv", 'kind = "single_label"\ntext_column = "premise"\n'
                  'text_pair_column = "hypothesis"\nlabels = ["differ", "same"]', "f1"),
         "multi_label": (write_multi_label_jsonl, "jsonl", 'kind = "multi_label"\n'
                         'label_column = "tags"\nlabels = ["food", "music", "sport"]', "macro_f1"),
+        "multi_label_tsv": (write_multi_label_tsv, "tsv", 'kind = "multi_label"\n'
+                            'label_column = "tags"\nlabel_separator = "|"\n'
+                            'labels = ["food", "music", "sport"]', "macro_f1"),
         "regression": (write_scores, "tsv", 'kind = "regression"\ntext_column = "first"\n'
                        'text_pair_column = "second"\nlabel_column = "score"', "mse"),
     }[kind]

@@ -40,13 +40,17 @@ def test_empty_pair_side_names_the_line(tmp_path):
 def test_multi_label_targets_from_a_json_list_and_a_separated_cell(tmp_path):
     kind = MultiLabel(separator="|")
     write_multi_label_tsv(tmp_path / "m.tsv", 20, separator="|")
-    examples = read_examples(FileSpec(path="m.tsv", label_column="tags"), tmp_path, [])
+    spec = FileSpec(path="m.tsv", label_column="tags")
+    with pytest.raises(DataError, match=r"m.tsv:\d+: the row has no label"):  # one label a row
+        read_examples(spec, tmp_path, [], empty_label_ok=SingleLabel.empty_label_ok)
+    examples = read_examples(spec, tmp_path, [], empty_label_ok=kind.empty_label_ok)
     vocab = LabelVocab.for_kind(kind, examples.labels, [])
     targets = vocab.encode(examples, kind)
     assert vocab.names == ["food", "music", "sport"]
     assert targets.shape == (len(examples), 3) and targets.dtype == np.float32
+    assert [] in examples.labels  # an empty cell: a row with none of the labels
     for cell, row in zip(examples.labels, targets, strict=True):
-        assert sorted(cell.split("|")) == [vocab.names[i] for i in np.flatnonzero(row)]
+        assert sorted(kind.label_values(cell)) == [vocab.names[i] for i in np.flatnonzero(row)]
     (tmp_path / "m.jsonl").write_text('{"text": "a", "tags": ["music", "food"]}\n'
                                       '{"text": "b", "tags": []}\n')
     rows = read_examples(FileSpec(path="m.jsonl", label_column="tags"), tmp_path, [])

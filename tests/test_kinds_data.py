@@ -59,7 +59,7 @@ def test_targets_given_as_a_list_keep_their_kind(tiny_model_dir):
 
 
 def test_a_stream_yields_what_the_in_memory_set_holds(tmp_path, tiny_model_dir):
-    for kind in ("pair", "regression", "multi_label"):
+    for kind in ("pair", "regression", "multi_label", "multi_label_tsv"):
         (tmp_path / kind).mkdir()
         task = load_task(write_kind_task(tmp_path / kind, tiny_model_dir, kind))
         tokenizer = load_tokenizer(str(tiny_model_dir))
@@ -76,7 +76,7 @@ def test_a_stream_yields_what_the_in_memory_set_holds(tmp_path, tiny_model_dir):
 
 def test_per_rank_files_keep_pairs_and_label_lists(tmp_path, tiny_model_dir):
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    for kind in ("pair", "multi_label"):
+    for kind in ("pair", "multi_label", "multi_label_tsv"):
         folder = tmp_path / kind
         folder.mkdir()
         task = load_task(write_kind_task(folder, tiny_model_dir, kind))

@@ -71,7 +71,8 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
             cells = {role: batch[column][i] for role, column in roles.items()}
             if kind.has_classes:
                 cells["label"] = _named(cells["label"], class_names or names, f"{where}:{number}")
-            examples.add(checked_row(cells, where, number))  # type: ignore[arg-type]
+            examples.add(checked_row(cells, where, number,  # type: ignore[arg-type]
+                                     kind.empty_label_ok))
     if not examples:
         raise DataError(f"{where}: holds no rows")
     # Every id is a name by now, so a text cell is only ever a name: with star ratings "1".."5",

@@ -89,8 +89,10 @@ class Row(NamedTuple):
     pair: str | None = None  # the second text of a pair task
 
 
-def checked_row(cells: dict[str, object], path: Path, line: int) -> Row:
-    """A Row from the cells of one record (roles text, pair, label), each checked."""
+def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool = False) -> Row:
+    """A Row from the cells of one record (roles text, pair, label), each checked. With
+    `empty_label_ok` (a multi-label task), an empty label cell is a row with none of the labels,
+    as a JSON `[]` is."""
     text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
     # JSONL and Parquet cells have types: a list or an object is no text, and str() of it
     # would train on its Python repr (or make one label class of it).
@@ -111,6 +113,8 @@ def checked_row(cells: dict[str, object], path: Path, line: int) -> Row:
     if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
         return Row(str(text), [str(v) for v in label], str(path), line, pair)
     if label is None or not str(label).strip():
+        if empty_label_ok:
+            return Row(str(text), [], str(path), line, pair)
         raise DataError(f"{path}:{line}: the row has no label")
     return Row(str(text), str(label).strip(), str(path), line, pair)
 
@@ -125,7 +129,8 @@ def _roles(spec: FileSpec, labelled: bool) -> list[tuple[str, str | int]]:
     return roles
 
 
-def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str) -> Iterator[Row]:
+def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str,
+                empty_label_ok: bool) -> Iterator[Row]:
     """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
     line_of_row: list[int] = []
 
@@ -166,7 +171,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
             if header is not None and any(cell.strip() for cell in row[len(header):]):
                 raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
                                 f"{len(header)}; {extra_cells_fix}")
-            yield checked_row({role: row[c] for role, c in columns.items()}, path, line)
+            yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
+                              empty_label_ok)
     except csv.Error as err:
         if "unexpected end of data" in str(err) and line_of_row:
             # A quote never closed: csv read to the end of the file; the culprit is where it opened.
@@ -176,7 +182,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
 
-def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterator[Row]:
+def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
+                empty_label_ok: bool) -> Iterator[Row]:
     for line, text in decoded_lines(path):
         if not text.strip():
             continue
@@ -191,10 +198,11 @@ def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterato
             if str(key) not in row:
                 raise DataError(f"{path}:{line}: no '{key}' field ({role}); {fix.format(role=role)}")
             cells[role] = row[str(key)]
-        yield checked_row(cells, path, line)
+        yield checked_row(cells, path, line, empty_label_ok)
 
 
-def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Iterator[Row]:
+def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
+                  empty_label_ok: bool) -> Iterator[Row]:
     """Rows of a Parquet file by record batches; columns by name (or 0-based index), row numbers
     1-based. A list column is a multi-label cell, a number a class id or score."""
     try:
@@ -220,7 +228,8 @@ def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str) -> Itera
         cells = {role: batch.column(name).to_pylist() for role, name in columns.items()}
         for i in range(batch.num_rows):
             number += 1
-            yield checked_row({role: values[i] for role, values in cells.items()}, path, number)
+            yield checked_row({role: values[i] for role, values in cells.items()}, path, number,
+                              empty_label_ok)
 
 
 def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
@@ -241,9 +250,11 @@ TASK_FIX = "set {role}_column in the task's [data]"
 
 
 def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
-              what: str = "data", labelled: bool = True, fix: str = TASK_FIX) -> Iterator[Row]:
+              what: str = "data", labelled: bool = True, fix: str = TASK_FIX,
+              empty_label_ok: bool = False) -> Iterator[Row]:
     """Every row of one [data] entry in file order, read lazily; errors name file and line.
-    For format 'lines' (a path with {label}), one file per label value, one text a line."""
+    For format 'lines' (a path with {label}), one file per label value, one text a line.
+    `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row)."""
     fmt = "lines" if "{label}" in spec.path else format_of(spec)
     files = source_files(spec, data_dir, list(label_values), what)
     empty = True
@@ -256,11 +267,12 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
     else:
         path = files[0]
         if fmt == "jsonl":
-            rows = _jsonl_rows(path, spec, labelled, fix)
+            rows = _jsonl_rows(path, spec, labelled, fix, empty_label_ok)
         elif fmt == "parquet":
-            rows = _parquet_rows(path, spec, labelled, fix)
+            rows = _parquet_rows(path, spec, labelled, fix, empty_label_ok)
         else:
-            rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix)
+            rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix,
+                               empty_label_ok)
         for row in rows:
             empty = False
             yield row
@@ -300,10 +312,10 @@ class Examples:
 
 
 def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
-                  what: str = "data") -> Examples:
+                  what: str = "data", empty_label_ok: bool = False) -> Examples:
     """Read one [data] entry into memory."""
     out = Examples()
-    for row in iter_rows(spec, data_dir, label_values, what):
+    for row in iter_rows(spec, data_dir, label_values, what, empty_label_ok=empty_label_ok):
         out.add(row)
     return out
 

@@ -216,9 +216,10 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        manifest = split_rows(iter_rows(spec, task.data_dir, values, which), staging, world_size,
-                              by, shuffle, seed, sum(f.stat().st_size for f in files),
-                              kind=from_task(task))
+        kind = from_task(task)
+        rows = iter_rows(spec, task.data_dir, values, which, empty_label_ok=kind.empty_label_ok)
+        manifest = split_rows(rows, staging, world_size, by, shuffle, seed,
+                              sum(f.stat().st_size for f in files), kind=kind)
         manifest.source = {"files": [str(f) for f in files], "format": spec.format,
                            "bytes": sum(f.stat().st_size for f in files),
                            "checksum": file_digest(files)}

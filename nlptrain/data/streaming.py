@@ -78,7 +78,8 @@ class StreamingDataset(IterableDataset):
         return int(self._epoch.item())
 
     def rows(self) -> Iterator[Row]:
-        return iter_rows(self.spec, self.data_dir, self.label_values, "train")
+        return iter_rows(self.spec, self.data_dir, self.label_values, "train",
+                         empty_label_ok=self.kind.empty_label_ok)
 
     def count_rows(self) -> int:
         """Read the whole file once (constant memory), checking every row and label."""
