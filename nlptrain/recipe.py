@@ -258,7 +258,7 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         from nlptrain.data import LabelVocab
 
         _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
-    sets = build_datasets(task, tokenizer, dist, use_cache=use_cache)
+    sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
     if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
         _check_model_labels(model_dir, names, sets.vocab.names)
     dataset = getattr(sets, split)

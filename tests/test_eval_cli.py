@@ -61,6 +61,20 @@ def test_eval_no_cache_leaves_no_token_cache(toy_task: Path, labelled_model: Pat
     assert json.loads(capsys.readouterr().out) == uncached
 
 
+def test_eval_of_a_test_file_does_not_read_train(toy_task: Path, labelled_model: Path,
+                                                 capsys) -> None:
+    """The task names its labels and has a test file: `--split test` needs nothing of train
+    (SST-2: 67k train rows read and tokenized for 872 scored). A held-out split still does."""
+    args = ["eval", "--model", str(labelled_model), "--task", str(toy_task), "--json", "--no-cache"]
+    assert main(args) == 0
+    with_train = json.loads(capsys.readouterr().out)
+    (toy_task.parent / "train.tsv").unlink()
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out) == with_train
+    assert main([*args, "--split", "valid", "--set", "data.valid_size=0.25"]) == 1
+    assert "train.tsv" in capsys.readouterr().err  # the held-out rows come from train
+
+
 def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_refused(
         toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
     """Without [data] labels the task's come from the train rows (neg, pos); a model saying

@@ -153,8 +153,10 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
 
 
 def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None,
-                   use_cache: bool = True) -> Datasets:
-    """The task's train/valid/test sets, with held-out splits made from train where asked."""
+                   use_cache: bool = True, only: str | None = None) -> Datasets:
+    """The task's train/valid/test sets, with held-out splits made from train where asked.
+    `only` ('valid' or 'test'): the one set wanted (`eval --split`); when it has a file of its
+    own and the task names its labels (or has none: regression), train is not read at all."""
     dist = dist or SingleProcess()
     data_dir = Path(task.data_dir or ".")
     specs = {which: file_spec(task, which) for which in ("train", "valid", "test")}
@@ -177,6 +179,10 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
 
     # The ranks of a machine tokenize a missing cache entry together (shared_tokenize.py).
     share = Share.agree(dist) if dist.world_size > 1 and cache_dir is not None else ALONE
+    if only in ("valid", "test") and specs[only] is not None and vocab is not None:
+        wanted, _ = load_file(specs[only], data_dir, vocab, tokenizer, task.model.max_length,
+                              cache_dir, only, kind, share=share)
+        return Datasets(None, *((wanted, None) if only == "valid" else (None, wanted)), vocab)
     train, labels = (None, vocab) if per_rank else load_file(
         specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
         kind, share=share)
