@@ -94,8 +94,11 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
     task = apply_overrides(task, args)
     data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
     if not data_dir:
-        raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR "
-                          "(e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
+        own_file = args.task and Path(args.task).is_file()  # not a shipped task: its data is near it
+        where = (f", or set data_dir = \".\" in {args.task} to read its paths from the file's "
+                 "own folder" if own_file else
+                 " (e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
+        raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR{where}")
     task.data_dir = str(Path(data_dir).resolve())
     return task
 

@@ -383,3 +383,18 @@ def test_per_rank_files_with_a_label_the_task_lacks_are_refused_before_overwrite
     assert code == 1 and "Traceback" not in err
     assert "manifest.json: the per-rank files hold labels the task does not name: maybe" in err
     assert (earlier / "model" / "model.safetensors").is_file()  # not replaced by a refused run
+
+
+def test_a_missing_data_folder_says_how_to_give_one(tmp_path, monkeypatch):
+    """A user's task file without data_dir is told it may read from its own folder; a shipped
+    task, where its data is (the data folder of --data-dir)."""
+    from nlptrain.cli import build_parser, resolve_task
+
+    monkeypatch.delenv("NLPTRAIN_DATA_DIR", raising=False)
+    own = tmp_path / "mine.toml"
+    own.write_text('name = "mine"\n[data]\ntrain = "train.tsv"\n')
+    with pytest.raises(ConfigError, match=rf'pass --data-dir DIR, or set data_dir = "\." in '
+                                          rf'{re.escape(str(own))} to read its paths'):
+        resolve_task(build_parser().parse_args(["train", "--task", str(own)]))
+    with pytest.raises(ConfigError, match=r"pass --data-dir DIR \(e\.g\. the folder holding rt-pol"):
+        resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
