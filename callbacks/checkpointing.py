@@ -1,9 +1,11 @@
-"""Periodic checkpoints (every N steps and at epoch ends), and one more on SIGTERM/SIGINT."""
+"""Periodic checkpoints (every N steps, every M minutes and at epoch ends), and one more on
+SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,18 +27,26 @@ class Checkpointer(Callback):
     # sooner, it would miss them, and a resume from it would never run that evaluation again.
     runs_last = True
 
-    def __init__(self, folder: str | Path, every: int = 0, keep: int = 2) -> None:
+    def __init__(self, folder: str | Path, every: int = 0, keep: int = 2, every_minutes: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.folder = Path(folder)
         self.every = every
         self.keep = keep
+        self.every_minutes = every_minutes  # a hard crash (SIGKILL, a lost machine) loses no more
+        self.clock = clock
         self.last_saved_step = -1
+        self._since = clock()  # the latest save (or the start), on this rank's clock
+        self._asked = False    # this rank has asked for a save since the latest one
 
     def save(self, trainer: Trainer) -> None:
+        trainer.save_agreed = False  # what any rank asked for is served by this save
         if trainer.global_step != self.last_saved_step:
             save_checkpoint(trainer, self.folder / checkpoint_name(trainer.global_step), self.keep)
             self.last_saved_step = trainer.global_step
+        self._since, self._asked = self.clock(), False
 
     def on_train_start(self, trainer: Trainer) -> None:
+        self._since = self.clock()
         trainer.dist.on_main(lambda: self.set_aside_later_steps(trainer.global_step))
 
     def set_aside_later_steps(self, start: int) -> None:
@@ -53,8 +63,17 @@ class Checkpointer(Callback):
                         "(kept; another run's, which a restart must not resume)", self.folder,
                         ", ".join(p.name for p in later), start, stamp)
 
+    def on_step_end(self, trainer: Trainer) -> None:
+        # One clock decides (the main rank's: the ranks' differ, and two asking a step apart
+        # would save twice); its request rides the step's agreed flags, and every rank saves
+        # at the step where they read it (`trainer.save_agreed`).
+        overdue = self.every_minutes and self.clock() - self._since >= 60 * self.every_minutes
+        if overdue and trainer.is_main and not self._asked:
+            trainer.should_save, self._asked = True, True
+
     def on_batch_end(self, trainer: Trainer) -> None:
-        due = trainer.is_update_step and self.every and trainer.global_step % self.every == 0
+        every = self.every and trainer.global_step % self.every == 0
+        due = trainer.is_update_step and (every or trainer.save_agreed)
         if due and not trainer.progress.ended_epoch():  # an epoch's last step: at on_epoch_end
             self.save(trainer)
 

@@ -124,6 +124,8 @@ class TrainConfig:
         "mae and loss are better lower")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
+    checkpoint_minutes: float = opt(30.0, "also write one when this many minutes have passed since "
+                                    "the last, so a hard crash loses no more (0: off)")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
     steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
@@ -267,7 +269,8 @@ CHOICES = {
 # -5 still evaluates, keep_checkpoints -1 prunes the oldest checkpoint alone).
 NOT_NEGATIVE = [("train", key) for key in (
     "lr", "weight_decay", "max_grad_norm", "max_tokens", "eval_every", "early_stopping",
-    "checkpoint_every", "keep_checkpoints", "steps_per_epoch", "num_workers")] + [
+    "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "steps_per_epoch",
+    "num_workers")] + [
     ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
 
 

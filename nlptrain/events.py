@@ -5,7 +5,7 @@ The trainer fires each event from exactly one place (see trainer.py): the loop's
 is gathered and restored. A callback subclasses `Callback`, overrides the events it cares
 about, and receives the trainer itself: it may read anything (model, optimizer, scheduler,
 epoch, global_step, steps_per_epoch, metrics) and change what the trainer does (set
-`trainer.train_data`, `trainer.should_stop = True`, ...).
+`trainer.train_data`, `trainer.should_stop = True`, `trainer.should_save = True`, ...).
 
 Callbacks run on every rank, so one that calls a collective stays in step with the others. One
 that only prints or writes files sets `main_process_only = True` and runs on rank 0 alone. They

@@ -77,7 +77,7 @@ class StepWindow:
     def __init__(self) -> None:
         self.micro_batches = 0
         self.first_batch = 0  # batch_in_epoch when the window opened
-        self._flags: Any = None  # [finite loss sum, non-finite count, rows, stop] on the device
+        self._flags: Any = None  # [finite loss sum, non-finite count, rows, stop, save] on the device
         self._random: dict[str, Any] | None = None
 
     def open(self, batch_in_epoch: int) -> None:
@@ -88,17 +88,17 @@ class StepWindow:
     def add(self, loss: Any, rows: int) -> None:
         loss = loss.detach().double()
         if self._flags is None:
-            self._flags = torch.zeros(4, dtype=torch.float64, device=loss.device)
+            self._flags = torch.zeros(5, dtype=torch.float64, device=loss.device)
         finite = torch.isfinite(loss)
         self._flags[0] += torch.where(finite, loss, 0.0)
         self._flags[1] += (~finite).double()
         self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
         self.micro_batches += 1
 
-    def agree(self, dist: Backend, stop: bool, where: str) -> AgreedStep:
-        """[loss sum, non-finite count, rows, stop] summed over the ranks: the step's one
+    def agree(self, dist: Backend, stop: bool, save: bool, where: str) -> AgreedStep:
+        """[loss sum, non-finite count, rows, stop, save] summed over the ranks: the step's one
         collective, launched on the device; nothing is read back here."""
-        self._flags[3] = float(stop)
+        self._flags[3], self._flags[4] = float(stop), float(save)
         sums = dist.all_sum_tensor(self._flags)
         return AgreedStep(sums, self.micro_batches * dist.world_size, where)
 
@@ -132,9 +132,9 @@ class AgreedStep:
             self._done = torch.cuda.Event()
             self._done.record()
 
-    def read(self) -> tuple[float, float, float]:
-        """(non-finite count, rows, stop) on the host: the step's one host read."""
+    def read(self) -> tuple[float, float, float, float]:
+        """(non-finite count, rows, stop, save) on the host: the step's one host read."""
         if self._done is not None:
             self._done.synchronize()
-        _, bad, rows, stop = self._host.tolist()
-        return bad, rows, stop
+        _, bad, rows, stop, save = self._host.tolist()
+        return bad, rows, stop, save

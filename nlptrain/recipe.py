@@ -169,7 +169,7 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
                     eval_name="validation" if scores_valid else "test", marks_best=scores_valid),
         MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
-                     task.train.keep_checkpoints)]
+                     task.train.keep_checkpoints, task.train.checkpoint_minutes)]
     best = SaveBestModel(run_dir / "best") if scores_valid else None
     if best is not None:
         callbacks.append(best)

@@ -117,9 +117,10 @@ class Trainer(ProgressCounters):
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
         self._stop_agreed = False    # every rank has read a stop: the run ends after this step
+        self.save_agreed = False     # every rank has read a save request: a Checkpointer saves
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
-        self.should_stop = False
+        self.should_stop = self.should_save = False  # requests of any rank's: agreed in the flags
         self.interrupted = False
         self._resume_samples = 0
         self._loader_for: tuple[Any, Any] = (None, None)
@@ -295,8 +296,8 @@ class Trainer(ProgressCounters):
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
 
     def _agree_on_step(self) -> bool:
-        """The optimizer step's one collective: every rank's loss, non-finite count, rows and stop
-        flag, summed on the device (`AgreedStep`). Where the optimizer can skip a step on the
+        """The optimizer step's one collective: every rank's loss, non-finite count, rows, stop
+        and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a step on the
         device (fused AdamW, no fp16 scaler) they are read one step late: a non-finite step is
         skipped there, and the next read raises before any later step; else they are read now.
         A stop asked anywhere ends the run after the step whose flags carry it; a window begun
@@ -304,7 +305,8 @@ class Trainer(ProgressCounters):
         first, last = self.window.first_batch + 1, self.batch_in_epoch
         where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
                  f"(optimizer step {self.global_step + 1})")
-        agreed = self.window.agree(self.dist, self.should_stop, where)
+        agreed = self.window.agree(self.dist, self.should_stop, self.should_save, where)
+        self.should_save = False  # sent: it is every rank's once read (`save_agreed`)
         self.settle()  # the previous step's flags
         if self._stop_agreed:
             self.progress.batch_in_epoch = self.window.undo()
@@ -323,7 +325,7 @@ class Trainer(ProgressCounters):
         agreed, self._pending = self._pending, None
         if agreed is None:
             return
-        bad, rows, stop = agreed.read()
+        bad, rows, stop, save = agreed.read()
         if bad:
             raise TrainingError(
                 f"the loss is not finite at {agreed.where} on {int(bad)} rank(s); the weights were"
@@ -331,6 +333,7 @@ class Trainer(ProgressCounters):
         self.progress.samples_in_epoch += int(rows)
         if stop:
             self.should_stop = self._stop_agreed = True
+        self.save_agreed = self.save_agreed or bool(save)
 
     def _skips_on_device(self) -> bool:
         return (getattr(self.optimizer, "_step_supports_amp_scaling", False)
