@@ -120,7 +120,7 @@ class Trainer(ProgressCounters):
         self.save_agreed = False     # every rank has read a save request: a Checkpointer saves
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
-        self.should_stop = self.should_save = False  # requests of any rank's: agreed in the flags
+        self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
         self.interrupted = False
         self._resume_samples = 0
         self._loader_for: tuple[Any, Any] = (None, None)
@@ -297,11 +297,11 @@ class Trainer(ProgressCounters):
 
     def _agree_on_step(self) -> bool:
         """The optimizer step's one collective: every rank's loss, non-finite count, rows, stop
-        and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a step on the
-        device (fused AdamW, no fp16 scaler) they are read one step late: a non-finite step is
-        skipped there, and the next read raises before any later step; else they are read now.
-        A stop asked anywhere ends the run after the step whose flags carry it; a window begun
-        after it is undone on every rank (not counted, random state back)."""
+        and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a
+        step on the device (fused AdamW, no fp16 scaler) they are read one step late: a
+        non-finite step is skipped there, and the next read raises before any later step; else
+        they are read now. A stop asked anywhere ends the run after the step whose flags carry
+        it; a window begun after it is undone on every rank (not counted, random state back)."""
         first, last = self.window.first_batch + 1, self.batch_in_epoch
         where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
                  f"(optimizer step {self.global_step + 1})")
