@@ -78,3 +78,34 @@ def test_every_rank_saves_at_the_steps_the_main_ranks_clock_asks_for(tmp_path, t
     epoch's end; a save that one rank alone made would leave the other in its collectives."""
     found = run_ranks(timed_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
     assert found == [[5, 10, 12], [5, 10, 12]]
+
+
+class AskOnRank1At(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == self.step:
+            trainer.should_save = True
+
+
+def asking_worker(rank: int, world: int, folder: str, model_dir: str) -> list[int]:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, test = toy_datasets(own, Path(model_dir), rows=96)
+    saver = RecordingCheckpointer(own / "checkpoints", keep=0)  # no cadence, no clock
+    torch.manual_seed(0)
+    trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), train, test,
+                          config=TrainConfig(epochs=1, batch_size=4, lr=1e-3, timeout=60),
+                          callbacks=[AskOnRank1At(3), saver])
+    trainer.fit()
+    trainer.close()
+    return saver.steps
+
+
+@pytest.mark.distributed
+def test_a_save_asked_on_one_rank_is_made_by_every_rank_at_the_same_step(tmp_path, tiny_model_dir):
+    """Rank 1 alone asks after step 3: step 4's flags carry it, step 5 reads them, and both
+    ranks save there (then at the epoch's end, step 12)."""
+    found = run_ranks(asking_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert found == [[5, 12], [5, 12]]
