@@ -39,7 +39,7 @@ class Checkpointer(Callback):
         self._asked = False    # this rank has asked for a save since the latest one
 
     def save(self, trainer: Trainer) -> None:
-        trainer.save_agreed = False  # what any rank asked for is served by this save
+        trainer.save_asked_at = None  # what any rank asked for is served by this save
         if trainer.global_step != self.last_saved_step:
             save_checkpoint(trainer, self.folder / checkpoint_name(trainer.global_step), self.keep)
             self.last_saved_step = trainer.global_step
@@ -66,16 +66,24 @@ class Checkpointer(Callback):
     def on_step_end(self, trainer: Trainer) -> None:
         # One clock decides (the main rank's: the ranks' differ, and two asking a step apart
         # would save twice); its request rides the step's agreed flags, and every rank saves
-        # at the step where they read it (`trainer.save_agreed`).
+        # at the step where they read it (`trainer.save_asked_at`).
         overdue = self.every_minutes and self.clock() - self._since >= 60 * self.every_minutes
         if overdue and trainer.is_main and not self._asked:
             trainer.should_save, self._asked = True, True
 
     def on_batch_end(self, trainer: Trainer) -> None:
+        asked = trainer.save_asked_at
+        if asked is not None and asked <= self.last_saved_step:  # a save since has served it
+            trainer.save_asked_at = asked = None
         every = self.every and trainer.global_step % self.every == 0
-        due = trainer.is_update_step and (every or trainer.save_agreed)
+        due = trainer.is_update_step and (every or asked is not None)
         if due and not trainer.progress.ended_epoch():  # an epoch's last step: at on_epoch_end
+            by_clock = self._asked  # the main rank's own request (the one that logs)
             self.save(trainer)
+            if not every:  # asked for, by the clock or a callback: rare enough to say
+                log.info("checkpoint at step %d (%s)", trainer.global_step,
+                         f"{self.every_minutes:g} min since the last" if by_clock
+                         else "asked for by a callback's should_save")
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         self.save(trainer)

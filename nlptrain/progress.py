@@ -95,12 +95,13 @@ class StepWindow:
         self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
         self.micro_batches += 1
 
-    def agree(self, dist: Backend, stop: bool, save: bool, where: str) -> AgreedStep:
+    def agree(self, dist: Backend, stop: bool, save: bool, where: str, steps_done: int) -> AgreedStep:
         """[loss sum, non-finite count, rows, stop, save] summed over the ranks: the step's one
-        collective, launched on the device; nothing is read back here."""
+        collective, launched on the device; nothing is read back here. `steps_done`: the
+        optimizer steps before this one (the requests sent now were made after the last)."""
         self._flags[3], self._flags[4] = float(stop), float(save)
         sums = dist.all_sum_tensor(self._flags)
-        return AgreedStep(sums, self.micro_batches * dist.world_size, where)
+        return AgreedStep(sums, self.micro_batches * dist.world_size, where, steps_done)
 
     def undo(self) -> int:
         """Put the random state back as it was when the window opened; returns where it began."""
@@ -120,8 +121,9 @@ class AgreedStep:
     so that `read()` one step later finds it done: the host never waits for the device queue to
     drain. `skip` and `loss` stay on the device, for an optimizer that skips a step there."""
 
-    def __init__(self, sums: torch.Tensor, losses: int, where: str) -> None:
+    def __init__(self, sums: torch.Tensor, losses: int, where: str, steps_done: int) -> None:
         self.where = where  # the step's batches, for the error message
+        self.steps_done = steps_done  # requests in these flags were made after this many steps
         bad = sums[1] > 0
         self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
         self.loss = torch.where(bad, torch.nan, sums[0] / max(losses, 1))

@@ -117,7 +117,7 @@ class Trainer(ProgressCounters):
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
         self._stop_agreed = False    # every rank has read a stop: the run ends after this step
-        self.save_agreed = False     # every rank has read a save request: a Checkpointer saves
+        self.save_asked_at: int | None = None  # read by every rank: a save asked after that step
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
@@ -305,8 +305,8 @@ class Trainer(ProgressCounters):
         first, last = self.window.first_batch + 1, self.batch_in_epoch
         where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
                  f"(optimizer step {self.global_step + 1})")
-        agreed = self.window.agree(self.dist, self.should_stop, self.should_save, where)
-        self.should_save = False  # sent: it is every rank's once read (`save_agreed`)
+        agreed = self.window.agree(self.dist, self.should_stop, self.should_save, where, self.global_step)
+        self.should_save = False  # sent: every rank's once read (`save_asked_at`)
         self.settle()  # the previous step's flags
         if self._stop_agreed:
             self.progress.batch_in_epoch = self.window.undo()
@@ -333,7 +333,7 @@ class Trainer(ProgressCounters):
         self.progress.samples_in_epoch += int(rows)
         if stop:
             self.should_stop = self._stop_agreed = True
-        self.save_agreed = self.save_agreed or bool(save)
+        self.save_asked_at = agreed.steps_done if save else self.save_asked_at
 
     def _skips_on_device(self) -> bool:
         return (getattr(self.optimizer, "_step_supports_amp_scaling", False)

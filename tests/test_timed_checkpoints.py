@@ -42,11 +42,13 @@ class RecordingCheckpointer(Checkpointer):
         super().save(trainer)
 
 
-def timed_run(folder: Path, model_dir: Path, minutes: float, per_step: float) -> list[int]:
+def timed_run(folder: Path, model_dir: Path, minutes: float, per_step: float,
+              every: int = 0) -> list[int]:
     """One epoch of the toy task, 96 rows in batches of 4; the steps that were saved."""
     train, test = toy_datasets(folder, model_dir, rows=96)
     clock = Minutes(per_step)
-    saver = RecordingCheckpointer(folder / "checkpoints", keep=0, every_minutes=minutes, clock=clock)
+    saver = RecordingCheckpointer(folder / "checkpoints", every=every, keep=0, every_minutes=minutes,
+                                  clock=clock)
     torch.manual_seed(0)
     trainer = DistTrainer(load_model(str(model_dir), ["neg", "pos"]), train, test,
                           config=TrainConfig(epochs=1, batch_size=4, lr=1e-3, timeout=60),
@@ -63,6 +65,12 @@ def test_a_checkpoint_every_few_minutes_of_training(tmp_path, tiny_model_dir, mi
     steps on, and at the epoch's end. Off (0), the epoch's end alone."""
     assert timed_run(tmp_path, tiny_model_dir, minutes, per_step=1.0) == saved
     assert [int(p.name.removeprefix("step-")) for p in step_folders(tmp_path / "checkpoints")] == saved
+
+
+def test_a_save_made_while_the_clocks_request_was_in_flight_serves_it(tmp_path, tiny_model_dir):
+    """Every 5 steps and every 4 minutes at a minute a step: the clock asks after step 4, but the
+    step-5 checkpoint is written before its request is read (at step 6), so no second one."""
+    assert timed_run(tmp_path, tiny_model_dir, 4.0, per_step=1.0, every=5) == [5, 10, 15, 20, 24]
 
 
 def timed_worker(rank: int, world: int, folder: str, model_dir: str) -> list[int]:
