@@ -121,8 +121,7 @@ class Trainer(ProgressCounters):
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
-        self.interrupted = False
-        self._resume_samples = 0
+        self.interrupted, self._resume_samples = False, 0
         self._loader_for: tuple[Any, Any] = (None, None)
         self._failed = False
         self._owns_dist = dist is None

@@ -180,9 +180,10 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     # The ranks of a machine tokenize a missing cache entry together (shared_tokenize.py).
     share = Share.agree(dist) if dist.world_size > 1 and cache_dir is not None else ALONE
     if only in ("valid", "test") and specs[only] is not None and vocab is not None:
-        wanted, _ = load_file(specs[only], data_dir, vocab, tokenizer, task.model.max_length,
-                              cache_dir, only, kind, share=share)
-        return Datasets(None, *((wanted, None) if only == "valid" else (None, wanted)), vocab)
+        alone = Datasets(None, None, None, vocab)
+        setattr(alone, only, load_file(specs[only], data_dir, vocab, tokenizer, task.model.max_length,
+                                       cache_dir, only, kind, share=share)[0])
+        return alone
     train, labels = (None, vocab) if per_rank else load_file(
         specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
         kind, share=share)
