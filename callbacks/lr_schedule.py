@@ -9,6 +9,7 @@ the lr is now: no jump, and the lr still reaches the schedule's end on the last 
 exception: a finished run resumed with more epochs had reached its schedule's end (lr 0 under a
 decay), where every added step would train at that lr; its schedule is planned again over the
 new total, as if so planned from the start (the lr rises to that schedule's value, said).
+A resume given another lr, scheduler or warmup_ratio goes on with them from the progress reached.
 """
 
 from __future__ import annotations
@@ -107,18 +108,34 @@ class LRSchedule(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         if trainer.scheduler is not None:
-            state["lr_scheduler"] = {"plan": asdict(self.plan),
+            state["lr_scheduler"] = {"plan": asdict(self.plan), "shape": self._shape_settings(),
                                      "scheduler": trainer.scheduler.state_dict()}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         self._saved = state.get("lr_scheduler")
         if self._saved is not None and trainer.scheduler is not None:
             trainer.scheduler = None  # made again from the saved plan at the next batch
+        was = (self._saved or {}).get("shape")  # older checkpoints: not recorded
+        if was is not None and was != self._shape_settings():
+            progress = Plan(**self._saved["plan"]).progress(trainer.global_step)
+            log.warning("lr schedule: the run's was %s; it goes on as %s, as asked, from the "
+                        "progress reached (%.0f%%)", _described(was),
+                        _described(self._shape_settings()), 100 * progress)
+
+    def _shape_settings(self) -> dict[str, Any]:
+        return {"name": self.name, "warmup_ratio": self.warmup_ratio}
+
+
+def _described(shape: dict[str, Any]) -> str:
+    return f"{shape['name']} with warmup_ratio {shape['warmup_ratio']:g}"
 
 
 def restore(scheduler: Any, state: dict) -> None:
-    """Load a scheduler's state and put its lr back into the optimizer: a new scheduler has just
-    set the lr of step 0 (0 in warmup), and load_state_dict alone does not undo that."""
+    """Load a scheduler's state, on the optimizer's base lrs (this run's config: a resume may
+    change the lr), and put each group's lr at its point of the schedule: a new scheduler has
+    just set the lr of step 0 (0 in warmup), and load_state_dict alone does not undo that."""
     scheduler.load_state_dict(state)
-    for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr(), strict=True):
-        group["lr"] = lr
+    groups = scheduler.optimizer.param_groups
+    scheduler.base_lrs = [group["initial_lr"] for group in groups]
+    for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True):
+        group["lr"] = base * factor(scheduler.last_epoch)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 
+from nlptrain import optim
 from nlptrain.config import DATA_ORDER_KEYS
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
@@ -226,8 +227,13 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         log.warning("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
                     trainer.config.precision)
     state = read_state(folder / "state.pt")
+    configured = optim.group_settings(trainer.optimizer)
     trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
                                              state["optimizer"])
+    changed = optim.keep_group_settings(trainer.optimizer, configured)
+    if changed:
+        log.warning("%s: the optimizer goes on with this run's %s, as asked", folder,
+                    ", ".join(changed))
     if state["scaler"] or not trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["scaler"])
     else:  # trained without fp16's scaler (its state is {}): torch refuses to load that

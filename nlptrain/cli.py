@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(train)
     train.add_argument("--output-dir", help="run directory (default: runs/<task>-<time>)")
     train.add_argument("--resume", action="store_true",
-                       help="continue the run in --output-dir from its latest checkpoint")
+                       help="continue the run in --output-dir from its latest checkpoint, with "
+                       "its own options; those given with it (--epochs, --lr, ...) apply from there")
     train.add_argument("--overwrite", action="store_true",
                        help="replace what --output-dir holds")
     train.add_argument("--callback", action="append", default=[], metavar="MODULE:CLASS",

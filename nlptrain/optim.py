@@ -110,3 +110,29 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, world_size: int,
     `param_groups=` and `optimizer=`. Under `scale_lr` the lr is times the world size."""
     lr = config.lr * (world_size if config.scale_lr else 1)
     return (make or adamw)((groups_of or param_groups)(model, lr, config), config)
+
+
+def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, float]]:
+    """Each parameter group's lr and weight decay, as this run's config made them."""
+    return [{key: group[key] for key in ("lr", "weight_decay") if key in group}
+            for group in optimizer.param_groups]
+
+
+def keep_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[str, float]]) -> list[str]:
+    """Put `settings` (`group_settings` before a checkpoint's optimizer state was loaded) back:
+    the loaded state brings the old run's lr and weight decay, and a resume may change them (a
+    lower lr after a divergence). The lr under way keeps its place on the schedule: times the
+    new base lr over the old. Returns the changes, 'lr 0.002 -> 0.0001', for the log."""
+    changed: dict[str, str] = {}
+    for group, wanted in zip(optimizer.param_groups, settings, strict=True):
+        base = group.get("initial_lr", group["lr"])  # a schedule's base; the lr is a point on it
+        now = group["lr"]
+        for key, new in wanted.items():
+            old = base if key == "lr" else group[key]
+            if old != new:
+                changed.setdefault(key, f"{key} {old:g} -> {new:g}")
+            group[key] = new
+        if "initial_lr" in group:  # on a schedule: the lr under way, at its place on the new one
+            group["initial_lr"] = wanted["lr"]
+            group["lr"] = now if base == wanted["lr"] else wanted["lr"] * (now / base if base else 1.0)
+    return list(changed.values())

@@ -146,14 +146,15 @@ def changed_settings(before: dict[str, Any], after: dict[str, Any],
             and value != before.get(key, getattr(defaults, key, None))]
 
 
-# The checkpoint's optimizer and lr schedule bring these back (or, for layer_lr_decay's groups,
-# cannot load at all): a changed value would be silently ignored.
-OPTIMIZER_KEYS = ("lr", "scale_lr", "weight_decay", "layer_lr_decay")
+# The checkpoint's optimizer state is per parameter group: under other groups it cannot load.
+# (lr, scale_lr, weight_decay and the schedule may change: the resume goes on with them.)
+PARAM_GROUP_KEYS = ("layer_lr_decay",)
 
 
 def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
-    """Refuse a resume whose optimizer or data-order settings differ from the run's."""
-    for keys, what in ((OPTIMIZER_KEYS, "optimizer settings"), (DATA_ORDER_KEYS, "data order")):
+    """Refuse a resume whose parameter groups or data order differ from the run's."""
+    for keys, what in ((PARAM_GROUP_KEYS, "optimizer parameter groups"),
+                       (DATA_ORDER_KEYS, "data order")):
         changed = changed_settings(saved, train, keys)
         if changed:
             raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "

@@ -1,0 +1,103 @@
+"""A resume may change the lr, the weight decay and the lr schedule (after a divergence, the
+non-finite-loss error says: lower the lr and resume); the checkpoint's optimizer state brought
+the old run's back, silently. Now the resumed run goes on with the new ones, from the place on
+the schedule it had reached, and says so; unchanged, it resumes number for number."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from log_capture import nlptrain_messages
+from nlptrain.callbacks import Checkpointer
+from toy_trainer import make_trainer
+
+from nlptrain import Callback
+from nlptrain.cli import main
+
+
+class LrOfEachStep(Callback):
+    """The lr each optimizer step uses (read once the schedule has set it for the step)."""
+
+    def __init__(self) -> None:
+        self.lr: dict[int, float] = {}
+        self.weight_decay: dict[str, float] = {}
+
+    def on_batch_start(self, trainer, batch) -> None:
+        self.lr[trainer.global_step + 1] = trainer.optimizer.param_groups[0]["lr"]
+        self.weight_decay = {g["name"]: g["weight_decay"] for g in trainer.optimizer.param_groups}
+
+
+@pytest.fixture
+def run_with_checkpoints(tmp_path, tiny_model_dir):
+    """12 steps (2 epochs of 6), linear warmup over 10% then decay, lr 1e-3: the lr of each step,
+    and the checkpoints every 2 steps."""
+    folder, seen = tmp_path / "checkpoints", LrOfEachStep()
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2, keep=0), seen],
+                 batch_size=4).fit()
+    assert len(seen.lr) == 12 and seen.lr[12] < seen.lr[2]  # decaying
+    return folder, seen.lr
+
+
+def resume(tmp_path, tiny_model_dir, folder, **changes):
+    seen = LrOfEachStep()
+    with nlptrain_messages() as messages:
+        trainer = make_trainer(tmp_path, tiny_model_dir, [seen], batch_size=4,
+                               resume_from=folder / "step-00000004", **changes)
+        trainer.fit()
+    return seen, messages
+
+
+def test_a_resume_with_a_lower_lr_goes_on_at_it_from_the_schedules_place(
+        tmp_path, tiny_model_dir, run_with_checkpoints):
+    folder, whole = run_with_checkpoints
+    same, messages = resume(tmp_path, tiny_model_dir, folder)
+    assert same.lr == {step: lr for step, lr in whole.items() if step > 4}  # to the last bit
+    assert not any("as asked" in m for m in messages)
+
+    lower, messages = resume(tmp_path, tiny_model_dir, folder, lr=2.5e-4, weight_decay=0.3)
+    assert lower.lr.keys() == same.lr.keys()
+    for step, lr in lower.lr.items():  # the same decay, a quarter as high
+        assert lr == pytest.approx(whole[step] / 4, rel=1e-9), step
+    assert lower.weight_decay == {"decay": 0.3, "no_decay": 0.0}
+    assert any("the optimizer goes on with this run's lr 0.001 -> 0.00025, weight_decay 0.01 -> "
+               "0.3, as asked" in m for m in messages), messages
+
+
+def test_a_resume_with_another_schedule_follows_it_from_the_progress_reached(
+        tmp_path, tiny_model_dir, run_with_checkpoints):
+    folder, whole = run_with_checkpoints
+    constant, messages = resume(tmp_path, tiny_model_dir, folder, scheduler="constant")
+    assert set(constant.lr.values()) == {1e-3}  # was decaying: 1e-3 from step 5 on
+    assert any("lr schedule: the run's was linear with warmup_ratio 0.1; it goes on as constant "
+               "with warmup_ratio 0.1, as asked, from the progress reached (33%)" in m
+               for m in messages), messages
+    longer_warmup, _ = resume(tmp_path, tiny_model_dir, folder, warmup_ratio=0.5)
+    # Linear warmup over the first 6 of 12 steps: steps 5 and 6 (progress 4/12, 5/12) still rise
+    # to the peak at step 7, where the run's own schedule was decaying since step 2.
+    for step, factor in ((5, 4 / 6), (6, 5 / 6), (7, 1.0)):
+        assert longer_warmup.lr[step] == pytest.approx(1e-3 * factor, rel=1e-9), step
+    assert whole[5] > whole[6] > whole[7]
+
+
+def test_the_cli_resumes_with_a_lower_lr_and_refuses_other_parameter_groups(toy_task, tmp_path,
+                                                                            capsys):
+    run = tmp_path / "run"
+    options = ["--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "5",
+               "--log-every", "1"]
+    assert main(["train", *options, "--epochs", "1", "--lr", "2e-3"]) == 0
+    capsys.readouterr()
+    assert main(["train", *options, "--resume", "--lr", "1e-3", "--layer-lr-decay", "0.9"]) == 1
+    err = capsys.readouterr().err
+    assert "a resume keeps the run's optimizer parameter groups, and these changed: " \
+           "layer_lr_decay 1.0 -> 0.9;" in err, err
+    assert main(["train", *options, "--resume", "--lr", "1e-3", "--epochs", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "resume with changed settings: epochs 1 -> 2, lr 0.002 -> 0.001" in err, err
+    assert "the optimizer goes on with this run's lr 0.002 -> 0.001, as asked" in err, err
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    lrs = {r["step"]: r["lr"] for r in rows if r["kind"] == "train"}
+    # The second epoch's lr follows the 2-epoch schedule (the run was planned again when the
+    # 1-epoch one had ended), at the new lr: at most 1e-3.
+    assert max(lr for step, lr in lrs.items() if step > 20) <= 1e-3 + 1e-12
+    assert max(lr for step, lr in lrs.items() if step <= 20) > 1e-3
