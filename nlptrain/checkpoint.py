@@ -39,9 +39,11 @@ PREFIX = "step-"
 
 
 def rng_state() -> dict[str, Any]:
+    """Every generator's state: taken at each optimizer step (StepWindow), so kept cheap
+    (numpy's `get_state` costs ~35 us a call: called once)."""
+    _, numpy_keys, numpy_pos, *_ = np.random.get_state()
     state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64)),
-             "numpy_pos": int(np.random.get_state()[2])}
+             "numpy": torch.from_numpy(numpy_keys.astype(np.int64)), "numpy_pos": int(numpy_pos)}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
