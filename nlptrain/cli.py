@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replace what --output-dir holds")
     train.add_argument("--callback", action="append", default=[], metavar="MODULE:CLASS",
                        help="add a callback of yours, made with no arguments: a module path "
-                       "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable")
+                       "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable "
+                       "(a --resume gives them again: it loads no code by itself)")
     train.add_argument("--tensorboard", action="store_true",
                        help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
     train.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
@@ -192,7 +193,14 @@ def run_options(args: argparse.Namespace) -> Any:
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
                              callbacks=[check_callback(load_object(spec)())  # before the run dir
-                                        for spec in args.callback])
+                                        for spec in args.callback],
+                             callback_specs=[absolute_spec(spec) for spec in args.callback])
+
+
+def absolute_spec(spec: str) -> str:
+    """A `FILE.py:Class` spec with the file's absolute path (a resume may start elsewhere)."""
+    where, sep, name = spec.rpartition(":")
+    return f"{Path(where).resolve()}{sep}{name}" if where.endswith(".py") else spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:

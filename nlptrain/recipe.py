@@ -45,6 +45,7 @@ class RunOptions:
     tensorboard: bool = False  # also log to RUN_DIR/tensorboard (when the package is installed)
     progress_every_s: float = 30.0  # a progress line this often when stderr is not a terminal
     callbacks: list[Callback] = field(default_factory=list)
+    callback_specs: list[str] = field(default_factory=list)  # what made `callbacks` (config.json)
 
 
 def seed_everything(seed: int) -> None:
@@ -152,7 +153,7 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
                             "to continue or replace a run", "--resume" if opts.resume
                             else "--overwrite", folder)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
-                                overwrite=overwrite, launch=launch)
+                                overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
         return str(folder), found
 
     folder, has_run = dist.on_main(make)

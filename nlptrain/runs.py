@@ -99,8 +99,11 @@ def last_launch(folder: Path) -> tuple[int, str | None]:
 
 
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
-                    overwrite: bool, launch: Environment | None = None) -> bool:
-    """Make `folder` ready and write config.json; returns whether there is a run to resume."""
+                    overwrite: bool, launch: Environment | None = None,
+                    callbacks: list[str] | None = None) -> bool:
+    """Make `folder` ready and write config.json (with `callbacks`, the `--callback` specs);
+    returns whether there is a run to resume."""
+    callbacks = callbacks or []
     saved = read_config(folder)
     if saved is not None and resume:
         # Training options (epochs, cadences, ...) may change on resume; data and model may not.
@@ -113,6 +116,14 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         changed = changed_settings(saved["task"].get("train", {}), task["train"])
         if changed:  # said: a resume's command line may differ from the run's without meaning to
             log.info("resume with changed settings: %s", ", ".join(changed))
+        had = saved.get("callbacks", [])
+        if callbacks != had:  # a resume loads no code the run directory names: said instead
+            dropped = [spec for spec in had if spec not in callbacks]
+            (log.warning if dropped else log.info)(
+                "resume with changed callbacks: %s -> %s%s", ", ".join(had) or "none",
+                ", ".join(callbacks) or "none",
+                "; to keep a callback, give its --callback again" if dropped else "")
+        saved["callbacks"] = callbacks
         # config.json describes the run as it goes on (the next resume starts from it).
         saved["task"] = task
         saved.setdefault("resumes", []).append({
@@ -131,7 +142,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "launcher_run_id": launch.run_id if launch else None,
-              "launch": launch.record() if launch else None}
+              "launch": launch.record() if launch else None, "callbacks": callbacks}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
 

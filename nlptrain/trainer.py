@@ -328,7 +328,7 @@ class Trainer(ProgressCounters):
         if bad:
             raise TrainingError(
                 f"the loss is not finite at {agreed.where} on {int(bad)} rank(s); the weights were"
-                " not updated. Lower the lr or use fp32; resume from the last checkpoint.")
+                " not updated. Resume from the last checkpoint at a lower lr (--resume --lr) or in fp32")
         self.progress.samples_in_epoch += int(rows)
         if stop:
             self.should_stop = self._stop_agreed = True

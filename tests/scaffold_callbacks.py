@@ -63,6 +63,21 @@ class PoisonWeights(Callback):
                     param.fill_(math.nan)
 
 
+class DivergesAboveLr(Callback):
+    """From AT_STEP on, the loss is infinite while the lr is above LR_LIMIT (default 1e-3): a
+    divergence that a lower lr cures."""
+
+    def on_train_start(self, trainer) -> None:
+        plain, limit = trainer.loss_fn, float(os.environ.get("LR_LIMIT", "1e-3"))
+
+        def loss_fn(logits, targets):
+            loss = plain(logits, targets)
+            high = trainer.optimizer.param_groups[0]["lr"] > limit
+            return loss * math.inf if trainer.global_step >= at_step() and high else loss
+
+        trainer.loss_fn = loss_fn
+
+
 class DieWhileWritingCheckpoint(Callback):
     """SIGKILL halfway through writing the second checkpoint's state file."""
 

@@ -6,6 +6,7 @@ the schedule it had reached, and says so; unchanged, it resumes number for numbe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from log_capture import nlptrain_messages
@@ -14,6 +15,8 @@ from toy_trainer import make_trainer
 
 from nlptrain import Callback
 from nlptrain.cli import main
+
+SCAFFOLD = str(Path(__file__).parent / "scaffold_callbacks.py")
 
 
 class LrOfEachStep(Callback):
@@ -101,3 +104,44 @@ def test_the_cli_resumes_with_a_lower_lr_and_refuses_other_parameter_groups(toy_
     # 1-epoch one had ended), at the new lr: at most 1e-3.
     assert max(lr for step, lr in lrs.items() if step > 20) <= 1e-3 + 1e-12
     assert max(lr for step, lr in lrs.items() if step <= 20) > 1e-3
+
+
+def test_a_diverged_run_resumes_at_the_lower_lr_its_error_advises(toy_task, tmp_path, capsys,
+                                                                  monkeypatch):
+    monkeypatch.setenv("AT_STEP", "6")  # the loss is infinite from step 7 while the lr > 1e-3
+    run = tmp_path / "run"
+    options = ["--task", str(toy_task), "--output-dir", str(run), "--checkpoint-every", "5",
+               "--warmup-ratio", "0", "--callback", f"{SCAFFOLD}:DivergesAboveLr"]
+    assert main(["train", *options, "--lr", "2e-3"]) == 1
+    err = capsys.readouterr().err
+    assert "the loss is not finite at epoch 1, batch 7 (optimizer step 7) on 1 rank(s); the " \
+           "weights were not updated. Resume from the last checkpoint at a lower lr (--resume " \
+           "--lr) or in fp32" in err, err
+    again = ["train", "--output-dir", str(run), "--resume", "--callback",
+             f"{SCAFFOLD}:DivergesAboveLr"]
+    assert main(again) == 1  # the same lr: diverges again
+    assert main([*again, "--lr", "1e-3"]) == 0
+    assert json.loads((run / "results.json").read_text())["test"]["accuracy"] > 0.5
+    assert json.loads((run / "config.json").read_text())["callbacks"] == \
+        [f"{SCAFFOLD}:DivergesAboveLr"]
+    capsys.readouterr()
+    # A resume loads no code by itself: without the --callback, a warning names it.
+    assert main(["train", "--output-dir", str(run), "--resume"]) == 0
+    assert f"resume with changed callbacks: {SCAFFOLD}:DivergesAboveLr -> none; to keep a " \
+           "callback, give its --callback again" in capsys.readouterr().err
+
+
+def test_a_run_records_its_callbacks_with_absolute_paths(toy_task, tmp_path, capsys, monkeypatch):
+    run, own = tmp_path / "run", tmp_path / "own_callbacks.py"
+    own.write_text("from nlptrain import Callback\n\nclass Quiet(Callback):\n    pass\n\n"
+                   "class AlsoQuiet(Callback):\n    pass\n")
+    monkeypatch.chdir(tmp_path)  # given relative, recorded absolute: a resume may start elsewhere
+    options = ["--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]
+    assert main(["train", *options, "--callback", "own_callbacks.py:Quiet"]) == 0
+    assert json.loads((run / "config.json").read_text())["callbacks"] == [f"{own}:Quiet"]
+    capsys.readouterr()
+    assert main(["train", *options, "--resume", "--epochs", "2", "--callback",
+                 "own_callbacks.py:AlsoQuiet", "--callback", "own_callbacks.py:Quiet"]) == 0
+    err = capsys.readouterr().err
+    # Only added: said, with no advice to give one again.
+    assert f"resume with changed callbacks: {own}:Quiet -> {own}:AlsoQuiet, {own}:Quiet\n" in err
