@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
 
 log = logging.getLogger(__name__)
+WRITTEN_BY = "written_by"  # in a checkpoint's callback states: the callbacks that wrote them
 
 # In firing order; the README's event table is checked against a recorded run (tests/test_events).
 EVENTS = (
@@ -153,6 +154,20 @@ class CallbackList:
                               exc_info=error)
         if errors and not failing:
             raise errors[0]
+
+    def stateful(self) -> list[str]:
+        """The callbacks that put state in a checkpoint, by class name (recorded with it)."""
+        return [type(c).__name__ for c in self.callbacks
+                if type(c).on_save_checkpoint is not Callback.on_save_checkpoint]
+
+    def check_states(self, states: dict[str, Any]) -> None:
+        """Say which callbacks wrote state into a loaded checkpoint but are not in this run (a
+        resume that left one out: an EMA, a user's own): their state is left unused."""
+        missing = [name for name in states.get(WRITTEN_BY, []) if name not in self.stateful()]
+        if missing and self.is_main:
+            log.warning("the checkpoint holds the state of callback(s) %s, which this run has not: "
+                        "it goes on without them (to keep one, give it again, or the option that makes "
+                        "it)", ", ".join(missing))
 
     def find(self, kind: type) -> list[Callback]:
         return [c for c in self.callbacks if isinstance(c, kind)]

@@ -25,7 +25,7 @@ from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
-from nlptrain.events import Callback, CallbackList
+from nlptrain.events import WRITTEN_BY, Callback, CallbackList
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
@@ -123,8 +123,7 @@ class Trainer(ProgressCounters):
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
         self.interrupted, self._resume_samples = False, 0
         self._loader_for: tuple[Any, Any] = (None, None)
-        self._failed = False
-        self._owns_dist = dist is None
+        self._failed, self._owns_dist = False, dist is None
         if self.resumed_from is not None:
             try:  # weights, optimizer, progress, every rank's RNG, the callbacks' state
                 checkpoint.load_checkpoint(self, self.resumed_from)
@@ -367,12 +366,13 @@ class Trainer(ProgressCounters):
 
     def callback_states(self) -> dict[str, Any]:
         """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
-        states: dict[str, Any] = {}
+        states: dict[str, Any] = {WRITTEN_BY: self.callbacks.stateful()}
         self.callbacks.fire("on_save_checkpoint", self, states)
         return states
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
         """Give the callbacks their state back from a loaded checkpoint (on_load_checkpoint)."""
+        self.callbacks.check_states(states)
         self.callbacks.fire("on_load_checkpoint", self, states)
 
     def close(self) -> None:

@@ -145,3 +145,35 @@ def test_a_run_records_its_callbacks_with_absolute_paths(toy_task, tmp_path, cap
     err = capsys.readouterr().err
     # Only added: said, with no advice to give one again.
     assert f"resume with changed callbacks: {own}:Quiet -> {own}:AlsoQuiet, {own}:Quiet\n" in err
+
+
+class CountsSteps(Callback):
+    """A user's callback with state in the checkpoint."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def on_step_end(self, trainer) -> None:
+        self.steps += 1
+
+    def on_save_checkpoint(self, trainer, state) -> None:
+        state["counts_steps"] = self.steps
+
+    def on_load_checkpoint(self, trainer, state) -> None:
+        self.steps = state.get("counts_steps", 0)
+
+
+def test_a_library_resume_names_the_callbacks_with_state_it_left_out(tmp_path, tiny_model_dir):
+    folder = tmp_path / "checkpoints"
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2), CountsSteps()],
+                 batch_size=4, epochs=1, ema_decay=0.9).fit()
+    with nlptrain_messages() as messages:
+        counter = CountsSteps()
+        make_trainer(tmp_path, tiny_model_dir, [counter], batch_size=4, ema_decay=0.9,
+                     resume_from=folder)
+    assert counter.steps == 6 and not any("the state of callback" in m for m in messages)
+    with nlptrain_messages() as messages:
+        make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)
+    assert "the checkpoint holds the state of callback(s) CountsSteps, EMA, which this run has " \
+           "not: it goes on without them (to keep one, give it again, or the option that makes it)" \
+        in messages, messages
