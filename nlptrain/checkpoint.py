@@ -203,6 +203,7 @@ def saved_precision(folder: Path) -> str | None:
 
 def load_checkpoint(trainer: Any, folder: Path) -> None:
     """Restore weights, optimizer, progress, this rank's RNG and callback states."""
+    warn = log.warning if trainer.is_main else log.debug  # said once, not by every rank
     if not (folder / "meta.json").is_file():
         raise CheckpointError(f"{folder}: not a complete checkpoint (no meta.json)")
     try:
@@ -226,7 +227,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                               f"order ({', '.join(changed)}): some rows would be trained twice, "
                               "others never; resume with the run's values")
     if meta.get("precision", trainer.config.precision) != trainer.config.precision:
-        log.warning("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
+        warn("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
                     trainer.config.precision)
     state = read_state(folder / "state.pt")
     configured = optim.group_settings(trainer.optimizer)
@@ -234,19 +235,19 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                                              state["optimizer"])
     changed = optim.keep_group_settings(trainer.optimizer, configured)
     if changed:
-        log.warning("%s: the optimizer goes on with this run's %s, as asked", folder,
+        warn("%s: the optimizer goes on with this run's %s, as asked", folder,
                     ", ".join(changed))
     if state["scaler"] or not trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["scaler"])
     else:  # trained without fp16's scaler (its state is {}): torch refuses to load that
-        log.warning("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler "
+        warn("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler "
                     "starts at its initial scale", folder)
     trainer.load_progress_state(state["progress"])
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])
     else:
-        log.warning("%s was written by %d ranks, this job has %d: data order resumes exactly, "
+        warn("%s was written by %d ranks, this job has %d: data order resumes exactly, "
                     "dropout randomness does not", folder, meta["world_size"],
                     trainer.dist.world_size)
     trainer.load_callback_states(state["callbacks"])
