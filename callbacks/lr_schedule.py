@@ -116,7 +116,7 @@ class LRSchedule(Callback):
         if self._saved is not None and trainer.scheduler is not None:
             trainer.scheduler = None  # made again from the saved plan at the next batch
         was = (self._saved or {}).get("shape")  # older checkpoints: not recorded
-        if was is not None and was != self._shape_settings():
+        if was is not None and was != self._shape_settings() and trainer.is_main:
             progress = Plan(**self._saved["plan"]).progress(trainer.global_step)
             log.warning("lr schedule: the run's was %s; it goes on as %s, as asked, from the "
                         "progress reached (%.0f%%)", _described(was),
