@@ -35,7 +35,7 @@ class EarlyStopping(Callback):
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         # Checked here, not at on_train_start: a later callback may set eval_data there.
-        if trainer.eval_data is None and not self.warned:
+        if trainer.eval_data is None and not self.warned and trainer.is_main:  # said once
             log.warning("early stopping has nothing to watch: the trainer has no eval_data, so "
                         "training runs all its epochs")
             self.warned = True

@@ -85,7 +85,8 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
             sampler.set_epoch(progress.epoch)
     if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
         skip = progress.batch_in_epoch
-        log.warning("resuming inside a user sampler: reading past %d batches", skip)
+        (log.warning if dist.is_main else log.debug)(
+            "resuming inside a user sampler: reading past %d batches", skip)
     # A list of batches has no `dataset`; a DataLoader over a stream has `__len__`, no length.
     if hasattr(loader, "__len__") and not isinstance(getattr(loader, "dataset", None),
                                                      IterableDataset):
