@@ -105,6 +105,10 @@ class TrainConfig:
     compile: bool = opt(False, "torch.compile the model (GPU: fuses the small ops between the "
                         "matmuls; the first steps of each new shape wait for the compiler; on "
                         "CPUs measured slower, bench/README.md)")
+    activation_checkpointing: bool = opt(
+        False, "keep only each encoder layer's input and run the layer again in the backward "
+        "(transformers' gradient checkpointing): far less activation memory, for longer rows or "
+        "bigger batches, at about one more forward of compute")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "

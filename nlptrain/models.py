@@ -111,6 +111,33 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     return model
 
 
+def prepare_for_training(model: Any, config: Any) -> None:
+    """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
+    their names, for checkpoints and export): activation checkpointing, then torch.compile."""
+    if config.activation_checkpointing:
+        enable_activation_checkpointing(model)
+    if config.compile:
+        model.compile()
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Each encoder layer keeps only its input in the forward and runs again in the backward
+    (torch's non-reentrant checkpoint, which restores the RNG: the same dropout masks, the same
+    gradients), through transformers' own switch: `activation_checkpointing_enable` (v5), else
+    `gradient_checkpointing_enable`."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    kwargs: dict[str, Any] = {"activation_checkpointing_kwargs": {"use_reentrant": False}}
+    if enable is None:
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"activation_checkpointing: {type(model).__name__} has no transformers "
+                          "switch for it (activation_checkpointing_enable); wrap its layers in "
+                          "torch.utils.checkpoint.checkpoint yourself, or set "
+                          "activation_checkpointing = false")
+    enable(**kwargs)
+
+
 def load_config(name: str) -> Any:
     """The model's config alone (no weights): what can be checked before any data is read."""
     from transformers import AutoConfig
