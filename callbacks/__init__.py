@@ -17,6 +17,7 @@ from nlptrain.callbacks.metric_logger import MetricLogger
 from nlptrain.callbacks.per_rank_data import PerRankData
 from nlptrain.callbacks.progress import ProgressBar
 from nlptrain.callbacks.rdrop import RDrop
+from nlptrain.callbacks.step_budget import StepBudget
 from nlptrain.callbacks.tensorboard import TensorBoardLogger  # imports tensorboard only when used
 
 if TYPE_CHECKING:
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
     from nlptrain.events import Callback
 
 __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", "LRSchedule",
-           "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "TensorBoardLogger",
+           "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "StepBudget",
+           "TensorBoardLogger",
            "config_callbacks"]
 
 
@@ -35,6 +37,8 @@ def config_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback
     first: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio)]
     if config.max_grad_norm > 0:
         first.append(GradClip(config.max_grad_norm))
+    if config.max_steps > 0:
+        first.append(StepBudget(config.max_steps))
     last: list[Callback] = [EMA(config.ema_decay)] if config.ema_decay > 0 else []
     if config.early_stopping > 0:
         last.append(EarlyStopping(config.early_stopping))

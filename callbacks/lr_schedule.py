@@ -71,8 +71,11 @@ class LRSchedule(Callback):
         cfg = trainer.config
         done_in_epoch = trainer.batch_in_epoch // cfg.grad_accum
         later_epochs = max(cfg.epochs - trainer.epoch - 1, 0)
-        return max(trainer.global_step + trainer.steps_per_epoch - done_in_epoch
-                   + trainer.steps_per_epoch * later_epochs, trainer.global_step + 1)
+        planned = (trainer.global_step + trainer.steps_per_epoch - done_in_epoch
+                   + trainer.steps_per_epoch * later_epochs)
+        if cfg.max_steps:  # the run ends there (StepBudget)
+            planned = min(planned, cfg.max_steps)
+        return max(planned, trainer.global_step + 1)
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         total = self.planned_total(trainer)

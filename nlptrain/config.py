@@ -133,6 +133,8 @@ class TrainConfig:
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
     steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
+    max_steps: int = opt(0, "stop after this many optimizer steps in all, even inside an epoch; "
+                         "the lr schedule ends there (0: epochs decide)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
     timeout: int = opt(600, "seconds a rank waits for the others in a collective before failing")
     strategy: str = opt("auto", "auto (ddp when more than one rank) | ddp (a full replica per rank) "
@@ -274,7 +276,7 @@ CHOICES = {
 NOT_NEGATIVE = [("train", key) for key in (
     "lr", "weight_decay", "max_grad_norm", "max_tokens", "eval_every", "early_stopping",
     "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "steps_per_epoch",
-    "num_workers")] + [
+    "max_steps", "num_workers")] + [
     ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
 
 
