@@ -33,4 +33,6 @@ class StepBudget(Callback):
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         if trainer.global_step + 1 >= self.max_steps:  # this micro-batch is of the last step
+            if not trainer.should_stop and trainer.is_main:
+                log.info("max_steps %d: step %d is the run's last", self.max_steps, self.max_steps)
             trainer.should_stop = True
