@@ -81,3 +81,32 @@ def test_a_resumed_budget_ends_as_the_uninterrupted_run_and_a_larger_one_trains_
                         resume_from=folder)
     more.fit()
     assert more.global_step == 11
+
+
+def _two_rank_budget(rank: int, world: int, folder: str, model_dir: str) -> tuple[int, float]:
+    from pathlib import Path
+
+    from strategy_workers import make_trainer as dist_trainer
+    from strategy_workers import toy_set
+
+    from nlptrain import distributed
+
+    dist = distributed.from_env(60)
+    try:
+        train = toy_set(Path(folder) / str(rank), model_dir, "train", 64, seed=1)  # 8 steps an epoch
+        trainer = dist_trainer(dist, model_dir, train, None, "ddp", [], epochs=2, max_steps=5)
+        trainer.fit()
+        total = sum(p.double().sum().item() for p in trainer.unwrapped_model.parameters())
+        trainer.close()
+        return trainer.global_step, total
+    finally:
+        dist.close()
+
+
+@pytest.mark.distributed
+def test_every_rank_ends_at_max_steps(tmp_path, tiny_model_dir):
+    from ddp import run_ranks
+
+    (step0, weights0), (step1, weights1) = run_ranks(_two_rank_budget, 2, tmp_path, str(tmp_path),
+                                                     str(tiny_model_dir))
+    assert step0 == step1 == 5 and weights0 == weights1
