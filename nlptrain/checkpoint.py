@@ -228,28 +228,26 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                               "others never; resume with the run's values")
     if meta.get("precision", trainer.config.precision) != trainer.config.precision:
         warn("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
-                    trainer.config.precision)
+             trainer.config.precision)
     state = read_state(folder / "state.pt")
     configured = optim.group_settings(trainer.optimizer)
     trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
                                              state["optimizer"])
     changed = optim.keep_group_settings(trainer.optimizer, configured)
     if changed:
-        warn("%s: the optimizer goes on with this run's %s, as asked", folder,
-                    ", ".join(changed))
+        warn("%s: the optimizer goes on with this run's %s, as asked", folder, ", ".join(changed))
     if state["scaler"] or not trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["scaler"])
     else:  # trained without fp16's scaler (its state is {}): torch refuses to load that
-        warn("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler "
-                    "starts at its initial scale", folder)
+        warn("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler starts at "
+             "its initial scale", folder)
     trainer.load_progress_state(state["progress"])
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])
     else:
-        warn("%s was written by %d ranks, this job has %d: data order resumes exactly, "
-                    "dropout randomness does not", folder, meta["world_size"],
-                    trainer.dist.world_size)
+        warn("%s was written by %d ranks, this job has %d: data order resumes exactly, dropout "
+             "randomness does not", folder, meta["world_size"], trainer.dist.world_size)
     trainer.load_callback_states(state["callbacks"])
     if trainer.epoch >= trainer.config.epochs:  # the run trained all it asked for (e.g. a crash
         # in the final test or export): nothing is trained again; raise `epochs` to train on
