@@ -2,8 +2,9 @@
 schedules (linear warmup then decay, cosine, constant, ...).
 
 The schedule is a function of training progress p in [0, 1] (warmup over the first
-`warmup_ratio` of it). The planned total is read at every batch: the steps done, the rest of this
-epoch, and the later epochs at this epoch's length. When it changes (a callback swapped in a
+`warmup_ratio` of it, or over `warmup_steps` out of the steps first planned). The planned total is
+read at every batch: the steps done, the rest of this epoch, and the later epochs at this epoch's
+length (at most `max_steps`). When it changes (a callback swapped in a
 larger or smaller set), the remaining progress is spread over the new remaining steps from where
 the lr is now: no jump, and the lr still reaches the schedule's end on the last step. One
 exception: a finished run resumed with more epochs had reached its schedule's end (lr 0 under a
@@ -60,9 +61,11 @@ class LRSchedule(Callback):
     have swapped the data in on_train_start/on_epoch_start), re-plans it whenever the planned
     total changes, and steps it after every optimizer step."""
 
-    def __init__(self, name: str = "linear", warmup_ratio: float = 0.1) -> None:
+    def __init__(self, name: str = "linear", warmup_ratio: float = 0.1, warmup_steps: int = 0) -> None:
         self.name = name
         self.warmup_ratio = warmup_ratio
+        self.warmup_steps = warmup_steps  # when > 0: the warmup's length, not warmup_ratio
+        self.warmup = warmup_ratio  # the fraction of the planned steps that warms up
         self.shape = schedule_shape(name, warmup_ratio)
         self.plan: Plan | None = None
         self._saved: dict | None = None
@@ -88,6 +91,10 @@ class LRSchedule(Callback):
     def _make(self, trainer: Trainer, total: int) -> None:
         saved = self._saved
         self.plan = Plan(**saved["plan"]) if saved and "plan" in saved else Plan(0, 0.0, total)
+        kept = (saved or {}).get("shape", {})
+        same = {key: kept.get(key, 0) for key in self._shape_settings()} == self._shape_settings()
+        # Resumed with the same settings: the run's own fraction (warmup_steps over its first plan).
+        self._set_warmup(kept["warmup"] if same and "warmup" in kept else None, self.plan.end_step)
         trainer.scheduler = LambdaLR(trainer.optimizer,
                                      lambda step: self.shape(self.plan.progress(step)))
         if saved is not None:
@@ -96,6 +103,7 @@ class LRSchedule(Callback):
             step = trainer.global_step
             if saved is not None and self.plan.progress(step) >= 1.0:  # ended: more epochs given
                 self.plan = Plan(0, 0.0, total)
+                self._set_warmup(None, total)
                 ended = trainer.scheduler.get_last_lr()[0]
                 for group, base in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs,
                                        strict=True):
@@ -111,7 +119,8 @@ class LRSchedule(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         if trainer.scheduler is not None:
-            state["lr_scheduler"] = {"plan": asdict(self.plan), "shape": self._shape_settings(),
+            state["lr_scheduler"] = {"plan": asdict(self.plan),
+                                     "shape": {**self._shape_settings(), "warmup": self.warmup},
                                      "scheduler": trainer.scheduler.state_dict()}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
@@ -119,17 +128,28 @@ class LRSchedule(Callback):
         if self._saved is not None and trainer.scheduler is not None:
             trainer.scheduler = None  # made again from the saved plan at the next batch
         was = (self._saved or {}).get("shape")  # older checkpoints: not recorded
-        if was is not None and was != self._shape_settings() and trainer.is_main:
+        was = was and {key: was.get(key, 0) for key in self._shape_settings()}
+        if was and was != self._shape_settings() and trainer.is_main:
             progress = Plan(**self._saved["plan"]).progress(trainer.global_step)
             log.warning("lr schedule: the run's was %s; it goes on as %s, as asked, from the "
                         "progress reached (%.0f%%)", _described(was),
                         _described(self._shape_settings()), 100 * progress)
 
     def _shape_settings(self) -> dict[str, Any]:
-        return {"name": self.name, "warmup_ratio": self.warmup_ratio}
+        return {"name": self.name, "warmup_ratio": self.warmup_ratio,
+                "warmup_steps": self.warmup_steps}
+
+    def _set_warmup(self, fraction: float | None, total: int) -> None:
+        """The schedule's shape, warming up over `fraction` of the plan: by default warmup_ratio,
+        or warmup_steps out of the `total` steps planned."""
+        if fraction is None:
+            fraction = min(self.warmup_steps / total, 1.0) if self.warmup_steps else self.warmup_ratio
+        self.warmup, self.shape = fraction, schedule_shape(self.name, fraction)
 
 
 def _described(shape: dict[str, Any]) -> str:
+    if shape.get("warmup_steps"):
+        return f"{shape['name']} with warmup_steps {shape['warmup_steps']}"
     return f"{shape['name']} with warmup_ratio {shape['warmup_ratio']:g}"
 
 

@@ -94,6 +94,8 @@ class TrainConfig:
     scheduler: str = opt("linear", "learning-rate schedule: linear | cosine | constant | "
                          "constant_with_warmup (transformers)")
     warmup_ratio: float = opt(0.1, "fraction of all steps spent warming the lr up from 0")
+    warmup_steps: int = opt(0, "warm the lr up over this many optimizer steps instead (0: "
+                            "warmup_ratio)")
     max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     grad_accum: int = opt(1, "micro-batches per optimizer step")
     precision: str = opt("auto", "auto (bf16 where this device runs it measurably faster, else "
@@ -276,7 +278,7 @@ CHOICES = {
 NOT_NEGATIVE = [("train", key) for key in (
     "lr", "weight_decay", "max_grad_norm", "max_tokens", "eval_every", "early_stopping",
     "checkpoint_every", "checkpoint_minutes", "keep_checkpoints", "steps_per_epoch",
-    "max_steps", "num_workers")] + [
+    "max_steps", "warmup_steps", "num_workers")] + [
     ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
 
 

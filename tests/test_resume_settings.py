@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from log_capture import nlptrain_messages
 from nlptrain.callbacks import Checkpointer
 from toy_trainer import make_trainer
@@ -177,3 +178,20 @@ def test_a_library_resume_names_the_callbacks_with_state_it_left_out(tmp_path, t
     assert "the checkpoint holds the state of callback(s) CountsSteps, EMA, which this run has " \
            "not: it goes on without them (to keep one, give it again, or the option that makes it)" \
         in messages, messages
+
+
+def test_warmup_steps_warm_up_over_that_many_steps_and_resume_exactly(tmp_path, tiny_model_dir):
+    """12 steps, warmup_steps 3: the lr rises 0, 1/3, 2/3 of the peak, peaks at step 4, then decays
+    to 0 after step 12; a run crashed after step 5 and resumed ends with the same weights."""
+    from toy_trainer import crash_then_resume
+
+    seen = LrOfEachStep()
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [seen], batch_size=4, warmup_steps=3)
+    whole.fit()
+    expected = [0, 1 / 3, 2 / 3, 1] + [(12 - step) / 9 for step in range(4, 12)]
+    assert [seen.lr[step] for step in range(1, 13)] == pytest.approx([1e-3 * f for f in expected])
+    resumed = crash_then_resume(tmp_path, tiny_model_dir, list, crash_after=5, every=2,
+                                batch_size=4, warmup_steps=3)
+    for name, weight in whole.unwrapped_model.state_dict().items():
+        assert torch.equal(weight, resumed.unwrapped_model.state_dict()[name]), name
