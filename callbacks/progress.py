@@ -52,7 +52,7 @@ class ProgressBar(Callback):
             if self._epoch_start is None:
                 self._epoch_start = self._last_line = self.clock()
         elif self.bar is None:  # the batch count is known only now (data may have been swapped)
-            self.bar = tqdm(total=trainer.batches_per_epoch, initial=trainer.batch_in_epoch,
+            self.bar = tqdm(total=_batches_this_epoch(trainer), initial=trainer.batch_in_epoch,
                             desc=f"epoch {trainer.epoch + 1}/{trainer.config.epochs}",
                             unit="batch", dynamic_ncols=True, leave=True, file=self._out())
 
@@ -67,7 +67,7 @@ class ProgressBar(Callback):
         now = self.clock()
         if self._epoch_start is not None and now - self._last_line >= self.log_every_s:
             self._last_line = now
-            done, total = trainer.batch_in_epoch, trainer.batches_per_epoch
+            done, total = trainer.batch_in_epoch, _batches_this_epoch(trainer)
             rate = done / max(now - self._epoch_start, 1e-9)
             left = (total - done) / rate if rate > 0 else 0.0
             self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs}: batch {done}/{total}"
@@ -106,3 +106,12 @@ def _duration(seconds: float) -> str:
         return f"{seconds} s"
     minutes, seconds = divmod(seconds, 60)
     return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _batches_this_epoch(trainer: Trainer) -> int:
+    """The epoch's micro-batches, or fewer where max_steps ends the run inside it."""
+    cfg, total = trainer.config, trainer.batches_per_epoch
+    if cfg.max_steps:
+        total = min(total, trainer.batch_in_epoch
+                    + max(cfg.max_steps - trainer.global_step, 0) * cfg.grad_accum)
+    return total
