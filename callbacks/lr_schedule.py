@@ -66,6 +66,7 @@ class LRSchedule(Callback):
         self.warmup_ratio = warmup_ratio
         self.warmup_steps = warmup_steps  # when > 0: the warmup's length, not warmup_ratio
         self.warmup = warmup_ratio  # the fraction of the planned steps that warms up
+        self._kept_warmup: float | None = None  # a resumed run's, when its settings are unchanged
         self.shape = schedule_shape(name, warmup_ratio)
         self.plan: Plan | None = None
         self._saved: dict | None = None
@@ -91,10 +92,7 @@ class LRSchedule(Callback):
     def _make(self, trainer: Trainer, total: int) -> None:
         saved = self._saved
         self.plan = Plan(**saved["plan"]) if saved and "plan" in saved else Plan(0, 0.0, total)
-        kept = (saved or {}).get("shape", {})
-        same = {key: kept.get(key, 0) for key in self._shape_settings()} == self._shape_settings()
-        # Resumed with the same settings: the run's own fraction (warmup_steps over its first plan).
-        self._set_warmup(kept["warmup"] if same and "warmup" in kept else None, self.plan.end_step)
+        self._set_warmup(self._kept_warmup, self.plan.end_step)
         trainer.scheduler = LambdaLR(trainer.optimizer,
                                      lambda step: self.shape(self.plan.progress(step)))
         if saved is not None:
@@ -124,12 +122,16 @@ class LRSchedule(Callback):
                                      "scheduler": trainer.scheduler.state_dict()}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
-        self._saved = state.get("lr_scheduler")
+        self._saved, self._kept_warmup = state.get("lr_scheduler"), None
         if self._saved is not None and trainer.scheduler is not None:
             trainer.scheduler = None  # made again from the saved plan at the next batch
-        was = (self._saved or {}).get("shape")  # older checkpoints: not recorded
-        was = was and {key: was.get(key, 0) for key in self._shape_settings()}
-        if was and was != self._shape_settings() and trainer.is_main:
+        shape = (self._saved or {}).get("shape")  # older checkpoints: not recorded
+        if shape is None:
+            return
+        was = {key: shape.get(key, 0) for key in self._shape_settings()}  # 0: before warmup_steps
+        if was == self._shape_settings():  # the run's own fraction (warmup_steps of its first plan)
+            self._kept_warmup = shape.get("warmup")
+        elif trainer.is_main:
             progress = Plan(**self._saved["plan"]).progress(trainer.global_step)
             log.warning("lr schedule: the run's was %s; it goes on as %s, as asked, from the "
                         "progress reached (%.0f%%)", _described(was),

@@ -163,7 +163,8 @@ class CallbackList:
     def check_states(self, states: dict[str, Any]) -> None:
         """Say which callbacks wrote state into a loaded checkpoint but are not in this run (a
         resume that left one out: an EMA, a user's own): their state is left unused."""
-        missing = [name for name in states.get(WRITTEN_BY, []) if name not in self.stateful()]
+        present = self.stateful()
+        missing = [name for name in states.get(WRITTEN_BY, []) if name not in present]
         if missing and self.is_main:
             log.warning("the checkpoint holds the state of callback(s) %s, which this run has not: "
                         "it goes on without them (to keep one, give it again, or the option that makes "
