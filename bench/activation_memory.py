@@ -31,13 +31,6 @@ import common  # noqa: E402
 import gpu_bench  # noqa: E402
 
 
-def resident_mb(field: str = "VmRSS") -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def one_setting(args: argparse.Namespace, checkpointed: bool, queue: mp.Queue) -> None:
     from nlptrain import Callback, TrainConfig, Trainer
     from nlptrain.data import Collator, TokenizedDataset
@@ -62,7 +55,7 @@ def one_setting(args: argparse.Namespace, checkpointed: bool, queue: mp.Queue) -
                     memory["before"] = torch.cuda.memory_allocated() / 2**20
                 else:
                     Path("/proc/self/clear_refs").write_text("5")  # VmHWM starts again from here
-                    memory["before"] = resident_mb()
+                    memory["before"] = common.proc_status_mb()
             self.start = time.perf_counter()
 
         def on_step_end(self, trainer) -> None:
@@ -72,7 +65,7 @@ def one_setting(args: argparse.Namespace, checkpointed: bool, queue: mp.Queue) -
                 times.append(time.perf_counter() - self.start)
             if trainer.global_step == args.steps + 1:
                 memory["peak"] = (torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda"
-                                  else resident_mb("VmHWM"))
+                                  else common.proc_status_mb("VmHWM"))
                 trainer.should_stop = True
 
     config = TrainConfig(epochs=1, batch_size=args.batch, precision=args.precision,

@@ -138,6 +138,14 @@ def rank_info() -> tuple[int, int]:
     return launch.rank, launch.world_size
 
 
+def proc_status_mb(field: str = "VmRSS") -> float:
+    """A memory field of /proc/self/status in MiB (VmRSS: resident now, VmHWM: its peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def peak_rss_mb() -> float:
     """Peak resident set size of this process (Linux ru_maxrss is in KiB)."""
     scale = 1 if sys.platform == "darwin" else 1024
