@@ -29,6 +29,9 @@ import torch
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
 MiB = 2**20
 
 
@@ -42,13 +45,6 @@ def tensor_bytes(tensors: list[torch.Tensor]) -> int:
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
-
-
-def vm_hwm() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def rank_main(rank: int, world: int, port: int, strategy: str, layers: int, out: str) -> None:
@@ -73,7 +69,7 @@ def rank_main(rank: int, world: int, port: int, strategy: str, layers: int, out:
              if isinstance(v, torch.Tensor) and v.numel() > 1]  # exp_avg, exp_avg_sq (not step)
     row = {"strategy": type(trainer.strategy).__name__, "params": tensor_bytes(params),
            "grads": tensor_bytes([p.grad for p in params if p.grad is not None]),
-           "adam": tensor_bytes(state), "rss_peak": vm_hwm(), "numel": total}
+           "adam": tensor_bytes(state), "rss_peak": common.proc_status_mb("VmHWM") * MiB, "numel": total}
     torch.save(row, Path(out) / f"{strategy}-{world}-{rank}.pt")
     trainer.close()
     dist.close()
