@@ -144,16 +144,25 @@ def probe_cpu(attempts: int = PROBE_ATTEMPTS) -> dict[str, float]:
 
 def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
     """Best of up to `repeats` timings of one (tokens x hidden) @ (hidden x width) matmul in fp32
-    and in bf16, interleaved so that a noisy neighbour slows both alike, with the threads that
-    training uses. A CPU without bf16 units takes ~40x longer in bf16: the budget bounds that."""
+    and in bf16, interleaved so that a noisy neighbour slows both alike. A CPU without bf16 units
+    takes ~40x longer in bf16: the budget bounds that.
+
+    On one thread: whether the cores have bf16 units is the question, and a multi-threaded matmul
+    on a busy machine times the threads' waits for each other, not the units (two busy processes
+    on 2 cores: at 2 threads 3 of 20 probes missed a 2.8x bf16, at 1 thread none did)."""
     tokens, hidden, width = PROBE_SHAPE
     generator = torch.Generator().manual_seed(0)
     a32 = torch.randn(tokens, hidden, generator=generator)
     b32 = torch.randn(hidden, width, generator=generator)
     a16, b16 = a32.bfloat16(), b32.bfloat16()
     inputs = {"fp32": (a32, b32), "bf16": (a16, b16)}
-    probe = best_of_interleaved(lambda name: torch.mm(*inputs[name]), repeats, PROBE_BUDGET_S)
-    return {**probe, "threads": torch.get_num_threads()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        probe = best_of_interleaved(lambda name: torch.mm(*inputs[name]), repeats, PROBE_BUDGET_S)
+    finally:
+        torch.set_num_threads(threads)
+    return {**probe, "threads": 1}
 
 
 def choose_by_step(job_step: JobStep, device: torch.device, where: str) -> PrecisionChoice:

@@ -41,7 +41,17 @@ def test_auto_on_the_cpu_follows_a_short_probe(monkeypatch):
     speedup = chosen.probe["bf16_speedup"]
     assert chosen.precision == ("bf16" if speedup >= CLEARLY_FASTER else "fp32")
     assert f"bf16 matmuls {speedup:.2f}x fp32 on this CPU" in chosen.reason
-    assert chosen.record()["probe"]["threads"] == torch.get_num_threads()
+    assert chosen.record()["probe"]["threads"] == 1  # the units' speed, not the threads' waits
+
+
+def test_the_probe_leaves_the_thread_count_as_it_was():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        probe_cpu_matmuls()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_pin_replaces_the_probe(monkeypatch):
