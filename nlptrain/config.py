@@ -99,7 +99,8 @@ class TrainConfig:
     max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     grad_accum: int = opt(1, "micro-batches per optimizer step")
     precision: str = opt("auto", "auto (bf16 where this device runs it measurably faster, else "
-                         "fp32; logged; NLPTRAIN_AUTO_PRECISION=fp32|bf16 pins it) | fp32 | bf16 (autocast, CPU or GPU) | fp16 (autocast + "
+                         "fp32; logged; NLPTRAIN_AUTO_PRECISION=fp32|bf16 pins it) | fp32 | "
+                         "bf16 (autocast, CPU or GPU) | fp16 (autocast + "
                          "scaler, GPU)")
     max_tokens: int = opt(0, "build batches by a token budget instead of batch_size rows: as many "
                           "rows as fit in N padded tokens (rows x longest), length-grouped, "
