@@ -276,9 +276,12 @@ _groups_made = 0  # process groups this process made through the launcher's stor
 
 def timed_out(error: BaseException) -> bool:
     """Did a collective or the rendezvous give up waiting for another rank (stuck, or never
-    started), rather than hear of its failure? gloo says "Timed out waiting 600000ms for recv",
-    the store "Timed out after 601 seconds waiting for clients" or "has timed out after"."""
+    started), rather than hear of its failure? gloo says "Timed out waiting 600000ms for recv"
+    (or, from a collective in a DDP comm hook, "Application timeout caused pair closure"), the
+    store "Timed out after 601 seconds waiting for clients" or "has timed out after"."""
     text = str(error)
+    if "Application timeout caused pair closure" in text:
+        return True
     return "timed out" in text.lower() and (isinstance(error, dist.DistError) or "gloo" in text)
 
 
@@ -301,6 +304,7 @@ def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -
     """`Distributed` when the launcher's environment (detected, unless given) has more than one
     rank, else `SingleProcess`."""
     environment = environment or environments.detect()
+    environment.tie_to_launcher()
     if environment.world_size > 1:
         backend: Backend = Distributed(timeout_s, environment=environment)
     else:

@@ -16,10 +16,13 @@ Each reads a mapping (`os.environ` by default), so tests can hand it exactly wha
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import zlib
 from collections.abc import Mapping
 
@@ -28,6 +31,7 @@ from nlptrain.errors import ConfigError
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
 DEFAULT_PORT = 29500
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 class Environment:
@@ -96,6 +100,10 @@ class Environment:
     @property
     def master_port(self) -> int:
         return self._int("MASTER_PORT", DEFAULT_PORT)
+
+    def tie_to_launcher(self) -> None:
+        """Make this process end with the launcher that started it, where the launcher is its
+        parent and does not end it by itself when killed (SIGKILL: no time to stop anyone)."""
 
     def check(self) -> Environment:
         """Refuse a place that no job has (a launcher's or a user's mistake): it would wait for
@@ -175,6 +183,14 @@ class TorchElastic(Environment):
     def local_rank(self) -> int:
         fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
         return self._int("LOCAL_RANK", fallback)
+
+    def tie_to_launcher(self) -> None:
+        # torch's elastic agent (torchrun, `--nproc`) starts each worker in a session of its own
+        # and stops them when it exits, but a SIGKILLed agent stops nobody: its workers would
+        # train on unwatched, writing into the run folder. The kernel sends them SIGTERM instead
+        # (Linux's parent-death signal), which stops them after the step, with a checkpoint.
+        if "TORCHELASTIC_RESTART_COUNT" in self.environ and sys.platform == "linux":
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
     @property
     def nodes(self) -> int:

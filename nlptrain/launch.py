@@ -131,16 +131,25 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
                 "-m", "nlptrain", *argv)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        code = failure.exitcode
-        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        restarts = f" after {max_restarts} restart(s)" if max_restarts else ""
-        print(f"error: rank {rank} of {nproc} failed ({how}){restarts}; its error is above",
-              file=sys.stderr)
-        return code if code > 0 else 1
+        print(f"error: {failure_summary(rank, nproc, failure.exitcode)}"
+              f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
+        return failure.exitcode if failure.exitcode > 0 else 1
     except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
         print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
         return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
+
+
+def failure_summary(rank: int, nproc: int, exitcode: int) -> str:
+    """The launcher's line for the first worker that failed (a negative exit code: a signal)."""
+    if exitcode >= 0:
+        return f"rank {rank} of {nproc} failed (exit code {exitcode}); its error is above"
+    name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+    if -exitcode == signal.SIGKILL:  # no chance to say anything: the reason is outside
+        return (f"rank {rank} of {nproc} was killed by SIGKILL, with no error of its own: by the "
+                "kernel's out-of-memory killer (see `dmesg`; fewer processes or a smaller batch "
+                "need less memory), or by a `kill -9`")
+    return f"rank {rank} of {nproc} was ended by {name}; any error of its own is above"
 
 
 def tell_launcher(message: str | None, follows: bool = False) -> None:

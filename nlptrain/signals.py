@@ -21,7 +21,8 @@ def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
     after it). Outside the main thread, signals are left alone."""
 
     def handle(signum: int, frame: Any) -> None:
-        log.warning("signal %d: every rank stops after the step under way (the next, between steps)", signum)
+        log.warning("%s: every rank stops after the step under way (the next, between steps)",
+                    signal.Signals(signum).name)
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 
 import torch
 
@@ -159,3 +160,12 @@ class SecondCtrlCAtStep(Callback):
     def on_step_end(self, trainer) -> None:
         if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
             raise KeyboardInterrupt
+
+
+class StallRank1(Callback):
+    """Rank 1 sleeps STALL_S seconds (default 60) at AT_STEP: a stuck rank, which the others give
+    up waiting for after [train] timeout."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == at_step():
+            time.sleep(float(os.environ.get("STALL_S", "60")))

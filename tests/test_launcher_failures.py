@@ -1,0 +1,67 @@
+"""What a 2-rank job says and leaves when it goes wrong outside nlptrain's own code: a rank that
+hangs, a launcher killed with SIGKILL, a worker killed without a word (real launches of the toy
+task, gloo on loopback)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, TWO_RANK_TRAIN, child_env, run_cli
+
+from nlptrain.checkpoint import step_folders
+from nlptrain.launch import failure_summary
+
+SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
+
+
+@pytest.mark.distributed
+def test_a_stuck_rank_is_named_as_no_answer_in_one_line(toy_folder, tmp_path):
+    """Rank 1 sleeps at step 2; rank 0's next collective (the gradient all-reduce in DDP's comm
+    hook, the default sparse embedding sync: gloo then says "Application timeout caused pair
+    closure") gives up after --timeout: the one line that says so, no traceback."""
+    out = run_cli([*TWO_RANK_TRAIN, "--output-dir", str(tmp_path / "run"), "--timeout", "4",
+                   "--callback", f"{SCAFFOLD}:StallRank1"], toy_folder, nproc=2,
+                  AT_STEP="2", STALL_S="10")
+    assert out.returncode != 0
+    assert "error: no answer from the other rank(s) in time (" in out.stderr, out.stderr[-3000:]
+    assert "[rank0]: Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def _workers_of(folder: Path) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", f"--output-dir {folder}"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+@pytest.mark.distributed
+def test_workers_stop_with_a_checkpoint_when_their_launcher_is_killed(toy_folder, tmp_path):
+    """SIGKILL to `--nproc 2`'s own process at step 3 (it cannot pass that on): the kernel's
+    parent-death signal stops the workers after their step, with a checkpoint, instead of
+    leaving them to train on unwatched."""
+    out = tmp_path / "orphaned"
+    launcher = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--epochs", "50",
+                               "--nproc", "2", "--output-dir", str(out),
+                               "--callback", f"{SCAFFOLD}:SignalTheLauncher"], cwd=toy_folder,
+                              env=child_env(AT_STEP="3", SIGNAL="SIGKILL"), capture_output=True,
+                              text=True, timeout=240)
+    assert launcher.returncode == -signal.SIGKILL
+    deadline = time.monotonic() + 90
+    while _workers_of(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _workers_of(out), "the workers outlived their launcher"
+    steps = [int(p.name.split("-")[1]) for p in step_folders(out / "checkpoints")]
+    assert steps and 3 <= max(steps) <= 5, steps  # stopped right after the kill, not at the end
+    assert not (out / "results.json").exists()
+
+
+def test_a_worker_killed_without_a_word_is_named_as_such():
+    assert failure_summary(1, 2, 1) == "rank 1 of 2 failed (exit code 1); its error is above"
+    killed = failure_summary(1, 2, -signal.SIGKILL)
+    assert killed.startswith("rank 1 of 2 was killed by SIGKILL, with no error of its own")
+    assert "out-of-memory" in killed and "its error is above" not in killed
+    assert failure_summary(0, 2, -signal.SIGTERM) == ("rank 0 of 2 was ended by SIGTERM; any "
+                                                      "error of its own is above")
