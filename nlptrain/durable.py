@@ -66,6 +66,25 @@ def staged_folder(target: Path) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def clear_leftovers(folder: Path) -> list[str]:
+    """Undo what writers that died mid-write left in `folder` (`staged_folder`, `replace_folder`,
+    `open_durably`), for a caller that knows no writer is at work there now: half-written
+    staging (`.tmp-NAME`, `.NAME.tmp`) is removed; a folder moved aside (`.old-NAME`) is removed
+    where its replacement is in place, else put back. Returns the names it removed or put back."""
+    done = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        name = path.name
+        if name.startswith(".tmp-") or (name.startswith(".") and name.endswith(".tmp")):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        elif name.startswith(".old-") and path.is_dir():
+            target = path.with_name(name[len(".old-"):])
+            shutil.rmtree(path) if target.exists() else os.replace(path, target)
+        else:
+            continue
+        done.append(name)
+    return done
+
+
 def replace_folder(staging: Path, target: Path, *, replace_existing: bool = True) -> None:
     """Move the finished folder `staging` onto `target`, durably.
 

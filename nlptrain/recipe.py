@@ -22,13 +22,13 @@ from nlptrain import distributed, kinds, losses, models, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
-from nlptrain.durable import open_durably, write_text
+from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
-from nlptrain.runs import launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
+from nlptrain.runs import RunDirLock, launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")
@@ -101,31 +101,31 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     # In the exported config.json: `predict` then asks for pairs where the model needs them.
     model.config.nlptrain_text_pair = pairs
-    run_dir, has_run = open_run_dir(task, opts, dist)
-    log_sizes(task, sets, dist)
+    with open_run_dir(task, opts, dist) as (run_dir, has_run):
+        log_sizes(task, sets, dist)
 
-    callbacks, best = run_callbacks(task, opts, sets, run_dir)
-    eval_set = sets.valid if sets.valid is not None else sets.test
-    # Resumed from the newest whole checkpoint (rank 0 checks, every rank takes its choice), it
-    # goes on as the run began: weights, data position, "auto"'s precision.
-    trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
-                          tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
-                          kind=kind, resume_from=run_dir / "checkpoints" if has_run else None)
-    task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
-    # In the exported config.json: `eval` under "auto" scores in it, as the run scored its test set.
-    model.config.nlptrain_precision = trainer.config.precision
-    try:
-        dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
-        trainer.fit()
-        results = final_metrics(trainer, sets, best, run_dir)
-        found = trainer.predictions if results["test"] else None  # the test set's, if scored
-        # The export truncates as training did: pipeline(..., truncation=True) and a copied
-        # model/ folder's predict read the length from the tokenizer's config.
-        tokenizer.model_max_length = task.model.max_length
-        trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
-        dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
-    finally:
-        trainer.close()
+        callbacks, best = run_callbacks(task, opts, sets, run_dir)
+        eval_set = sets.valid if sets.valid is not None else sets.test
+        # Resumed from the newest whole checkpoint (rank 0 checks, every rank takes its choice), it
+        # goes on as the run began: weights, data position, "auto"'s precision.
+        trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
+                              tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
+                              kind=kind, resume_from=run_dir / "checkpoints" if has_run else None)
+        task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
+        # In the exported config.json: `eval` under "auto" scores in it, as the run scored its test set.
+        model.config.nlptrain_precision = trainer.config.precision
+        try:
+            dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
+            trainer.fit()
+            results = final_metrics(trainer, sets, best, run_dir)
+            found = trainer.predictions if results["test"] else None  # the test set's, if scored
+            # The export truncates as training did: pipeline(..., truncation=True) and a copied
+            # model/ folder's predict read the length from the tokenizer's config.
+            tokenizer.model_max_length = task.model.max_length
+            trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
+            dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
+        finally:
+            trainer.close()
     final = results["test"] or results["valid"]
     if final:
         log.info("%s: %s on %d rows; model saved to %s", "test" if results["test"] else "valid",
@@ -133,9 +133,11 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     return results
 
 
+@contextmanager
 def open_run_dir(task: TaskConfig, opts: RunOptions,
-                 dist: distributed.Backend) -> tuple[Path, bool]:
-    """Rank 0 makes (or reopens, to resume) the run directory; every rank learns its path."""
+                 dist: distributed.Backend) -> Iterator[tuple[Path, bool]]:
+    """Rank 0 makes (or reopens, to resume) the run directory and holds its lock (`RunDirLock`)
+    until the block ends; every rank learns its path, and whether there is a run to resume."""
     # A launcher's restart (torchrun/--nproc --max-restarts, a requeued SLURM job) starts the
     # same command again: it resumes by itself.
     launch = dist.environment
@@ -152,13 +154,22 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
                 log.warning("%s without --output-dir: a new run starts in %s; give --output-dir "
                             "to continue or replace a run", "--resume" if opts.resume
                             else "--overwrite", folder)
+        lock.acquire(folder)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                 overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
+        if found:  # the lock says that no one writes there now: what is half-written is a crash's
+            cleared = clear_leftovers(folder) + clear_leftovers(folder / "checkpoints")
+            if cleared:
+                log.info("%s: cleared what a crash left half-written: %s", folder, ", ".join(cleared))
         return str(folder), found
 
-    folder, has_run = dist.on_main(make)
-    log.info("run directory: %s", folder)
-    return Path(folder), has_run
+    lock = RunDirLock()
+    try:
+        folder, has_run = dist.on_main(make)
+        log.info("run directory: %s", folder)
+        yield Path(folder), has_run
+    finally:
+        lock.release()
 
 
 def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,

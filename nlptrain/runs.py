@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +19,50 @@ from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 
 CONFIG_FILE = "config.json"
+LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
 log = logging.getLogger(__name__)
+
+
+class RunDirLock:
+    """One running job per run directory: the main process holds an exclusive lock on
+    `FOLDER/.lock` from before it reads or writes anything there until the run ends. A second
+    job in the same folder (a `--resume` while the run still trains, the same `--output-dir`
+    twice in a sweep) is refused instead of rewriting config.json and metrics under the first.
+    The kernel drops the lock when the holder dies, however it dies: a stale lock never blocks a
+    resume."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self._file: Any = None
+
+    def acquire(self, folder: Path) -> None:
+        self.folder, path = folder, folder / LOCK_FILE
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            held = open(path, "a+")  # noqa: SIM115 (held open while the run runs)
+        except OSError as err:
+            raise ConfigError(f"{self.folder}: cannot be written ({err.strerror}); pick another "
+                              "--output-dir") from None
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.seek(0)
+            holder = held.read().strip() or "another process"
+            held.close()
+            raise ConfigError(f"{self.folder}: in use by a running job ({holder}); wait for it "
+                              "to end or stop it (it leaves a checkpoint to --resume from), or "
+                              "pick another --output-dir") from None
+        held.seek(0)
+        held.truncate()
+        held.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        held.flush()
+        self._file = held
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the file drops the lock
+            self._file = None
 
 
 def versions() -> dict[str, str]:
@@ -133,11 +179,13 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         return True
     if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen
         log.warning("%s: no run here to resume (no %s); a new run starts", folder, CONFIG_FILE)
-    if saved is not None or (folder.is_dir() and any(folder.iterdir())):
+    contents = [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+    if saved is not None or contents:
         if not overwrite:
             raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
                               "--overwrite to replace it, or another --output-dir")
-        shutil.rmtree(folder)
+        for path in contents:  # the lock stays: this run holds it
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     folder.mkdir(parents=True, exist_ok=True)
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

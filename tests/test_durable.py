@@ -82,3 +82,19 @@ def test_a_crash_before_a_folder_rename_leaves_the_old_folder_whole(tmp_path, mo
         durable.replace_folder(staging, target)
     assert (target / "model.safetensors").read_text() == "old"
     assert (target / "sub" / "part").read_text() == "old"
+
+
+def test_clear_leftovers_removes_half_writes_and_puts_back_a_folder_moved_aside(tmp_path: Path):
+    """What writers that died mid-write leave: staging is removed; `.old-NAME` is removed where
+    NAME is in place, else it is put back (the crash fell between the two renames)."""
+    (tmp_path / ".tmp-step-00000004" / "shards").mkdir(parents=True)
+    (tmp_path / ".config.json.tmp").write_text("{")
+    for name in ("step-00000002", ".old-step-00000002", ".old-model"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights").write_text(name)
+    assert durable.clear_leftovers(tmp_path) == [".config.json.tmp", ".old-model",
+                                                 ".old-step-00000002", ".tmp-step-00000004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "step-00000002"]
+    assert (tmp_path / "model" / "weights").read_text() == ".old-model"  # put back
+    assert (tmp_path / "step-00000002" / "weights").read_text() == "step-00000002"  # kept
+    assert durable.clear_leftovers(tmp_path / "absent") == []

@@ -152,9 +152,13 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(toy_task, tmp_pa
     assert died.returncode == -signal.SIGKILL
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step-00000002"]
     assert any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
+    left = sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".tmp-"))
     assert main([*args, "--resume", "--log-level", "info"]) == 0  # here: no process to start
     err = capsys.readouterr().err
     assert "resumed from" in err and "step-00000002" in err
+    # The resume holds the folder's lock: what is half-written there is the dead run's, cleared.
+    assert f"{run}: cleared what a crash left half-written: {', '.join(left)}" in err
+    assert not any(p.name.startswith(".tmp-") for p in (run / "checkpoints").iterdir())
 
 
 class Payload:

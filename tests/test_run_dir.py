@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import re
@@ -208,8 +209,9 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
                         if fmt == "%Y%m%d-%H%M%S" else real(fmt, *when))
     monkeypatch.chdir(tmp_path)
     task, dist = TaskConfig(name="toy"), SingleProcess()
-    made = [recipe.open_run_dir(task, opts, dist) for opts in (
-        recipe.RunOptions(), recipe.RunOptions(overwrite=True), recipe.RunOptions(resume=True))]
+    with contextlib.ExitStack() as held:  # each run holds its folder while it runs
+        made = [held.enter_context(recipe.open_run_dir(task, opts, dist)) for opts in (
+            recipe.RunOptions(), recipe.RunOptions(overwrite=True), recipe.RunOptions(resume=True))]
     assert [(folder.name, has_run) for folder, has_run in made] == [
         ("toy-20260101-120000", False), ("toy-20260101-120000-2", False),
         ("toy-20260101-120000-3", False)]
@@ -226,8 +228,9 @@ def test_resume_without_output_dir_says_a_new_run_starts(tmp_path: Path,
 
     monkeypatch.chdir(tmp_path)
     with nlptrain_messages() as messages:
-        folder, has_run = recipe.open_run_dir(TaskConfig(name="toy"), recipe.RunOptions(resume=True),
-                                              SingleProcess())
+        with recipe.open_run_dir(TaskConfig(name="toy"), recipe.RunOptions(resume=True),
+                                 SingleProcess()) as (folder, has_run):
+            pass
     assert not has_run
     assert any(f"--resume without --output-dir: a new run starts in {folder}" in m
                for m in messages), messages

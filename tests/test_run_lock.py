@@ -1,0 +1,55 @@
+"""One running job per run directory: a second one (a --resume while the run still trains, the
+same --output-dir twice in a sweep) is refused while the first holds the folder's lock, and a
+holder that died blocks nothing (the kernel drops its lock). The holder is a real second process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from nlptrain.cli import main
+from nlptrain.runs import LOCK_FILE
+
+HOLD = ("import sys, time; from pathlib import Path; from nlptrain.runs import RunDirLock; "
+        "lock = RunDirLock(); lock.acquire(Path(sys.argv[1])); print('held', flush=True); time.sleep(120)")
+
+
+def test_a_second_job_is_refused_while_the_first_holds_the_folder(toy_task: Path, tmp_path: Path,
+                                                                  capsys) -> None:
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]
+    assert main(args) == 0
+    before = (run / "config.json").read_text()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capsys.readouterr()
+        assert main([*args, "--resume", "--epochs", "2"]) == 1
+        err = capsys.readouterr().err
+        assert f"{run}: in use by a running job (pid {holder.pid} on " in err, err
+        assert (run / "config.json").read_text() == before  # nothing of the first run touched
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder died without a word: its lock went with it, and the resume goes on.
+    assert main([*args, "--resume", "--epochs", "2"]) == 0
+    assert "in use" not in capsys.readouterr().err
+
+
+def test_overwrite_keeps_the_lock_it_holds_and_a_new_folder_gets_one(toy_task: Path,
+                                                                     tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]
+    assert main(args) == 0 and main([*args, "--overwrite"]) == 0
+    assert (run / LOCK_FILE).is_file() and (run / "results.json").is_file()
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "ro" / "x"),
+                 "--epochs", "1"]) == 0
+
+
+def test_an_unwritable_output_dir_is_one_line(toy_task: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "file" / "run")]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {tmp_path / 'file' / 'run'}: cannot be written (Not a directory)" in err
+    assert "Traceback" not in err, err
