@@ -258,11 +258,11 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                  trainer.global_step)
 
 
-def export_model(model: torch.nn.Module, tokenizer: Any, folder: Path,
+def export_model(model: torch.nn.Module, tokenizer: Any, folder: str | Path,
                  state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """`save_pretrained` of model and tokenizer (label names in config), replaced atomically;
     `state_dict`: whole weights gathered from a sharded model."""
-    with writing(folder) as staging:
+    with writing(Path(folder)) as staging:
         if hasattr(model, "save_pretrained"):
             model.save_pretrained(staging, state_dict=state_dict)
         else:  # a user's own module: its weights; it is rebuilt by the user's code

@@ -57,7 +57,7 @@ class Strategy(Protocol):
                            folder: Path) -> CheckpointWeights: ...
     def load_checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                                 folder: Path, optimizer_state: dict | None) -> None: ...
-    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None: ...
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: str | Path) -> None: ...
     def load_full_weights(self, model: torch.nn.Module, path: Path) -> None: ...
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]: ...
 
@@ -119,7 +119,7 @@ class SingleDevice:
             raise CheckpointError(f"{folder}: its optimizer state does not fit this optimizer "
                                   f"({err})") from None
 
-    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: str | Path) -> None:
         """Every rank calls this; rank 0 writes the `save_pretrained` folder."""
         self.dist.on_main(lambda: export_model(self.unwrap(model), tokenizer, folder))
 
@@ -260,7 +260,7 @@ class FSDP2(SingleDevice):
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                     cpu_offload=True))
 
-    def export(self, model: torch.nn.Module, tokenizer: Any, folder: Path) -> None:
+    def export(self, model: torch.nn.Module, tokenizer: Any, folder: str | Path) -> None:
         full = self.full_state_dict(model)  # gathered on every rank first: rank 0 alone would hang
         self.dist.on_main(lambda: export_model(model, tokenizer, folder, state_dict=full))
 
