@@ -129,6 +129,9 @@ class TrainConfig:
         "single_label: accuracy | macro_f1 | mcc | f1 (two labels), multi_label: micro_f1 | "
         "macro_f1 | subset_accuracy, regression: pearson | spearman | mse | mae; any: loss. mse, "
         "mae and loss are better lower")
+    best_is: str = opt("auto", "which way metric_for_best improves: higher | lower | auto (lower "
+                       "for loss, mse and mae, higher for the rest; give lower for your own "
+                       "error metric, e.g. rmse)")
     early_stopping: int = opt(0, "stop after N evaluations without improvement (0: off)")
     checkpoint_every: int = opt(0, "write a checkpoint every N optimizer steps (0: epoch ends only)")
     checkpoint_minutes: float = opt(30.0, "also write one when this many minutes have passed since "
@@ -271,6 +274,7 @@ CHOICES = {
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
     ("data", "kind"): {"single_label", "multi_label", "regression"},
     ("train", "strategy"): {"auto", "ddp", "fsdp"},
+    ("train", "best_is"): {"auto", "higher", "lower"},
 }
 
 

@@ -75,10 +75,12 @@ class TaskKind:
     def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
         raise NotImplementedError
 
-    def is_better(self, metric: str, new: float, old: float | None) -> bool:
+    def is_better(self, metric: str, new: float, old: float | None, best_is: str = "auto") -> bool:
+        """`best_is`: "higher", "lower", or "auto" (lower for LOWER_IS_BETTER, else higher)."""
         if old is None or (isinstance(old, float) and math.isnan(old)):
             return True
-        return new < old if metric in LOWER_IS_BETTER else new > old
+        lower = best_is == "lower" or (best_is == "auto" and metric in LOWER_IS_BETTER)
+        return new < old if lower else new > old
 
     def summary(self, metrics: dict[str, Any], also: str = "") -> str:
         """'accuracy 0.9120, macro-F1 0.9034, loss 0.2710': the headline metrics, `also` (the

@@ -227,13 +227,16 @@ def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, 
     from nlptrain.kinds import from_run_config
 
     def metric(of: dict[str, Any]) -> str:
-        return of.get("train", {}).get("metric_for_best") or \
-            from_run_config({"task": of}).default_metric
+        train = of.get("train", {})
+        name = train.get("metric_for_best") or from_run_config({"task": of}).default_metric
+        best_is = train.get("best_is", "auto")
+        return name if best_is == "auto" else f"{name} ({best_is} is better)"
 
     if metric(task) != metric(saved):
-        raise ConfigError(f"{folder}: a resume keeps the run's metric_for_best ({metric(saved)!r} "
-                          f"-> {metric(task)!r}): the best model so far was picked by it; resume "
-                          "with it, or start a new run (another --output-dir) to change it")
+        raise ConfigError(f"{folder}: a resume keeps the run's metric_for_best and best_is "
+                          f"({metric(saved)!r} -> {metric(task)!r}): the best model so far was "
+                          "picked by it; resume with it, or start a new run (another "
+                          "--output-dir) to change it")
 
 
 def record_in_config(folder: Path, key: str, value: Any) -> None:

@@ -231,7 +231,7 @@ class Trainer(ProgressCounters):
         metrics = self.evaluate(self.eval_data)
         score = kinds.best_score(metrics, self.metric_for_best)
         # Metrics are gathered, hence equal on every rank: so is this decision.
-        is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric)
+        is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric, self.config.best_is)
         if is_best:
             self.progress.best_metric = score
         # epoch counted from 1, as every log, report and results.json say it

@@ -274,6 +274,9 @@ def test_a_resume_that_picks_the_best_model_by_another_metric_is_refused(tmp_pat
     assert prepare_run_dir(folder, task(""), 1, resume=False, overwrite=False) is False
     # The kind's own metric, named or not, is the same metric.
     assert prepare_run_dir(folder, task("accuracy"), 1, resume=True, overwrite=False) is True
-    with pytest.raises(ConfigError, match=r"run: a resume keeps the run's metric_for_best "
-                                          r"\('accuracy' -> 'loss'\)"):
+    with pytest.raises(ConfigError, match=r"run: a resume keeps the run's metric_for_best and "
+                                          r"best_is \('accuracy' -> 'loss'\)"):
         prepare_run_dir(folder, task("loss"), 1, resume=True, overwrite=False)
+    lower = TaskConfig(train=TrainConfig(best_is="lower")).to_dict()  # the same metric, turned round
+    with pytest.raises(ConfigError, match=r"\('accuracy' -> 'accuracy \(lower is better\)'\)"):
+        prepare_run_dir(folder, lower, 1, resume=True, overwrite=False)

@@ -109,3 +109,41 @@ def test_a_metric_of_numpy_or_torch_numbers_checkpoints_and_resumes(tmp_path, ti
     metrics = first.fit()
     assert (type(first.best_metric), metrics["rate"], metrics["per_row"]) == (float, 0.25, [1.0, 1.0])
     assert make(resume_from=tmp_path / "ckpt").global_step == first.global_step == 3
+
+
+@pytest.mark.parametrize("best_is, best_epoch", [("auto", 3), ("lower", 1), ("higher", 3)])
+def test_best_is_tells_which_way_the_users_own_metric_improves(tmp_path, tiny_model_dir, best_is,
+                                                               best_epoch):
+    """An error metric of the user's (here one that grows each evaluation: 1, 2, 3) is better
+    lower: `best_is = "lower"` picks the first evaluation; by name alone ("auto"), an unknown
+    metric is better higher."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    calls = []
+
+    def rmse(found):
+        calls.append(None)
+        return {"rmse": float(len(calls))}
+
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                      config=TrainConfig(epochs=3, batch_size=8, metric_for_best="rmse",
+                                         best_is=best_is), metrics=[rmse])
+    trainer.fit()
+    assert trainer.best_metric == float(best_epoch)
+
+
+def test_the_readmes_export_call_takes_a_folder_name_as_a_string(tmp_path, tiny_model_dir):
+    """`trainer.strategy.export(trainer.model, tokenizer, folder)` as the README writes it, with
+    `folder` a str: the module's weights and the tokenizer, loadable into a rebuilt module."""
+    from safetensors.torch import load_model
+
+    trainer, _ = make(tmp_path, tiny_model_dir)
+    trainer.strategy.export(trainer.model, trainer.tokenizer, str(tmp_path / "export"))
+    rebuilt = MeanPoolClassifier(tiny_model_dir, 2)
+    load_model(rebuilt, str(tmp_path / "export" / "model.safetensors"))
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(),
+                                                 trainer.model.state_dict().values(), strict=True))
+    assert (tmp_path / "export" / "tokenizer.json").is_file()
