@@ -71,6 +71,15 @@ def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, va
                                            r"line: the file's line ends are probably CR alone"),
     ("text\tlabel\tlabel\nhello\tpos\tneg\n", r"a\.tsv:1: the header names 2 columns 'label' "
                                              r"\(label\); rename all but one"),
+    # Excel's "Unicode Text": UTF-16, whose latin1 conversion would read as garbage headers.
+    ("text\tlabel\nok\tpos\n".encode("utf-16"), r"a\.tsv: UTF-16 \(it starts with UTF-16's "
+                                                r"byte order mark.*iconv -f utf-16 -t utf-8"),
+    (b"text\tlabel\n\x93ok\x94\tpos\n", r"a\.tsv:2: byte 0x93 .* iconv -f cp1252 -t utf-8"),
+    # Cells a csv writer quoted, read as TSV's plain text: --quoted is the cure, said.
+    ('text\tlabel\n"two\nlines"\tpos\n', r"a\.tsv:2: 1 column\(s\), expected at least 2 .*; "
+                                           r"cells in quotes\? .* give --quoted"),
+    ('text\tlabel\n"a\ttab"\tpos\n', r"a\.tsv:2: 3 columns, but the header has 2; cells in "
+                                       r"quotes\? If the file quotes its cells"),
 ])
 def test_bad_rows_name_file_and_line(tmp_path, content, message):
     with pytest.raises(DataError, match=message):

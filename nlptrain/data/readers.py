@@ -53,12 +53,17 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
         for number, raw in enumerate(handle, start=1):
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
+            elif number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise DataError(f"{path}: UTF-16 (it starts with UTF-16's byte order mark, as "
+                                "Excel's 'Unicode Text' writes); convert it to UTF-8, e.g. "
+                                "iconv -f utf-16 -t utf-8 IN > OUT")
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise DataError(
                     f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not "
-                    "UTF-8; convert the file, e.g. iconv -f latin1 -t utf-8 IN > OUT") from None
+                    "UTF-8; convert the file, e.g. iconv -f cp1252 -t utf-8 IN > OUT (a file from "
+                    "Windows; -f latin1 for other 8-bit files)") from None
             text = text.rstrip("\r\n")
             if "\r" in text:  # a CR alone ends no line here: the whole file would read as one
                 raise DataError(f"{path}:{number}: a carriage return (\\r) inside the line: the "
@@ -129,6 +134,14 @@ def _roles(spec: FileSpec, labelled: bool) -> list[tuple[str, str | int]]:
     return roles
 
 
+def quoted_cells_hint(row: list[str], quoting: int) -> str:
+    """For a TSV row that does not fit: quotes at a cell's ends mean a file that quotes its cells
+    (as csv writers do), which TSV reads as plain text unless told."""
+    quoted = any(cell.strip()[:1] == '"' or cell.strip()[-1:] == '"' for cell in row)
+    return ("cells in quotes? If the file quotes its cells (as csv writers do), give --quoted "
+            "(quoted = true in the task's [data])" if quoting == csv.QUOTE_NONE and quoted else "")
+
+
 def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str,
                 empty_label_ok: bool) -> Iterator[Row]:
     """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
@@ -164,13 +177,14 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                     continue
             if len(row) <= max(columns.values()):
                 where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
+                hint = quoted_cells_hint(row, quoting)
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
-                                f"{max(columns.values()) + 1} ({where})")
+                                f"{max(columns.values()) + 1} ({where}){f'; {hint}' if hint else ''}")
             # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
             # shifted the cells, so the label column would read a piece of the text.
             if header is not None and any(cell.strip() for cell in row[len(header):]):
                 raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
-                                f"{len(header)}; {extra_cells_fix}")
+                                f"{len(header)}; {quoted_cells_hint(row, quoting) or extra_cells_fix}")
             yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
                               empty_label_ok)
     except csv.Error as err:
