@@ -198,3 +198,48 @@ def test_an_unknown_format_of_one_file_is_refused_naming_it(tmp_path):
     with pytest.raises(DataError, match=r"p\.parquet: unknown format 'Parquet'; use one of "
                                          r"auto, csv, jsonl, lines, parquet, tsv"):
         read(tmp_path, "p.parquet", b"PAR1", format="Parquet")
+
+
+def test_a_repeated_header_row_is_refused_not_read_as_a_class(tmp_path):
+    """`cat train.tsv test.tsv > all.tsv` repeats the header: read as data, its 'label' cell
+    would become a class of its own."""
+    with pytest.raises(DataError, match=r"a\.tsv:4: the header row again \(files joined with "
+                                        r"cat\?\)"):
+        read(tmp_path, "a.tsv", "text\tlabel\nok\tpos\nbad\tneg\ntext\tlabel\nfine\tpos\n")
+
+
+def _labelled_task(tmp_path, rows: list[tuple[str, str]], **data):
+    from nlptrain.config import TaskConfig
+
+    (tmp_path / "train.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows))
+    task = TaskConfig(name="toy", data_dir=str(tmp_path))
+    task.data.train, task.data.test_size = "train.tsv", 0.2
+    for key, value in data.items():
+        setattr(task.data, key, value)
+    return task
+
+
+def test_odd_classes_in_the_train_file_are_said_and_the_split_says_how_it_was_made(
+        tmp_path, tiny_model_dir):
+    """A typo ('postive', 1 row) makes a class of its own where the labels are read from the
+    file: warned, and the held-out split it cannot stratify is called random, not stratified.
+    A class the task names but the file lacks is warned too."""
+    from log_capture import nlptrain_messages
+    from transformers import AutoTokenizer
+
+    from nlptrain.data import build_datasets
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    rows = [(f"row {i}", "pos" if i % 2 else "neg") for i in range(40)] + [("great", "postive")]
+    with nlptrain_messages() as said:
+        sets = build_datasets(_labelled_task(tmp_path, rows), tokenizer, use_cache=False)
+    assert any("label(s) 'postive' (1 row) of 41 rows: typos?" in m for m in said), said
+    assert sets.sources["test"] == "20% of train (at random, seed 42)"
+
+    rows = [(f"row {i}", "pos" if i % 2 else "neg") for i in range(40)]
+    with nlptrain_messages() as said:
+        sets = build_datasets(_labelled_task(tmp_path, rows, labels=["neg", "pos", "neutral"]),
+                              tokenizer, use_cache=False)
+    assert any("no train rows of class(es) 'neutral'" in m for m in said), said
+    assert not any("typos?" in m for m in said)  # the task names its labels: none inferred
+    assert sets.sources["test"] == "20% of train (stratified, seed 42)"

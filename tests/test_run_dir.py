@@ -71,7 +71,8 @@ def test_results_report_and_plots(finished_run: tuple[Path, str]) -> None:
     run, _ = finished_run
     results = json.loads((run / "results.json").read_text())
     assert results["data"] == {"train": {"rows": 128, "source": "train.tsv (less the held-out rows)"},
-                               "valid": {"rows": 32, "source": "20% of the rest of train (seed 42)"},
+                               "valid": {"rows": 32,
+                                         "source": "20% of the rest of train (stratified, seed 42)"},
                                "test": {"rows": 40, "source": "test.tsv"}}
     report = (run / "report.md").read_text()
     for part in ("# Run report: toy", "## Data", "## Settings", "| lr | 0.001 |", "## Results",

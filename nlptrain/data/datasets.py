@@ -76,6 +76,33 @@ class Datasets:
     sources: dict[str, str] = field(default_factory=dict)
 
 
+def can_stratify(labels: np.ndarray) -> bool:
+    """A held-out split can keep the class balance: single-label class ids, each class with two
+    rows or more (one row cannot be on both sides)."""
+    if labels.ndim != 1 or labels.dtype.kind != "i" or not len(labels):
+        return False
+    return bool(np.bincount(np.clip(labels, 0, None))[np.unique(labels)].min() >= 2)
+
+
+def check_class_rows(labels: np.ndarray, vocab: LabelVocab, inferred: bool, where: str) -> None:
+    """Warn about single-label classes the train rows barely teach: none at all (a class the task
+    names but the file lacks), or, where the labels were read from the file, one or two rows (a
+    typo such as 'postive' makes a class of its own; naming [data] labels refuses it instead)."""
+    if labels.ndim != 1 or labels.dtype.kind != "i":
+        return
+    counts = np.bincount(np.clip(labels, 0, None), minlength=len(vocab.names))
+    absent = [vocab.names[i] for i in np.flatnonzero(counts == 0)]
+    if absent:
+        log.warning("%s: no train rows of class(es) %s: the model cannot learn them", where,
+                    ", ".join(map(repr, absent)))
+    rare = [f"{vocab.values[i]!r} ({counts[i]} row{'s' if counts[i] > 1 else ''})"
+            for i in np.flatnonzero((counts > 0) & (counts <= 2))] if inferred else []
+    if rare and len(labels) > 20:
+        log.warning("%s: label(s) %s of %d rows: typos? Each value is a class of its own; name the "
+                    "task's labels ([data] labels = [...]) to refuse others", where,
+                    ", ".join(rare), len(labels))
+
+
 def stratified_split(labels: np.ndarray, size: float, seed: int, where: str = "train",
                      which: str = "valid") -> tuple[np.ndarray, np.ndarray]:
     """(kept, held out) row numbers; stratified by label when every class can be split (single
@@ -90,11 +117,9 @@ def stratified_split(labels: np.ndarray, size: float, seed: int, where: str = "t
     if kept < 1:
         raise DataError(f"{where}: [data] {which}_size = {size:g} of {n} train row(s) leaves "
                         f"none to train on; lower {which}_size {fix}")
-    stratify = None
-    if labels.ndim == 1 and labels.dtype.kind == "i" and len(labels):  # class ids: stratify
-        present = np.bincount(np.clip(labels, 0, None))[np.unique(labels)]
-        stratify = labels if present.min() >= 2 else None
-        classes = len(present)
+    stratify = labels if can_stratify(labels) else None
+    if stratify is not None:
+        classes = len(np.unique(labels))
         # scikit-learn would raise a bare ValueError: say what to change instead.
         if stratify is not None and min(held, kept) < classes:
             low, high = math.ceil(100 * classes / n) / 100, math.floor(100 * (n - classes) / n) / 100
@@ -202,14 +227,18 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
             if task.data.streaming else None
         return sets
     where = str(data_dir / specs["train"].path)  # the file the held-out rows come from
+    if dist.is_main:  # the same on every rank: said once
+        check_class_rows(sets.train.label_ids, sets.vocab, not task.data.labels, where)
     if sets.test is None and task.data.test_size > 0:
+        how = "stratified" if can_stratify(sets.train.label_ids) else "at random"
         kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed, where,
                                       "test")
         sets.train, sets.test = sets.train.select(kept), sets.train.select(held)
-        sets.sources["test"] = f"{task.data.test_size:.0%} of train (stratified, seed {seed})"
+        sets.sources["test"] = f"{task.data.test_size:.0%} of train ({how}, seed {seed})"
     if sets.valid is None and task.data.valid_size > 0:
+        how = "stratified" if can_stratify(sets.train.label_ids) else "at random"
         kept, held = stratified_split(sets.train.label_ids, task.data.valid_size, seed, where,
                                       "valid")
         sets.train, sets.valid = sets.train.select(kept), sets.train.select(held)
-        sets.sources["valid"] = f"{task.data.valid_size:.0%} of the rest of train (seed {seed})"
+        sets.sources["valid"] = f"{task.data.valid_size:.0%} of the rest of train ({how}, seed {seed})"
     return sets

@@ -170,6 +170,11 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                 continue  # blank line
             if spec.header and header is None:
                 header = [cell.strip() for cell in row]
+            elif header is not None and row[0].strip() == header[0] and \
+                    [cell.strip() for cell in row] == header:  # read as data, it would be a class
+                raise DataError(f"{path}:{line}: the header row again (files joined with cat?); "
+                                "remove it, e.g. join them with tail -n +2 for each file after "
+                                "the first")
             if not columns:
                 columns = {role: _column(name, header, path, role, fix.format(role=role))
                            for role, name in _roles(spec, labelled)}
