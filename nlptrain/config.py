@@ -343,7 +343,7 @@ def validate_finetuning(train: TrainConfig, kind: str, source: str) -> None:
     weights = train.class_weights
     if isinstance(weights, str) and weights not in ("", "balanced"):
         raise ConfigError(f"{source}: [train] class_weights = {weights!r}; give 'balanced' or a list "
-                          "of numbers, one per label")
+                          "of numbers, one per label (--class-weights 1,3 or [1, 3])")
     if isinstance(weights, list) and not all(
             isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in weights):
         raise ConfigError(f"{source}: [train] class_weights = {weights!r}: each weight must be a "

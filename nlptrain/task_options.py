@@ -44,13 +44,16 @@ def find_task(name: str) -> Path:
 
 
 def parse_value(text: str, hint: Any) -> Any:
-    """A command-line value: a TOML literal (3e-5, true, [..]) unless the key is plain text."""
+    """A command-line value: a TOML literal (3e-5, true, [..]; `1,2` as [1, 2], the way people
+    type a list on a command line) unless the key is plain text."""
     if hint is str:
         return text
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
+    for literal in (text, f"[{text}]") if "," in text and not text.startswith("[") else (text,):
+        try:
+            return tomllib.loads(f"v = {literal}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass
+    return text
 
 
 def flag_of(section: str, f: dataclasses.Field) -> str:

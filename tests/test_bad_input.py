@@ -286,6 +286,19 @@ def test_an_override_reaches_one_files_own_table(toy_task):
     assert file_spec(task, "train").header and file_spec(task, "valid").path == "v.tsv"
 
 
+@pytest.mark.parametrize("typed", ["1,3", "1, 3", "[1, 3]"])
+def test_a_list_option_takes_the_commas_people_type(toy_task, typed):
+    from nlptrain.cli import build_parser, resolve_task
+    from nlptrain.config import file_spec
+
+    task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
+                                                   "--class-weights", typed]))
+    assert task.train.class_weights == [1, 3]
+    named = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
+                                                    "--text-column", "a,b"]))
+    assert file_spec(named, "train").text_column == "a,b"  # no list of numbers: left as typed
+
+
 def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
     with pytest.raises(SystemExit) as stop:
         main(["train", "--task", str(toy_task), "--log-level", "verbose"])

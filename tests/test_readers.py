@@ -95,6 +95,17 @@ def test_missing_file(tmp_path):
         read_examples(FileSpec(path="dir.tsv"), tmp_path, [])
 
 
+def test_a_file_named_from_the_working_folder_is_pointed_at(tmp_path, monkeypatch):
+    """`--train-file mine.tsv` from the folder that holds it: the name is read in the task's data
+    folder, and the error says where the file is and what to give."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "mine.tsv").write_text("text\tlabel\nok\tpos\n")
+    monkeypatch.chdir(tmp_path / "here")
+    with pytest.raises(DataError, match=r"data/mine\.tsv: data file not found; check the path or "
+                                        r"--data-dir; \./mine\.tsv is here, but .* give --data-dir \."):
+        read_examples(FileSpec(path="mine.tsv"), tmp_path / "data", [])
+
+
 def test_unknown_label_names_the_row(tmp_path):
     ex = read(tmp_path, "a.tsv", "text\tlabel\nok\tpos\nhmm\tmaybe\n")
     with pytest.raises(DataError, match=r"a\.tsv:3: label 'maybe' is not one of the task's labels"):

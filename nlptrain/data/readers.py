@@ -31,8 +31,8 @@ def format_of(spec: FileSpec) -> str:
         return spec.format
     suffix = Path(spec.path).suffix.lower()
     if suffix not in FORMATS_BY_SUFFIX:
-        raise DataError(f"{spec.path}: cannot tell the format from '{suffix}'; set format = "
-                        "'tsv', 'csv', 'jsonl', 'parquet' or 'lines' in the task's [data]")
+        raise DataError(f"{spec.path}: cannot tell the format from '{suffix}'; give --data-format "
+                        "(format = 'tsv', 'csv', 'jsonl', 'parquet' or 'lines' in the task's [data])")
     return FORMATS_BY_SUFFIX[suffix]
 
 
@@ -43,7 +43,11 @@ def open_checked(path: Path, what: str) -> Path:
         article = "an" if what[:1] in "aeiou" else "a"
         raise DataError(f"{path}: a folder, not {article} {what} file; {fix}")
     if not path.is_file():
-        raise DataError(f"{path}: {what} file not found; {fix}")
+        here = Path(path.name)  # where a user who typed a bare name may have meant
+        found = (f"; ./{here} is here, but a task's file names are relative to its data folder: "
+                 "give --data-dir . or the file's absolute path"
+                 if what != "input" and here.is_file() and here.resolve() != path.resolve() else "")
+        raise DataError(f"{path}: {what} file not found; {fix}{found}")
     return path
 
 
