@@ -27,7 +27,8 @@ from nlptrain.errors import ConfigError, DataError
 if TYPE_CHECKING:
     import torch
 
-# Metrics where a smaller value is better; every other metric is better when larger.
+# Metrics where a smaller value is better; every other metric is better when larger, unless
+# [train] best_is says otherwise (a user's own error metric).
 LOWER_IS_BETTER = frozenset({"loss", "mse", "mae"})
 Where = Callable[[int], tuple[str, int]]  # row number -> (file, line), for error messages
 
@@ -76,7 +77,6 @@ class TaskKind:
         raise NotImplementedError
 
     def is_better(self, metric: str, new: float, old: float | None, best_is: str = "auto") -> bool:
-        """`best_is`: "higher", "lower", or "auto" (lower for LOWER_IS_BETTER, else higher)."""
         if old is None or (isinstance(old, float) and math.isnan(old)):
             return True
         lower = best_is == "lower" or (best_is == "auto" and metric in LOWER_IS_BETTER)
@@ -274,11 +274,13 @@ class MultiLabel(TaskKind):
         ids = list(range(len(label_names)))
         if truth.shape[1] == 1:  # scikit-learn reads one column as binary targets, not one label:
             truth, guess = (np.hstack([a, np.zeros_like(a)]) for a in (truth, guess))  # scored on ids
+        # Macro over the labels in truth or predictions, as single-label's (an absent one: no 0)
+        present = [i for i in ids if truth[:, i].any() or guess[:, i].any()] or ids
         # accuracy_score on multi-hot rows is subset accuracy: every label of the row right.
         found = {
             "rows": int(len(truth)),
             "micro_f1": float(f1_score(truth, guess, labels=ids, average="micro", zero_division=0)),
-            "macro_f1": float(f1_score(truth, guess, labels=ids, average="macro", zero_division=0)),
+            "macro_f1": float(f1_score(truth, guess, labels=present, average="macro", zero_division=0)),
             "subset_accuracy": float(accuracy_score(truth, guess)),
             "loss": float(loss),
             "threshold": self.threshold,
@@ -390,7 +392,6 @@ def _values(ids: dict[str, int]) -> list[str]:
     for key, i in ids.items():
         names.setdefault(i, key)  # the first key of each id: the value as written in files
     return [names[i] for i in sorted(names)]
-
 
 
 def label_names_of(model_config: Any) -> list[str]:

@@ -154,6 +154,12 @@ def test_multi_label_metrics_at_the_threshold():
                                          "support": 2}
     at_third = MultiLabel(threshold=0.3).metrics(probs, truth, ["a", "b", "c"])
     assert at_third["subset_accuracy"] == 0.5  # 'b' found in row 2, 'c' wrongly in row 4
+    # A label no row has and none is given ('d') is left out of the macro mean, as single-label
+    # leaves out an absent class: perfect on the others is a macro-F1 of 1, not 0.75.
+    perfect = MultiLabel(threshold=0.5).metrics(truth[:3, :2], truth[:3, :2], ["a", "b"])
+    padded = np.hstack([truth[:3, :2], np.zeros((3, 1), dtype=np.float32)])
+    assert MultiLabel(threshold=0.5).metrics(padded, padded, ["a", "b", "d"])["macro_f1"] == \
+        perfect["macro_f1"] == 1.0
 
 
 def test_regression_metrics_and_directions():
