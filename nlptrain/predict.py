@@ -151,6 +151,20 @@ def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -
                           f"--text-pair-column {args.text_pair_column}")
 
 
+def input_columns(args: argparse.Namespace) -> tuple[str | int, str | int]:
+    """(text column, pair column or "") to read: as given, else the columns of the run that
+    trained the model (its config.json), else text (and text_pair for a model of pairs)."""
+    try:
+        config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    trained = config.get("nlptrain_columns") or {}
+    text = args.text_column if args.text_column is not None else trained.get("text", "text")
+    pair = args.text_pair_column if args.text_pair_column is not None else \
+        trained.get("text_pair", "text_pair") if config.get("nlptrain_text_pair") else ""
+    return text, pair
+
+
 def check_files(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: a mistake in the files is one error, not one a rank."""
     from nlptrain.data.readers import open_checked
@@ -170,6 +184,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     fmt = output_format(args.output, args.format)
     dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
+    args.text_column, args.text_pair_column = input_columns(args)
     texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
                                             args.text_pair_column))
     tokenizer = load_tokenizer(args.model)
@@ -220,8 +235,10 @@ def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "predict", help="label the texts of a file with a saved model",
         description="Label each text of a file with a saved model (a run's model/ folder): row "
-        "number, the input line it came from, label, its probability and the text, in input "
-        "order; the same with --nproc N or torchrun.",
+        "number, the input line it came from, what the model's kind gives (single-label: label "
+        "and its probability; multi-label: labels over the threshold and their probabilities; "
+        "regression: score) and the text (and pair), in input order; the same with --nproc N "
+        "or torchrun. Pairs and columns: as the run trained on them, unless given.",
         epilog="examples:\n  python -m nlptrain predict --model runs/RUN/model --input texts.txt\n"
         "  python -m nlptrain predict --nproc 2 --model runs/RUN/model --input in.tsv "
         "--output out.tsv\n"
@@ -238,11 +255,13 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--input-format", default="auto", choices=["auto", "tsv", "csv", "jsonl",
                                                                    "lines"],
                         help="input format (default: from the suffix; unknown suffix: lines)")
-    parser.add_argument("--text-column", default="text",
-                        help="column or JSON field holding the text (default: text)")
-    parser.add_argument("--text-pair-column", default="",
+    parser.add_argument("--text-column", default=None,
+                        help="column or JSON field holding the text (default: the one the model "
+                        "was trained on, else text)")
+    parser.add_argument("--text-pair-column", default=None,
                         help="column or JSON field holding a pair's second text, for a model "
-                        "trained on pairs (default: none)")
+                        "trained on pairs (default: the one it was trained on, else text_pair; "
+                        "none for a model of single texts)")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
     parser.add_argument("--max-length", type=positive_int, default=0,

@@ -101,6 +101,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     # In the exported config.json: `predict` then asks for pairs where the model needs them.
     model.config.nlptrain_text_pair = pairs
+    if train_file:  # `predict` reads the same columns unless told otherwise
+        model.config.nlptrain_columns = {"text": train_file.text_column,
+                                         "text_pair": train_file.text_pair_column}
     with open_run_dir(task, opts, dist) as (run_dir, has_run):
         log_sizes(task, sets, dist)
 

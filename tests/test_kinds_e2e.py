@@ -118,10 +118,14 @@ def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     rows = [json.loads(line) for line in (folder / "out.jsonl").read_text().splitlines()]
     assert [r["text_pair"] for r in rows] == ["it felt bad", "it felt poor"]
     assert all(r["label"] in ("differ", "same") and 0.5 <= r["probability"] <= 1 for r in rows)
+    # Without column options: the columns the run trained on (its export says which).
+    assert main(["predict", "--model", str(folder / "run" / "model"), "--input", str(pairs),
+                 "--output", str(folder / "default.jsonl")]) == 0
+    assert (folder / "default.jsonl").read_text() == (folder / "out.jsonl").read_text()
     # The other input would score without meaning: the export says what the model was trained on.
     capsys.readouterr()
     assert main(["predict", "--model", str(folder / "run" / "model"), "--input", str(pairs),
-                 "--text-column", "premise"]) == 1
+                 "--text-column", "premise", "--text-pair-column", ""]) == 1
     assert "was trained on text pairs: name the column (or JSON field) of each pair's second " \
         "text with --text-pair-column" in capsys.readouterr().err
     single = trained["multi_label"]  # posts: single texts

@@ -180,7 +180,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                                 "remove it, e.g. join them with tail -n +2 for each file after "
                                 "the first")
             if not columns:
-                columns = {role: _column(name, header, path, role, fix.format(role=role))
+                columns = {role: _column(name, header, path, role, column_fix(fix, role))
                            for role, name in _roles(spec, labelled)}
                 if header is not None:
                     continue
@@ -219,7 +219,7 @@ def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
         cells = {}
         for role, key in _roles(spec, labelled):
             if str(key) not in row:
-                raise DataError(f"{path}:{line}: no '{key}' field ({role}); {fix.format(role=role)}")
+                raise DataError(f"{path}:{line}: no '{key}' field ({role}); {column_fix(fix, role)}")
             cells[role] = row[str(key)]
         yield checked_row(cells, path, line, empty_label_ok)
 
@@ -244,7 +244,7 @@ def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
             name = names[name] if 0 <= name < len(names) else str(name)
         if name not in names:
             raise DataError(f"{path}: no {role} column '{name}' in the columns {names}; "
-                            f"{fix.format(role=role)}")
+                            f"{column_fix(fix, role)}")
         columns[role] = name
     number = 0
     for batch in table.iter_batches(columns=list(dict.fromkeys(columns.values()))):
@@ -269,7 +269,13 @@ def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[st
     return [open_checked(base / spec.path.format(label=v), what) for v in label_values]
 
 
-TASK_FIX = "set {role}_column in the task's [data]"
+TASK_FIX = "set {role}_column in the task's [data] (or --{flag}-column)"
+
+
+def column_fix(fix: str, role: str) -> str:
+    """`fix` (TASK_FIX, or a caller's) for a column role: a pair's key is text_pair_column."""
+    key = "text_pair" if role == "pair" else role
+    return fix.format(role=key, flag=key.replace("_", "-"))
 
 
 def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
@@ -367,7 +373,8 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
         return out
     spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column,
                     text_pair_column=text_pair_column)
-    fix = "name the {role} column with --text-column / --text-pair-column"
+    fix = ("name the {role} column with --{flag}-column (a file of one text a line, no header: "
+           "--input-format lines)")
     for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix):
         out.add(row)
     return out
