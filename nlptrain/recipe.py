@@ -266,9 +266,14 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     check_max_length(model, task.model.max_length, f"task {task.name} [model]")
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     kind = kinds.from_task(task)
-    if kind.problem_type != kinds.from_model_config(model.config).problem_type:
-        raise ConfigError(f"{model_dir}: the model was trained for "
-                          f"{kinds.from_model_config(model.config).name}, the task is {kind.name}")
+    trained = kinds.from_model_config(model.config)
+    if kind.problem_type != trained.problem_type:
+        raise ConfigError(f"{model_dir}: the model was trained for {trained.name}, the task is "
+                          f"{kind.name}")
+    if getattr(kind, "threshold", None) != getattr(trained, "threshold", None) and dist.is_main:
+        log.warning("scoring at the task's threshold %g; the model was trained and tested at %g "
+                    "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
+                    trained.threshold)
     if task.data.labels and kind.has_classes:  # before any row is read
         from nlptrain.data import LabelVocab
 

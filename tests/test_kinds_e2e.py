@@ -108,6 +108,20 @@ def test_eval_on_two_processes_equals_one(trained, kind, capsys):
         assert first[key] == pytest.approx(results[key], **close), key
 
 
+def test_eval_at_another_threshold_than_the_models_says_so(trained, capsys):
+    """The task's threshold scores (it may be the point of the evaluation), but the model's run
+    was tested at its own: a number that differs from results.json is explained."""
+    folder = trained["multi_label"]
+    args = ["eval", "--model", str(folder / "run" / "model"), "--task",
+            str(folder / "multi_label.toml"), "--test-file", "test.jsonl", "--json"]
+    assert main([*args, "--threshold", "0.3"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["threshold"] == 0.3
+    assert "scoring at the task's threshold 0.3; the model was trained and tested at 0.5 " \
+           "(--threshold 0.5 scores as its run did)" in err
+    assert main(args) == 0 and "scoring at the task's threshold" not in capsys.readouterr().err
+
+
 def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     folder = trained["pair"]
     pairs = folder / "in.tsv"
