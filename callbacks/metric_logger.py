@@ -32,11 +32,16 @@ class MetricLogger(Callback):
         self.log_every = log_every
         self.handle: Any = None
         self.step_lr = 0.0
-        self._reset(time.perf_counter(), 0)
+        self._reset(time.perf_counter())
 
-    def _reset(self, now: float, samples: int) -> None:
-        self.loss_sum: Any = 0.0  # a device tensor once summing: read only at a logged step
-        self.batches, self.window_start, self.window_samples = 0, now, samples
+    def _reset(self, now: float) -> None:
+        # Device tensors once summing, read only at a logged step. The rows are the steps' own:
+        # the trainer's samples_in_epoch counts a step only once its flags are read, one step
+        # late where the optimizer skips on the device, which left a resumed run's first window
+        # at 0 samples/s.
+        self.loss_sum: Any = 0.0
+        self.rows_sum: Any = 0
+        self.batches, self.window_start = 0, now
 
     def _write(self, row: dict) -> None:
         if self.handle is None:
@@ -47,7 +52,7 @@ class MetricLogger(Callback):
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         loss_window = self.loss_sum, self.batches
-        self._reset(time.perf_counter(), trainer.samples_in_epoch)
+        self._reset(time.perf_counter())
         if trainer.batch_in_epoch:  # resumed mid-epoch: the window of the steps before goes on
             self.loss_sum, self.batches = loss_window
 
@@ -59,6 +64,7 @@ class MetricLogger(Callback):
         if not trainer.is_update_step:
             return
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
+        self.rows_sum = self.rows_sum + trainer.step_rows
         self.batches += 1
         if trainer.global_step % self.log_every == 0:
             self._log_window(trainer)
@@ -68,7 +74,7 @@ class MetricLogger(Callback):
         `closing`: the row of a run's end between two log steps, marked so that a resume from
         a checkpoint of that step drops it (the resumed run goes on with its window)."""
         now = time.perf_counter()
-        samples = trainer.samples_in_epoch - self.window_samples
+        samples = float(self.rows_sum)
         row = {"kind": "train", "step": trainer.global_step, "epoch": trainer.epoch + 1,
                "loss": float(self.loss_sum) / self.batches,
                "lr": self.step_lr,
@@ -81,7 +87,7 @@ class MetricLogger(Callback):
             row["closing"] = True
         self._write(row)
         log.debug("step %d loss %.4f lr %.2e", row["step"], row["loss"], row["lr"])
-        self._reset(now, trainer.samples_in_epoch)
+        self._reset(now)
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         # Every metric of the task's kind (and the user's own); not the loop's own step/epoch.

@@ -127,6 +127,7 @@ class AgreedStep:
         bad = sums[1] > 0
         self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
         self.loss = torch.where(bad, torch.nan, sums[0] / max(losses, 1))
+        self.rows = sums[2]  # the step's rows, all ranks (for a logger's throughput)
         self._host, self._done = sums, None
         if sums.is_cuda:
             self._host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)

@@ -113,6 +113,7 @@ class Trainer(ProgressCounters):
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
         self.step_loss: torch.Tensor | None = None  # the latest step's loss, on the device
+        self.step_rows: torch.Tensor | None = None  # and its rows, all ranks
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
         self._stop_agreed = False    # every rank has read a stop: the run ends after this step
@@ -309,7 +310,7 @@ class Trainer(ProgressCounters):
             self.progress.batch_in_epoch = self.window.undo()
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        self._pending, self.step_loss = agreed, agreed.loss
+        self._pending, self.step_loss, self.step_rows = agreed, agreed.loss, agreed.rows
         if not self._skips_on_device():
             self.settle()  # this step's update must not apply a non-finite loss
         self.window.close()

@@ -54,6 +54,11 @@ def test_metrics_jsonl_after_a_resume_has_each_row_once_and_the_same_means(tmp_p
     assert [(r["kind"], r["step"]) for r in whole] == [("train", 2), ("train", 4), ("train", 6),
                                                        ("eval", 6)]
     assert rows(tmp_path / "run.jsonl") == whole
+    # The resumed window (step 4 alone) counts its own rows: it read 0 samples/s, as the
+    # trainer's count of rows lags a step where fused AdamW skips a bad step on the device.
+    speeds = [r["samples_per_s"] for r in map(json.loads, (tmp_path / "run.jsonl").open())
+              if r["kind"] == "train"]
+    assert len(speeds) == 3 and all(speed > 0 for speed in speeds), speeds
 
 
 def train_rows(path) -> list[dict]:
