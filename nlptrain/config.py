@@ -315,6 +315,10 @@ def validate(task: TaskConfig, source: str) -> None:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if not 0 < task.data.threshold < 1:  # a probability: 0 predicts every label, 1 none
         raise ConfigError(f"{source}: [data] threshold must be between 0 and 1 (a probability)")
+    for key in ("threshold", "label_separator"):  # set away from its default: meant to act
+        if task.data.kind != "multi_label" and getattr(task.data, key) != getattr(DataConfig, key):
+            raise ConfigError(f"{source}: [data] {key} is for multi_label tasks; this one is "
+                              f"{task.data.kind} ([data] kind)")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 

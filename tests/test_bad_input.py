@@ -342,6 +342,16 @@ def test_an_error_names_the_options_at_fault_not_every_one_given(capsys, toy_tas
     assert "error: --max-tokens, --set data.streaming=true: [train] max_tokens needs" in err, err
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--threshold", "0.9"), ("--label-separator", "|")])
+def test_a_multi_label_option_on_another_kind_is_refused_not_ignored(capsys, toy_task, tmp_path,
+                                                                     flag, value):
+    code, err = train(capsys, toy_task, tmp_path / "run", flag, value)
+    key = flag[2:].replace("-", "_")
+    assert code == 1 and f"error: {flag}: [data] {key} is for multi_label tasks; this one is " \
+        "single_label ([data] kind)" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("flag", "value"), [
     ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
     ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
