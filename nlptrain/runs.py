@@ -155,8 +155,13 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         # Training options (epochs, cadences, ...) may change on resume; data and model may not.
         changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
         if changed:
-            raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)}; "
-                              "resume with the same task, or pick another --output-dir")
+            was = saved["task"]
+            what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
+                    and isinstance(was.get(k), dict) for key, value in task[k].items()
+                    if value != was[k].get(key)] or [f"task {was.get('name')!r} -> {task['name']!r}"]
+            raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)} "
+                              f"({', '.join(what)}); resume with the same task, or pick another "
+                              "--output-dir")
         check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
         check_best_metric_kept(folder, task, saved["task"])
         changed = changed_settings(saved["task"].get("train", {}), task["train"])

@@ -240,9 +240,12 @@ def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
         "changed: layer_lr_decay 1.0 -> 0.9; resume with the run's values, or start a new run" \
         in err, err
     assert err.count("error:") == 1 and "Traceback" not in err
+    code, err = train(capsys, toy_task, run, "--resume", "--max-length", "24")
+    assert code == 1 and "holds a run with another model ([model] max_length 32 -> 24)" in err, err
     edit(toy_task, 'labels = ["neg", "pos"]', 'labels = ["pos", "neg"]')
     code, err = train(capsys, toy_task, run, "--resume")
-    assert code == 1 and "holds a run with another data" in err
+    assert code == 1 and "holds a run with another data ([data] labels ['neg', 'pos'] -> " \
+        "['pos', 'neg'])" in err, err
     assert train(capsys, toy_task, run, "--overwrite", "--epochs", "1")[0] == 0
 
 
