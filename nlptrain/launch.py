@@ -115,7 +115,21 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
                           f"{environment.world_size} ranks ({environment.name}); drop --nproc, "
                           "or run without the other launcher")
     check_task()
+    warn_more_processes_than_cores(args.nproc)
     return launch_command(argv, args.nproc, args.max_restarts)
+
+
+def warn_more_processes_than_cores(nproc: int) -> None:
+    """On a CPU, N processes beyond the cores only take turns on them, each with its own copy of
+    the model and optimizer: said before they start (64 of them on 2 cores ran five minutes
+    until the kernel killed one for memory)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if nproc > cores and not torch.cuda.is_available():
+        log.warning("--nproc %d on %d CPU core(s): more processes than cores take turns on them, "
+                    "each with its own copy of the model and optimizer (memory grows with N); "
+                    "--nproc %d trains faster", nproc, cores, cores)
 
 
 def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:

@@ -65,3 +65,18 @@ def test_a_worker_killed_without_a_word_is_named_as_such():
     assert "out-of-memory" in killed and "its error is above" not in killed
     assert failure_summary(0, 2, -signal.SIGTERM) == ("rank 0 of 2 was ended by SIGTERM; any "
                                                       "error of its own is above")
+
+
+def test_more_processes_than_cores_is_said_before_they_start(monkeypatch, caplog):
+    import logging
+    import os
+
+    from nlptrain.launch import warn_more_processes_than_cores
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    with caplog.at_level(logging.WARNING, logger="nlptrain"):
+        warn_more_processes_than_cores(2)
+        assert not caplog.records
+        warn_more_processes_than_cores(64)
+    assert "--nproc 64 on 2 CPU core(s): more processes than cores take turns" in caplog.text
+    assert "--nproc 2 trains faster" in caplog.text
