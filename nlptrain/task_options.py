@@ -72,7 +72,8 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
             flag = flag_of(section, f)
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             kwargs: dict[str, Any] = {"dest": f"set:{section}.{f.name}", "default": None,
-                                      "help": f"{f.metadata['help']} (default: {default!r})"}
+                                      "help": f"{f.metadata['help']} (default: the task's, "
+                                              f"else {default!r})"}
             if hints[f.name] is bool:
                 kwargs["action"] = argparse.BooleanOptionalAction
             else:
