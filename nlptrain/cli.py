@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="when stderr is not a terminal (a log file), one progress line this "
                             "often instead of a progress bar (default: 30)")
     add_task_options(train)
-    train.set_defaults(handler=cmd_train)
+    train.set_defaults(handler=cmd_train, check_before_launch=check_train)
 
     evaluate = commands.add_parser("eval", help="score a saved model on a task's data",
                                    description="The task kind's metrics of a saved model "
@@ -109,6 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
     return parser
+
+
+def check_train(args: argparse.Namespace) -> None:
+    """Before `--nproc` starts workers: the task, and that each `--callback` file exists (each
+    worker loads it; a typo would be one error a rank)."""
+    resolve_task(args)
+    for spec in args.callback:
+        where = spec.rpartition(":")[0]
+        if where.endswith(".py") and not Path(where).is_file():
+            raise ConfigError(f"--callback {spec}: file {where} not found")
 
 
 def load_object(spec: str) -> Any:

@@ -374,6 +374,15 @@ def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, 
 def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message):
     code, err = train(capsys, toy_task, tmp_path / "run", *option)
     assert code == 1 and f"error: {message}" in err, err
+
+
+def test_a_missing_callback_file_is_one_error_before_any_worker_starts(capsys, toy_task, tmp_path):
+    missing = tmp_path / "nope.py"
+    code, err = train(capsys, toy_task, tmp_path / "run", "--nproc", "2", "--callback",
+                      f"{missing}:Notify")
+    assert code == 1 and err.count("error:") == 1, err
+    assert f"error: --callback {missing}:Notify: file {missing} not found" in err
+    assert "launched by" not in err and not (tmp_path / "run").exists()
     assert not (tmp_path / "run").exists()
 
 
