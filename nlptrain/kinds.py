@@ -163,7 +163,7 @@ class SingleLabel(TaskKind):
             if not isinstance(cell, str) or cell not in ids:
                 path, line = where(i)
                 raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "
-                                f"{_values(ids)}; fix the row or add it to [data] labels")
+                                f"{_values(ids)}; fix the row, or train with it in [data] labels")
             out[i] = ids[cell]
         return out
 
@@ -247,8 +247,8 @@ class MultiLabel(TaskKind):
                 if value not in ids:
                     path, line = where(i)
                     raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) is not one of "
-                                    f"the task's labels {_values(ids)}; fix the row or add it to "
-                                    "[data] labels")
+                                    f"the task's labels {_values(ids)}; fix the row, or train with "
+                                    "it in [data] labels")
                 out[i, ids[value]] = 1.0
         return out
 
