@@ -29,7 +29,8 @@ class TensorBoardLogger(Callback):
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = Path(log_dir)
         self.writer: Any = None
-        self._window = (0.0, 0)  # (time, samples) at the previous logged step
+        self._since = 0.0  # the previous logged step's time
+        self._rows: Any = 0  # rows of the steps since, summed on the device (the steps' own count)
 
     def on_train_start(self, trainer: Trainer) -> None:
         try:
@@ -42,26 +43,28 @@ class TensorBoardLogger(Callback):
         # was logged before the checkpoint was written, and is not logged again: it stays.
         self.writer = SummaryWriter(str(self.log_dir),
                                     purge_step=trainer.global_step + 1 if trainer.global_step else None)
-        self._window = (time.perf_counter(), trainer.samples_in_epoch)
+        self._since, self._rows = time.perf_counter(), 0
 
     def on_epoch_start(self, trainer: Trainer) -> None:
-        self._window = (time.perf_counter(), trainer.samples_in_epoch)
+        self._since, self._rows = time.perf_counter(), 0
 
     def on_batch_end(self, trainer: Trainer) -> None:
         step = trainer.global_step
-        if self.writer is None or not trainer.is_update_step or step % trainer.config.log_every:
+        if self.writer is None or not trainer.is_update_step:
             return
-        now, samples = time.perf_counter(), trainer.samples_in_epoch
+        self._rows = self._rows + trainer.step_rows
+        if step % trainer.config.log_every:
+            return
+        now = time.perf_counter()
         self.writer.add_scalar("train/loss", trainer.last_loss, step)
         self.writer.add_scalar("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             self.writer.add_scalar("train/grad_norm", grad_norm, step)
-        elapsed = now - self._window[0]
-        if elapsed > 0:
-            self.writer.add_scalar("train/samples_per_s", (samples - self._window[1]) / elapsed,
+        if now > self._since:
+            self.writer.add_scalar("train/samples_per_s", float(self._rows) / (now - self._since),
                                    step)
-        self._window = (now, samples)
+        self._since, self._rows = now, 0
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         if self.writer is None:

@@ -35,6 +35,13 @@ def test_tensorboard_after_a_resume_keeps_the_checkpoints_step(tmp_path, tiny_mo
     whole, resumed = scalars(tmp_path / "whole"), scalars(tmp_path / "tb")
     assert [step for step, _ in whole["train/loss"]] == [1, 2, 3, 4, 5, 6]
     assert resumed == whole
+    # Throughput counts each window's own rows: the resumed run's first (step 5) is not 0.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    speeds = {e.step: e.value for e in events.Scalars("train/samples_per_s")}
+    assert sorted(speeds)[-2:] == [5, 6] and all(v > 0 for v in speeds.values()), speeds
 
 
 def rows(path) -> list[dict]:
