@@ -254,3 +254,19 @@ def test_odd_classes_in_the_train_file_are_said_and_the_split_says_how_it_was_ma
     assert any("no train rows of class(es) 'neutral'" in m for m in said), said
     assert not any("typos?" in m for m in said)  # the task names its labels: none inferred
     assert sets.sources["test"] == "20% of train (stratified, seed 42)"
+
+
+def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
+    """Columns by number and the default header = true: a file without a header lost its first
+    row to the header, silently. Where the first row's label is one of the task's, it is data."""
+    (tmp_path / "a.tsv").write_text("good film\tpos\nbad film\tneg\n")
+    spec = FileSpec(path="a.tsv", text_column=0, label_column=1)
+    with pytest.raises(DataError, match=r"a\.tsv:1: the header row holds the label 'pos': a data "
+                                        r"row\? Give --no-header"):
+        read_examples(spec, tmp_path, ["neg", "pos"])
+    found = read_examples(FileSpec(path="a.tsv", text_column=0, label_column=1, header=False),
+                          tmp_path, ["neg", "pos"])
+    assert list(found.texts) == ["good film", "bad film"]
+    (tmp_path / "b.tsv").write_text("sentence\tlabel\ngood film\tpos\n")  # a real header: read
+    assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
+                              ["neg", "pos"]).texts) == ["good film"]

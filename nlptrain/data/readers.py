@@ -147,7 +147,7 @@ def quoted_cells_hint(row: list[str], quoting: int) -> str:
 
 
 def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str,
-                empty_label_ok: bool) -> Iterator[Row]:
+                empty_label_ok: bool, label_values: Sequence[str] = ()) -> Iterator[Row]:
     """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
     line_of_row: list[int] = []
 
@@ -183,6 +183,13 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                 columns = {role: _column(name, header, path, role, column_fix(fix, role))
                            for role, name in _roles(spec, labelled)}
                 if header is not None:
+                    label = columns.get("label")
+                    if label is not None and label < len(header) and header[label] in label_values:
+                        # Columns by number read any first row as a header: this one is data.
+                        raise DataError(f"{path}:{line}: the header row holds the label "
+                                        f"{header[label]!r}: a data row? Give --no-header "
+                                        "(header = false in the task's [data]) for a file "
+                                        "without one")
                     continue
             if len(row) <= max(columns.values()):
                 where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
@@ -301,7 +308,7 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
             rows = _parquet_rows(path, spec, labelled, fix, empty_label_ok)
         else:
             rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix,
-                               empty_label_ok)
+                               empty_label_ok, label_values)
         for row in rows:
             empty = False
             yield row
