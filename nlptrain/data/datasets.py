@@ -149,7 +149,8 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
     kind = kind or SingleLabel()
 
     def read() -> tuple[int, dict, Any]:
-        examples = read_examples(spec, data_dir, vocab.values if vocab else [], what,
+        values = vocab.values if vocab and kind.has_classes else []  # as written in files
+        examples = read_examples(spec, data_dir, values, what,
                                  empty_label_ok=kind.empty_label_ok)
         labels = vocab or LabelVocab.for_kind(kind, examples.labels, configured or [])
         targets = labels.encode(examples, kind)

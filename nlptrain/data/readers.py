@@ -184,7 +184,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                            for role, name in _roles(spec, labelled)}
                 if header is not None:
                     label = columns.get("label")
-                    if label is not None and label < len(header) and header[label] in label_values:
+                    if isinstance(spec.label_column, int) and label is not None and \
+                            label < len(header) and header[label] in label_values:
                         # Columns by number read any first row as a header: this one is data.
                         raise DataError(f"{path}:{line}: the header row holds the label "
                                         f"{header[label]!r}: a data row? Give --no-header "
