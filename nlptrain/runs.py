@@ -52,6 +52,11 @@ class RunDirLock:
             raise ConfigError(f"{self.folder}: in use by a running job ({holder}); wait for it "
                               "to end or stop it (it leaves a checkpoint to --resume from), or "
                               "pick another --output-dir") from None
+        except OSError as err:  # a file system without locks (some NFS mounts): run unguarded
+            held.close()
+            log.warning("%s: cannot be locked (%s): a second job in this folder would not be "
+                        "stopped", self.folder, err.strerror)
+            return
         held.seek(0)
         held.truncate()
         held.write(f"pid {os.getpid()} on {socket.gethostname()}, since "

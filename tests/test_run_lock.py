@@ -53,3 +53,23 @@ def test_an_unwritable_output_dir_is_one_line(toy_task: Path, tmp_path: Path, ca
     err = capsys.readouterr().err
     assert f"error: {tmp_path / 'file' / 'run'}: cannot be written (Not a directory)" in err
     assert "Traceback" not in err, err
+
+
+def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    from log_capture import nlptrain_messages
+
+    from nlptrain.runs import RunDirLock
+
+    def no_locks(*_: object) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = RunDirLock()
+    with nlptrain_messages() as said:
+        lock.acquire(tmp_path / "run")
+    lock.release()
+    assert any("run: cannot be locked (No locks available): a second job in this folder would "
+               "not be stopped" in m for m in said), said
