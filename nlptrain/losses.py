@@ -89,12 +89,24 @@ def weighted_loss(kind: TaskKind, weights: np.ndarray | None, label_smoothing: f
 
 
 def task_loss(kind: TaskKind, config: Any, train_data: Any, label_names: Sequence[str]) -> LossFn:
-    """The trainer's default `loss_fn`: (logits, targets) -> loss, per `config`."""
+    """The trainer's default `loss_fn`: (logits, targets) -> loss, per `config`, refusing logits
+    of another width than the kind's output size (a user's own model, built for another task)."""
     weights = class_weights(kind, config.class_weights, train_data, label_names)
-    if weights is None and not config.label_smoothing:
-        return kind.loss
     if config.label_smoothing and not isinstance(kind, SingleLabel):
         raise ConfigError(f"[train] label_smoothing is for single_label tasks, not {kind.name}")
-    if weights is None:
-        return partial(kind.loss, label_smoothing=config.label_smoothing)
-    return weighted_loss(kind, weights, config.label_smoothing)
+    if weights is not None:
+        loss = weighted_loss(kind, weights, config.label_smoothing)
+    else:
+        loss = partial(kind.loss, label_smoothing=config.label_smoothing) \
+            if config.label_smoothing else kind.loss
+    width = kind.output_size(label_names)
+
+    def checked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if logits.shape[-1] != width:  # torch's own error names tensor sizes, not the cause
+            what = f"{len(label_names)} labels" if kind.has_classes else "one score a row"
+            raise ConfigError(f"the model gives {logits.shape[-1]} output(s) a row, but this "
+                              f"{kind.name} task needs {width} ({what}); build its head with "
+                              f"{width} output(s)")
+        return loss(logits, targets)
+
+    return checked

@@ -147,3 +147,20 @@ def test_the_readmes_export_call_takes_a_folder_name_as_a_string(tmp_path, tiny_
     assert all(torch.equal(a, b) for a, b in zip(rebuilt.state_dict().values(),
                                                  trainer.model.state_dict().values(), strict=True))
     assert (tmp_path / "export" / "tokenizer.json").is_file()
+
+
+def test_an_own_model_of_the_wrong_output_size_is_named_not_a_tensor_error(tmp_path, tiny_model_dir):
+    """Two outputs for a regression: torch's mse_loss said only 'The size of tensor a (32) must
+    match the size of tensor b (16)'."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.kinds import Regression
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    train.labels = train.labels.astype("float32")  # scores
+    trainer = Trainer(MeanPoolClassifier(tiny_model_dir, 2), train, test, kind=Regression(),
+                      label_names=["score"], config=TrainConfig(epochs=1, batch_size=8))
+    with pytest.raises(ConfigError, match=r"the model gives 2 output\(s\) a row, but this "
+                                          r"regression task needs 1 \(one score a row\)"):
+        trainer.fit()
