@@ -111,9 +111,16 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     return model
 
 
-def prepare_for_training(model: Any, config: Any) -> None:
+def prepare_for_training(model: Any, config: Any, train_data: Any = None) -> None:
     """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
-    their names, for checkpoints and export): activation checkpointing, then torch.compile."""
+    their names, for checkpoints and export): activation checkpointing, then torch.compile. And
+    how `train_data` was tokenized, in the model's config (saved with every export), so that
+    `predict` reads pairs and truncates as training did."""
+    model_config = getattr(model, "config", None)
+    known = getattr(train_data, "pairs", None) is not None  # a TokenizedDataset that was told
+    if model_config is not None and known and getattr(train_data, "max_length", None):
+        model_config.nlptrain_max_length = train_data.max_length
+        model_config.nlptrain_text_pair = bool(train_data.pairs)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
     if config.compile:

@@ -73,6 +73,9 @@ def default_max_length(model_dir: Path, tokenizer: Any, model: Any) -> int:
             return int(json.loads(run_config.read_text())["task"]["model"]["max_length"])
         except (KeyError, TypeError, ValueError, json.JSONDecodeError):
             pass  # not a run's config.json: fall through
+    trained = getattr(getattr(model, "config", model), "nlptrain_max_length", None)
+    if trained:  # the export of a run from the Python API: no run folder around it
+        return int(trained)
     limits = [usable_positions(model), tokenizer.model_max_length, 512]
     return min(int(n) for n in limits if isinstance(n, int) and n > 0)
 

@@ -22,3 +22,34 @@ def test_pipeline_loads_the_export_and_matches_nlptrain_accuracy(toy_task, tmp_p
     assert {f["label"] for f in found} <= {"neg", "pos"}  # label names, not LABEL_0
     correct = sum(f["label"] == label for f, (_, label) in zip(found, rows, strict=True))
     assert correct == ours["correct"] and len(rows) == ours["rows"]
+
+
+def test_an_export_from_the_python_api_keeps_how_its_rows_were_read(tmp_path, tiny_model_dir,
+                                                                   capsys):
+    """A pair model trained through the Python API at max_length 24: its export says so, and
+    `predict` asks for pairs and truncates at 24 (it read single texts at 512 before)."""
+    from transformers import AutoTokenizer
+
+    from nlptrain import TrainConfig, Trainer
+    from nlptrain.data import TokenizedDataset
+    from nlptrain.models import load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    firsts, seconds = [f"row {i} was good" for i in range(16)], [f"it felt {i}" for i in range(16)]
+    train = TokenizedDataset.from_texts(firsts, [i % 2 for i in range(16)], tokenizer, 24,
+                                        pairs=seconds)
+    assert train.select([0, 1]).max_length == 24 and train.select([0, 1]).pairs
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, tokenizer=tokenizer,
+                      config=TrainConfig(epochs=1, batch_size=8))
+    trainer.fit()
+    trainer.strategy.export(trainer.model, tokenizer, tmp_path / "model")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert (saved["nlptrain_max_length"], saved["nlptrain_text_pair"]) == (24, True)
+    (tmp_path / "in.tsv").write_text("text\ttext_pair\na good film\tit felt fine\n")
+    assert main(["predict", "--model", str(tmp_path / "model"), "--input", str(tmp_path / "in.tsv"),
+                 "--log-level", "info"]) == 0
+    out, err = capsys.readouterr()
+    assert "max length 24" in err and len(out.splitlines()) == 2, err
+    assert main(["predict", "--model", str(tmp_path / "model"), "--input", str(tmp_path / "in.tsv"),
+                 "--text-pair-column", ""]) == 1
+    assert "was trained on text pairs" in capsys.readouterr().err

@@ -175,6 +175,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         key = cache_key(files, tokenizer, max_length, how)
         size = sum(path.stat().st_size for path in files)
         dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share, size)
+    dataset.max_length, dataset.pairs = max_length, spec.text_pair_column != ""
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 

@@ -33,13 +33,17 @@ CACHE_VERSION = 3  # 2: targets of any kind, type ids of pairs; 3: a row of more
 
 class TokenizedDataset(Dataset):
     def __init__(self, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
-                 rows: np.ndarray | None = None, type_ids: np.ndarray | None = None) -> None:
+                 rows: np.ndarray | None = None, type_ids: np.ndarray | None = None,
+                 max_length: int | None = None, pairs: bool | None = None) -> None:
         self.ids = ids            # int32, every row's token ids back to back
         self.offsets = offsets    # int64, row i is ids[offsets[i]:offsets[i + 1]]
         self.labels = labels      # targets, first dimension the row: int64 class ids (-1 when
                                   # unknown), float32 multi-hot rows, or float32 scores
         self.rows = rows          # this view's rows of the arrays (None: all)
         self.type_ids = type_ids  # int8 beside `ids`: a pair's segment of each token (or None)
+        # How the rows were tokenized (None: not known), for the export: `predict` reads as the
+        # model was trained.
+        self.max_length, self.pairs = max_length, pairs
 
     def __len__(self) -> int:
         return len(self.labels) if self.rows is None else len(self.rows)
@@ -68,7 +72,8 @@ class TokenizedDataset(Dataset):
         """A view of these rows (numbered from 0 again); the token arrays are shared."""
         picked = np.asarray(indices, dtype=np.int64)
         rows = picked if self.rows is None else self.rows[picked]
-        return TokenizedDataset(self.ids, self.offsets, self.labels, rows, self.type_ids)
+        return TokenizedDataset(self.ids, self.offsets, self.labels, rows, self.type_ids,
+                                self.max_length, self.pairs)
 
     @classmethod
     def from_texts(cls, texts: Sequence[str], labels: Sequence[Any] | np.ndarray, tokenizer: Any,
@@ -105,7 +110,8 @@ class TokenizedDataset(Dataset):
         if truncated:
             log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
                      truncated, len(lengths), max_length)
-        return cls(ids, offsets, as_targets(labels), type_ids=type_ids)
+        return cls(ids, offsets, as_targets(labels), type_ids=type_ids, max_length=max_length,
+                   pairs=pairs is not None)
 
     def save(self, folder: Path) -> None:
         for name in ("ids", "offsets", "labels", "type_ids"):
