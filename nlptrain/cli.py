@@ -112,13 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_train(args: argparse.Namespace) -> None:
-    """Before `--nproc` starts workers: the task, and that each `--callback` file exists (each
-    worker loads it; a typo would be one error a rank)."""
-    resolve_task(args)
+    """Before `--nproc` starts workers: the task, that each `--callback` file exists (each
+    worker loads it), and that a resume fits the run: a mistake is one error, not one a rank."""
+    task = resolve_task(args)
     for spec in args.callback:
         where = spec.rpartition(":")[0]
         if where.endswith(".py") and not Path(where).is_file():
             raise ConfigError(f"--callback {spec}: file {where} not found")
+    if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
+        from nlptrain.runs import check_resume
+
+        check_resume(Path(args.output_dir), task.to_dict())
 
 
 def load_object(spec: str) -> Any:

@@ -157,18 +157,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     callbacks = callbacks or []
     saved = read_config(folder)
     if saved is not None and resume:
-        # Training options (epochs, cadences, ...) may change on resume; data and model may not.
-        changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
-        if changed:
-            was = saved["task"]
-            what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
-                    and isinstance(was.get(k), dict) for key, value in task[k].items()
-                    if value != was[k].get(key)] or [f"task {was.get('name')!r} -> {task['name']!r}"]
-            raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)} "
-                              f"({', '.join(what)}); resume with the same task, or pick another "
-                              "--output-dir")
-        check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
-        check_best_metric_kept(folder, task, saved["task"])
+        check_resume(folder, task, saved)
         changed = changed_settings(saved["task"].get("train", {}), task["train"])
         if changed:  # said: a resume's command line may differ from the run's without meaning to
             log.info("resume with changed settings: %s", ", ".join(changed))
@@ -203,6 +192,26 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None, "callbacks": callbacks}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | None = None) -> None:
+    """Refuse a resume of the run in `folder` (its config.json: `saved`) with `task` where the
+    checkpoint would not fit; also called before `--nproc` starts workers, so that the error is
+    said once. Training options (epochs, cadences, lr, ...) may change; data and model may not."""
+    saved = saved if saved is not None else read_config(folder)
+    if saved is None:
+        return
+    changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
+    if changed:
+        was = saved["task"]
+        what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
+                and isinstance(was.get(k), dict) for key, value in task[k].items()
+                if value != was[k].get(key)] or [f"task {was.get('name')!r} -> {task['name']!r}"]
+        raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)} "
+                          f"({', '.join(what)}); resume with the same task, or pick another "
+                          "--output-dir")
+    check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
+    check_best_metric_kept(folder, task, saved["task"])
 
 
 def changed_settings(before: dict[str, Any], after: dict[str, Any],

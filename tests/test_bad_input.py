@@ -376,6 +376,15 @@ def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message)
     assert code == 1 and f"error: {message}" in err, err
 
 
+def test_a_resume_the_run_cannot_take_is_one_error_before_any_worker_starts(capsys, toy_task,
+                                                                           tmp_path):
+    run = tmp_path / "run"
+    assert train(capsys, toy_task, run, "--epochs", "1")[0] == 0
+    code, err = train(capsys, toy_task, run, "--resume", "--seed", "7", "--nproc", "2")
+    assert code == 1 and err.count("error:") == 1, err
+    assert "a resume keeps the run's data order" in err and "launched by" not in err, err
+
+
 def test_a_missing_callback_file_is_one_error_before_any_worker_starts(capsys, toy_task, tmp_path):
     missing = tmp_path / "nope.py"
     code, err = train(capsys, toy_task, tmp_path / "run", "--nproc", "2", "--callback",
