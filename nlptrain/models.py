@@ -111,16 +111,20 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     return model
 
 
-def prepare_for_training(model: Any, config: Any, train_data: Any = None) -> None:
-    """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
-    their names, for checkpoints and export): activation checkpointing, then torch.compile. And
-    how `train_data` was tokenized, in the model's config (saved with every export), so that
-    `predict` reads pairs and truncates as training did."""
+def record_how_rows_were_read(model: Any, train_data: Any) -> None:
+    """How `train_data` was tokenized (max_length, pairs), in the model's config, which every
+    export saves: `predict` then reads pairs and truncates as training did. Only where the data
+    says (a TokenizedDataset from from_texts or the task's cache)."""
     model_config = getattr(model, "config", None)
-    known = getattr(train_data, "pairs", None) is not None  # a TokenizedDataset that was told
+    known = getattr(train_data, "pairs", None) is not None
     if model_config is not None and known and getattr(train_data, "max_length", None):
         model_config.nlptrain_max_length = train_data.max_length
         model_config.nlptrain_text_pair = bool(train_data.pairs)
+
+
+def prepare_for_training(model: Any, config: Any) -> None:
+    """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
+    their names, for checkpoints and export): activation checkpointing, then torch.compile."""
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
     if config.compile:
