@@ -36,6 +36,7 @@ from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.events import Callback
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
+from nlptrain.models import record_how_rows_were_read
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -106,6 +107,7 @@ class PerRankData(Callback):
         rank = trainer.dist.rank
         part = self.manifest.part_path(self.folder, rank)
         dataset = self._load(part, trainer)
+        record_how_rows_were_read(trainer.unwrapped_model, dataset)  # for the export's predict
         if len(dataset) != self.manifest.rows[rank]:
             raise DataError(f"{part}: {len(dataset)} rows, but the manifest says "
                             f"{self.manifest.rows[rank]}; the file changed: run split again")
@@ -179,7 +181,9 @@ class PerRankData(Callback):
                         {"per_rank": part.name, "labels": [labels.values, labels.names],
                          "kind": [self.kind.name, getattr(self.kind, "separator", None)],
                          "pairs": self.pairs})
-        return cached(self.cache_dir / key, build)[0]
+        dataset = cached(self.cache_dir / key, build)[0]
+        dataset.max_length, dataset.pairs = self.max_length, self.pairs  # a cache maps ids only
+        return dataset
 
 
 def read_part(spec: FileSpec) -> Examples:

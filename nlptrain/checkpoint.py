@@ -273,4 +273,18 @@ def export_model(model: torch.nn.Module, tokenizer: Any, folder: str | Path,
             else:
                 save_file(state_dict, str(staging / "model.safetensors"))
         if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
+            save_tokenizer(tokenizer, staging, getattr(getattr(model, "config", None),
+                                                       "nlptrain_max_length", None))
+
+
+def save_tokenizer(tokenizer: Any, folder: Path, max_length: int | None) -> None:
+    """`save_pretrained`, with `model_max_length` the length the rows were truncated at in
+    training, where known: `pipeline(..., truncation=True)` then truncates the export's input as
+    training did (not at the tokenizer's own 512). The caller's tokenizer is left as it was."""
+    own = getattr(tokenizer, "model_max_length", None)
+    if max_length and own is not None:
+        tokenizer.model_max_length = max_length
+    try:
+        tokenizer.save_pretrained(folder)
+    finally:
+        tokenizer.model_max_length = own

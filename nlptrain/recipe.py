@@ -99,8 +99,6 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             "(--valid-size 0.1), or drop early_stopping.")
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
-    # In the exported config.json: `predict` then asks for pairs where the model needs them.
-    model.config.nlptrain_text_pair = pairs
     if train_file:  # `predict` reads the same columns unless told otherwise
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column}
@@ -122,9 +120,6 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             trainer.fit()
             results = final_metrics(trainer, sets, best, run_dir)
             found = trainer.predictions if results["test"] else None  # the test set's, if scored
-            # The export truncates as training did: pipeline(..., truncation=True) and a copied
-            # model/ folder's predict read the length from the tokenizer's config.
-            tokenizer.model_max_length = task.model.max_length
             trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank
             dist.on_main(lambda: write_outputs(run_dir, results, task, sets, found))
         finally:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from kinds_data import write_kind_task
+
 from nlptrain.cli import main
 
 
@@ -45,6 +48,9 @@ def test_an_export_from_the_python_api_keeps_how_its_rows_were_read(tmp_path, ti
     trainer.strategy.export(trainer.model, tokenizer, tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert (saved["nlptrain_max_length"], saved["nlptrain_text_pair"]) == (24, True)
+    # pipeline(..., truncation=True) truncates at 24 too; the caller's tokenizer is left as it was
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "model")).model_max_length == 24
+    assert tokenizer.model_max_length != 24
     (tmp_path / "in.tsv").write_text("text\ttext_pair\na good film\tit felt fine\n")
     assert main(["predict", "--model", str(tmp_path / "model"), "--input", str(tmp_path / "in.tsv"),
                  "--log-level", "info"]) == 0
@@ -53,3 +59,22 @@ def test_an_export_from_the_python_api_keeps_how_its_rows_were_read(tmp_path, ti
     assert main(["predict", "--model", str(tmp_path / "model"), "--input", str(tmp_path / "in.tsv"),
                  "--text-pair-column", ""]) == 1
     assert "was trained on text pairs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["streaming", "per-rank files"])
+def test_an_export_from_rows_read_per_rank_keeps_how_they_were_read(tmp_path, tiny_model_dir, how):
+    """A pair task read as a stream or from per-rank files (no rank holds the train set) records
+    its max_length and pairs too, and the exported tokenizer truncates at the task's 32."""
+    from transformers import AutoTokenizer
+
+    task = write_kind_task(tmp_path, tiny_model_dir, "pair", epochs=1)
+    extra = ["--streaming"]
+    if how == "per-rank files":
+        assert main(["split", "--task", str(task), "--world-size", "1",
+                     "--out", str(tmp_path / "parts")]) == 0
+        extra = ["--train-shards", str(tmp_path / "parts")]
+    assert main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run"), *extra]) == 0
+    model = tmp_path / "run" / "model"
+    saved = json.loads((model / "config.json").read_text())
+    assert (saved["nlptrain_max_length"], saved["nlptrain_text_pair"]) == (32, True)
+    assert AutoTokenizer.from_pretrained(str(model)).model_max_length == 32

@@ -70,6 +70,11 @@ class StreamingDataset(IterableDataset):
                    task.model.max_length, dist.rank, dist.world_size, task.train.seed,
                    task.data.shuffle_buffer, label_values=vocab.values, kind=from_task(task))
 
+    @property
+    def pairs(self) -> bool:
+        """Whether rows hold a second text (as `TokenizedDataset.pairs`)."""
+        return self.spec.text_pair_column != ""
+
     def set_epoch(self, epoch: int) -> None:
         self._epoch.fill_(epoch)
 
