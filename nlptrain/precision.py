@@ -93,6 +93,8 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
     if requested not in PRECISIONS:
         raise ValueError(f"unknown precision {requested!r}; use one of {', '.join(PRECISIONS)}")
     if requested != "auto":
+        if requested == "fp16" and device.type == "cpu" and (dist is None or dist.is_main):
+            warn_if_fp16_is_slow_here()
         return PrecisionChoice(requested, requested, "asked for")
     kept = saved_precision(resumed_from) if resumed_from is not None else None
     pinned = os.environ.get(PIN_VARIABLE, "")
@@ -142,10 +144,24 @@ def probe_cpu(attempts: int = PROBE_ATTEMPTS) -> dict[str, float]:
     return {**best, "attempts": tried}
 
 
-def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
-    """Best of up to `repeats` timings of one (tokens x hidden) @ (hidden x width) matmul in fp32
-    and in bf16, interleaved so that a noisy neighbour slows both alike. A CPU without bf16 units
-    takes ~40x longer in bf16: the budget bounds that.
+def warn_if_fp16_is_slow_here() -> None:
+    """fp16 asked for on a CPU: said when its matmuls are not clearly faster than fp32's (most
+    CPUs have no fp16 units; this Xeon's AMX has bf16's), with what would be faster."""
+    probe = probe_cpu_matmuls(precisions=("fp32", "bf16", "fp16"))
+    if probe["fp16_speedup"] >= CLEARLY_FASTER:
+        return
+    faster = "bf16 (--precision bf16, or auto)" if probe["bf16_speedup"] >= CLEARLY_FASTER \
+        else "fp32"
+    log.warning("precision fp16 on a CPU: fp16 matmuls run %.2fx as fast as fp32's here (bf16's "
+                "%.2fx), and fp16 adds a loss scaler; %s trains faster on this CPU",
+                probe["fp16_speedup"], probe["bf16_speedup"], faster)
+
+
+def probe_cpu_matmuls(repeats: int = 3,
+                      precisions: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, float]:
+    """Best of up to `repeats` timings of one (tokens x hidden) @ (hidden x width) matmul in each
+    of `precisions` (fp32 first), interleaved so that a noisy neighbour slows all alike. A CPU
+    without bf16 units takes ~40x longer in bf16: the budget bounds that.
 
     On one thread: whether the cores have bf16 units is the question, and a multi-threaded matmul
     on a busy machine times the threads' waits for each other, not the units (two busy processes
@@ -154,12 +170,13 @@ def probe_cpu_matmuls(repeats: int = 3) -> dict[str, float]:
     generator = torch.Generator().manual_seed(0)
     a32 = torch.randn(tokens, hidden, generator=generator)
     b32 = torch.randn(hidden, width, generator=generator)
-    a16, b16 = a32.bfloat16(), b32.bfloat16()
-    inputs = {"fp32": (a32, b32), "bf16": (a16, b16)}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    inputs = {name: (a32.to(dtypes[name]), b32.to(dtypes[name])) for name in precisions}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        probe = best_of_interleaved(lambda name: torch.mm(*inputs[name]), repeats, PROBE_BUDGET_S)
+        probe = best_of_interleaved(lambda name: torch.mm(*inputs[name]), repeats, PROBE_BUDGET_S,
+                                    precisions)
     finally:
         torch.set_num_threads(threads)
     return {**probe, "threads": 1}
@@ -188,11 +205,13 @@ def probe_job_step(job_step: JobStep, device: torch.device, repeats: int = 5) ->
     return best_of_interleaved(run, repeats, STEP_PROBE_BUDGET_S)
 
 
-def best_of_interleaved(run: Callable[[str], Any], repeats: int, budget_s: float) -> dict[str, float]:
-    """The best of up to `repeats` timings of `run("fp32")` and `run("bf16")`, interleaved so that
-    a noisy neighbour slows both alike, after one untimed round of each (warm-up); it stops after
-    any timed round once `budget_s` has passed (a CPU without bf16 units takes ~40x longer)."""
-    best = {"fp32": float("inf"), "bf16": float("inf")}
+def best_of_interleaved(run: Callable[[str], Any], repeats: int, budget_s: float,
+                        precisions: tuple[str, ...] = ("fp32", "bf16")) -> dict[str, float]:
+    """The best of up to `repeats` timings of `run(name)` for each of `precisions` (fp32 first),
+    interleaved so that a noisy neighbour slows all alike, after one untimed round of each
+    (warm-up); it stops after any timed round once `budget_s` has passed (a CPU without bf16
+    units takes ~40x longer). Each other precision's speed-up is over fp32 (`bf16_speedup`)."""
+    best = dict.fromkeys(precisions, float("inf"))
     began = time.perf_counter()
     for attempt in range(repeats + 1):
         for name in best:
@@ -202,8 +221,8 @@ def best_of_interleaved(run: Callable[[str], Any], repeats: int, budget_s: float
                 best[name] = min(best[name], time.perf_counter() - start)
         if attempt and time.perf_counter() - began > budget_s:
             break
-    return {"fp32_ms": best["fp32"] * 1e3, "bf16_ms": best["bf16"] * 1e3,
-            "bf16_speedup": best["fp32"] / best["bf16"],
+    return {**{f"{name}_ms": seconds * 1e3 for name, seconds in best.items()},
+            **{f"{name}_speedup": best["fp32"] / best[name] for name in precisions[1:]},
             "probe_ms": (time.perf_counter() - began) * 1e3}
 
 

@@ -241,3 +241,28 @@ def test_the_cpu_probe_tries_again_while_bf16_looks_slow_and_keeps_its_best(monk
     assert (found["bf16_speedup"], found["attempts"]) == (0.04, 3)
     probes([4.0])
     assert precision.probe_cpu()["attempts"] == 1
+
+
+def test_fp16_asked_for_on_a_cpu_without_fp16_units_says_what_is_faster(monkeypatch, caplog):
+    """fp16 is kept as asked, but where its matmuls are not clearly faster than fp32's (most
+    CPUs) the log says so and names the faster precision, measured the same way as "auto"."""
+    import nlptrain.precision as precision
+
+    probe = probe_cpu_matmuls(precisions=("fp32", "bf16", "fp16"))
+    assert probe["fp16_speedup"] == pytest.approx(probe["fp32_ms"] / probe["fp16_ms"])
+
+    def measured(fp16: float, bf16: float) -> None:
+        monkeypatch.setattr(precision, "probe_cpu_matmuls", lambda precisions: {
+            "fp16_speedup": fp16, "bf16_speedup": bf16})
+
+    for fp16, bf16, said in ((0.9, 5.2, "bf16 (--precision bf16, or auto) trains faster"),
+                             (0.1, 0.03, "fp32 trains faster"), (3.0, 3.0, None)):
+        measured(fp16, bf16)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="nlptrain"):
+            assert choose("fp16", torch.device("cpu")).precision == "fp16"
+        if said is None:  # a CPU with fp16 units: nothing to say
+            assert not caplog.records
+        else:
+            assert f"fp16 matmuls run {fp16:.2f}x as fast as fp32's here" in caplog.text
+            assert said in caplog.text, caplog.text
