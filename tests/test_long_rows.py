@@ -24,6 +24,7 @@ def test_a_1mb_row_is_read_truncated_and_counted(tmp_path, tiny_model_dir, caplo
     assert [len(t) for t in examples.texts] == [9, len(LONG), 7]
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     with caplog.at_level(logging.INFO, logger="nlptrain"):
-        data = TokenizedDataset.from_texts(examples.texts, [1, 0, 1], tokenizer, max_length=32)
+        data = TokenizedDataset.from_texts(examples.texts, [1, 0, 1], tokenizer, max_length=32,
+                                           what="train")
     assert list(data.lengths) == [4, 32, 3]  # [CLS] ... [SEP]
-    assert "1 of 3 rows were longer than max_length (32 tokens) and were truncated" in caplog.text
+    assert "train: 1 of 3 rows were longer than max_length (32 tokens) and were truncated" in caplog.text

@@ -157,8 +157,9 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
 
         def tokenize(begin: int, end: int) -> TokenizedDataset:
             pairs = None if examples.pairs is None else examples.pairs[begin:end]
+            part = what if (begin, end) == (0, len(examples)) else f"{what} rows {begin}-{end}"
             return TokenizedDataset.from_texts(examples.texts[begin:end], targets[begin:end],
-                                               tokenizer, max_length, pairs=pairs, what=what)
+                                               tokenizer, max_length, pairs=pairs, what=part)
         meta = {"rows": len(examples), "values": labels.values, "names": labels.names}
         return len(examples), meta, tokenize
 

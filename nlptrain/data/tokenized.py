@@ -108,8 +108,8 @@ class TokenizedDataset(Dataset):
         if typed:
             type_ids = np.concatenate(type_pieces) if type_pieces else np.zeros(0, dtype=np.int8)
         if truncated:
-            log.info("%d of %d rows were longer than max_length (%d tokens) and were truncated",
-                     truncated, len(lengths), max_length)
+            log.info("%s: %d of %d rows were longer than max_length (%d tokens) and were truncated",
+                     what, truncated, len(lengths), max_length)
         return cls(ids, offsets, as_targets(labels), type_ids=type_ids, max_length=max_length,
                    pairs=pairs is not None)
 
