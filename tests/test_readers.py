@@ -197,6 +197,7 @@ def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):
     ({"text": {"x": 1}, "label": "neg"}, r"b\.jsonl:2: the text is a dict"),
     ({"text": "ho", "label": {"a": 1}}, r"b\.jsonl:2: the label is a dict .* not a label or a list"),
     ({"text": "ho", "label": [["pos"]]}, r"b\.jsonl:2: the label is a list"),
+    ({"text": True, "label": "pos"}, r"b\.jsonl:2: the text is true \(a boolean\), not a string"),
 ])
 def test_a_json_container_where_a_text_or_label_belongs_is_refused_not_stringified(tmp_path, record,
                                                                                    message):

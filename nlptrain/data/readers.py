@@ -112,6 +112,9 @@ def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok:
             raise DataError(f"{path}:{line}: the {role} is a {type(value).__name__} "
                             f"({str(value)[:60]}), not " + ("a string" if role != "label" else
                                                             "a label or a list of labels"))
+        if role != "label" and isinstance(value, bool):  # str() would train on "True"
+            raise DataError(f"{path}:{line}: the {role} is {str(value).lower()} (a boolean), "
+                            "not a string: is the column the right one?")
     if text is None or not str(text).strip():
         raise DataError(f"{path}:{line}: the row has no text")
     if "pair" in cells and (pair is None or not str(pair).strip()):
