@@ -119,10 +119,12 @@ def check_train(args: argparse.Namespace) -> None:
         where = spec.rpartition(":")[0]
         if where.endswith(".py") and not Path(where).is_file():
             raise ConfigError(f"--callback {spec}: file {where} not found")
-    if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
-        from nlptrain.runs import check_resume
+    from nlptrain.runs import check_free, check_resume
 
+    if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
         check_resume(Path(args.output_dir), task.to_dict())
+    elif args.output_dir and not args.overwrite:  # a refusal said once, and not restarted
+        check_free(Path(args.output_dir))
 
 
 def load_object(spec: str) -> Any:

@@ -28,7 +28,14 @@ from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
-from nlptrain.runs import RunDirLock, launch_run_dir, new_run_dir, prepare_run_dir, record_in_config
+from nlptrain.runs import (
+    RunDirLock,
+    began_in_this_launch,
+    launch_run_dir,
+    new_run_dir,
+    prepare_run_dir,
+    record_in_config,
+)
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")
@@ -143,7 +150,7 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
     def make() -> tuple[str, bool]:
         if opts.output_dir:
             folder, overwrite = Path(opts.output_dir), opts.overwrite
-            resume = opts.resume or launch.restart_count > 0
+            resume = opts.resume or (launch.restart_count > 0 and began_in_this_launch(folder, launch))
         else:  # a generated name: this launch's own on a restart, else new and empty, never
             # another run's (--resume and --overwrite are for a folder the user names)
             mine = launch_run_dir(task.name, launch=launch)

@@ -173,16 +173,16 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         saved["task"] = task
         saved.setdefault("resumes", []).append({
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": world_size,
-            "launcher": launch.name if launch else None, "changed": changed})
+            "launcher": launch.name if launch else None, "changed": changed,
+            "launcher_run_id": launch.run_id if launch else None})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
     if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen
         log.warning("%s: no run here to resume (no %s); a new run starts", folder, CONFIG_FILE)
-    contents = [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+    contents = _contents(folder)
     if saved is not None or contents:
         if not overwrite:
-            raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
-                              "--overwrite to replace it, or another --output-dir")
+            check_free(folder)
         for path in contents:  # the lock stays: this run holds it
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     folder.mkdir(parents=True, exist_ok=True)
@@ -192,6 +192,29 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "launch": launch.record() if launch else None, "callbacks": callbacks}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
+
+
+def _contents(folder: Path) -> list[Path]:
+    return [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+
+
+def check_free(folder: Path) -> None:
+    """Refuse `folder` for a new run (no --resume, no --overwrite) when it holds anything; also
+    called before `--nproc` starts workers."""
+    if read_config(folder) is not None or _contents(folder):
+        raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
+                          "--overwrite to replace it, or another --output-dir")
+
+
+def began_in_this_launch(folder: Path, launch: Environment) -> bool:
+    """Whether the run in `folder` was started or resumed by this launch (its run id): what a
+    launcher's restart resumes. A folder an earlier job left (which the first attempt refused to
+    touch) is not; where the launch has no id of its own, it cannot be told, and counts."""
+    saved = read_config(folder)
+    if launch.run_id is None or saved is None:
+        return True
+    return launch.run_id in [saved.get("launcher_run_id"),
+                             *(r.get("launcher_run_id") for r in saved.get("resumes", []))]
 
 
 def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | None = None) -> None:

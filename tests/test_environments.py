@@ -209,3 +209,34 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
     closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
                           "by peer [127.0.0.1]:41892")
     assert timed_out(recv) and not timed_out(closed) and is_peer_failure(closed)
+
+
+def test_a_restart_resumes_only_a_run_its_own_launch_began_or_resumed(tmp_path):
+    """`--max-restarts` on a folder holding an older job's run: the first attempt refuses it
+    ("already holds a run"), and the restart must refuse again, not resume and overwrite it."""
+    from nlptrain.runs import began_in_this_launch, prepare_run_dir
+
+    def launch(run_id: str, restart: int = 0):
+        return detect({**TORCHRUN, "TORCHELASTIC_RUN_ID": run_id,
+                       "TORCHELASTIC_RESTART_COUNT": str(restart)})
+
+    folder, task = tmp_path / "run", {"name": "toy", "data": {}, "model": {}, "train": {}}
+    prepare_run_dir(folder, task, 2, resume=False, overwrite=False, launch=launch("a"))
+    assert began_in_this_launch(folder, launch("a", 1))
+    assert not began_in_this_launch(folder, launch("b", 1))  # an older job's run
+    prepare_run_dir(folder, task, 2, resume=True, overwrite=False, launch=launch("b"))
+    assert began_in_this_launch(folder, launch("b", 1))  # resumed by "b": its restart goes on
+    assert began_in_this_launch(folder, launch("none", 1))  # no id to tell by: as before
+    assert began_in_this_launch(tmp_path / "empty", launch("c", 1))
+
+
+def test_a_folder_holding_a_run_is_refused_before_nproc_starts_workers(toy_task, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text('{"task": {}}')
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--nproc", "2",
+            "--max-restarts", "1"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert f"{run}: already holds a run; use --resume" in err and "launched by" not in err
+    assert (run / "config.json").read_text() == '{"task": {}}'
