@@ -295,6 +295,29 @@ def _rank_prefix() -> str:
     return "" if rank == 0 else f"[rank {rank}] "
 
 
+def _drop_stdout() -> None:
+    """Send what is left in stdout's buffer nowhere: the interpreter's flush at exit would
+    raise the same error again, as a traceback."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout without a file (a capture)
+        pass
+
+
+def _flush_stdout() -> int | None:
+    """What a command wrote to stdout (`eval --json`, `predict`), flushed now: a full disk is
+    one line here, not a traceback at exit."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as err:
+        _drop_stdout()
+        print(f"error: stdout: cannot be written ({err.strerror or err})", file=sys.stderr)
+        return 1
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
@@ -318,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             code = start_workers(args, argv, lambda: check(args))
             if code is not None:
                 return code
-        return args.handler(args)
+        code = args.handler(args)
+        return _flush_stdout() or code
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)
         tell_launcher(f"stopped: {str(err).split(':')[0]} (see the root cause)", follows=True)
@@ -345,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
         tell_launcher("stopped: another rank failed (see its error)", follows=True)
         return 1
+    except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
+        _drop_stdout()
+        return 141  # as a shell counts a process ended by SIGPIPE
     except KeyboardInterrupt:  # a second Ctrl-C (the first finishes the step and checkpoints)
         print(f"{_rank_prefix()}interrupted: stopped at once, without waiting for the step under "
               "way; a run goes on from its last whole checkpoint with train --resume",

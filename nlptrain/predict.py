@@ -12,13 +12,16 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from nlptrain.durable import open_durably
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, NlptrainError
 from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
@@ -129,15 +132,44 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
 
 def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list[str],
                  all_probs: bool) -> None:
-    if not output or output == "-":
-        write_rows(rows, sys.stdout, fmt, names, all_probs)
-        sys.stdout.flush()
+    """To stdout, or to the file `output`, replaced whole (never half a file); a link's target
+    is the file replaced, and a device or a pipe (/dev/null, a fifo) is written to as it is."""
+    to_stdout = not output or output == "-"
+    try:
+        if to_stdout:
+            write_rows(rows, sys.stdout, fmt, names, all_probs)
+            sys.stdout.flush()
+            return
+        path = Path(output).resolve()
+        durably = not path.exists() or path.is_file()
+        with (open_durably if durably else open)(path, "w", encoding="utf-8", newline="\n") as handle:
+            write_rows(rows, handle, fmt, names, all_probs)
+    except BrokenPipeError:  # `predict ... | head`: the reader has what it wanted (cli.main)
+        raise
+    except OSError as err:
+        raise NlptrainError(f"{'stdout' if to_stdout else output}: the predictions cannot be "
+                            f"written ({err.strerror or err})") from None
+    log.info("%s: predictions written", output)
+
+
+@contextmanager
+def readable_input(name: str) -> Iterator[Path]:
+    """`--input` as a file the readers can open more than once: standard input (`-`) or a pipe
+    (/dev/stdin, a shell's <(...)) is copied to a temporary file first (read as lines unless
+    --input-format says otherwise)."""
+    path = Path(name)
+    if name != "-" and (not path.exists() or path.is_file() or path.is_dir()):
+        yield path  # (a missing file or a folder: the reader says so)
         return
-    path = Path(output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open_durably(path, "w", encoding="utf-8", newline="\n") as handle:  # never half a file
-        write_rows(rows, handle, fmt, names, all_probs)
-    log.info("%s: predictions written", path)
+    with tempfile.TemporaryDirectory(prefix="nlptrain-input-") as folder:
+        copy = Path(folder) / ("stdin" if name == "-" else path.name)
+        with open(copy, "wb") as out:
+            if name == "-":
+                shutil.copyfileobj(sys.stdin.buffer, out)
+            else:
+                with open(path, "rb") as source:
+                    shutil.copyfileobj(source, out)
+        yield copy
 
 
 def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -> None:
@@ -172,7 +204,11 @@ def check_files(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: a mistake in the files is one error, not one a rank."""
     from nlptrain.data.readers import open_checked
 
-    open_checked(Path(args.input), "input")
+    path = Path(args.input)
+    if args.input == "-" or (path.exists() and not path.is_file() and not path.is_dir()):
+        raise ConfigError(f"--input {args.input}: a stream is read by one process; drop --nproc, "
+                          "or give a file")
+    open_checked(path, "input")
     if not (Path(args.model) / "config.json").is_file():
         raise ConfigError(f"{args.model}: no config.json; give a saved model folder (a run's model/)")
     check_output(args.output, args.input)
@@ -188,8 +224,11 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
     args.text_column, args.text_pair_column = input_columns(args)
-    texts = dist.on_main(lambda: read_texts(Path(args.input), args.input_format, args.text_column,
-                                            args.text_pair_column))
+    def read() -> Any:
+        with readable_input(args.input) as path:
+            return read_texts(path, args.input_format, args.text_column, args.text_pair_column)
+
+    texts = dist.on_main(read)
     tokenizer = load_tokenizer(args.model)
     model = load_saved_model(args.model)
     kind = from_model_config(model.config)
@@ -250,7 +289,8 @@ def add_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a saved model folder (a run's model/)")
     parser.add_argument("--input", required=True, metavar="FILE",
-                        help="texts: .tsv/.csv with a header row, .jsonl, or one text per line")
+                        help="texts: .tsv/.csv with a header row, .jsonl, or one text per line; "
+                        "'-': standard input (one text per line unless --input-format says)")
     parser.add_argument("--output", metavar="FILE",
                         help="where to write (.tsv or .jsonl; default: stdout, TSV)")
     parser.add_argument("--format", choices=["tsv", "jsonl"],

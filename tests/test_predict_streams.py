@@ -1,0 +1,71 @@
+"""`predict`'s input and output as a shell user meets them: standard input, a link, a device,
+a full disk, a reader that stops early. Each is what the user asked for or one line, never a
+traceback, and never a device or a link replaced by a plain file."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import child_env
+
+from nlptrain.cli import main
+
+
+def predict(model: Path, *args: str) -> list[str]:
+    return ["predict", "--model", str(model), *args]
+
+
+def test_texts_come_from_standard_input_with_dash(tiny_model_dir: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"great film\nawful film\n")))
+    assert main(predict(tiny_model_dir, "--input", "-")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("\t")[-1] for line in lines] == ["text", "great film", "awful film"]
+    assert main(predict(tiny_model_dir, "--input", "-", "--nproc", "2")) == 1
+    assert "--input -: a stream is read by one process; drop --nproc" in capsys.readouterr().err
+
+
+def test_an_output_link_keeps_pointing_at_its_file_which_gets_the_predictions(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("good\nbad\n")
+    (tmp_path / "target.tsv").write_text("old\n")
+    (tmp_path / "link.tsv").symlink_to("target.tsv")
+    assert main(predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"),
+                        "--output", str(tmp_path / "link.tsv"))) == 0
+    assert (tmp_path / "link.tsv").is_symlink()
+    assert len((tmp_path / "target.tsv").read_text().splitlines()) == 3  # header + 2 rows
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_devices_are_written_to_not_replaced_and_a_full_one_is_one_line(
+        tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    (tmp_path / "in.txt").write_text("good\n")
+    args = predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"), "--format", "tsv")
+    assert main([*args, "--output", "/dev/null"]) == 0
+    assert main([*args, "--output", "/dev/full"]) == 1
+    assert "error: /dev/full: the predictions cannot be written (No space left on device)" in \
+        capsys.readouterr().err
+    assert all(stat.S_ISCHR(os.stat(device).st_mode) for device in ("/dev/null", "/dev/full"))
+    with open("/dev/full", "w") as full:  # stdout on a full disk
+        done = subprocess.run([sys.executable, "-m", "nlptrain", *args], stdout=full,
+                              stderr=subprocess.PIPE, text=True, env=child_env(), timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "error: stdout: the predictions cannot be written (No space left on device)" in done.stderr
+
+
+def test_a_reader_that_stops_early_ends_predict_quietly(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`predict ... | head -1`: exit 141 as for SIGPIPE, and no BrokenPipeError traceback."""
+    (tmp_path / "in.txt").write_text("".join(f"text {i}\n" for i in range(10_000)))
+    command = [sys.executable, "-m", "nlptrain", *predict(tiny_model_dir, "--input",
+                                                          str(tmp_path / "in.txt"))]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=child_env(), text=True) as child:
+        assert child.stdout.readline().startswith("row\tline")
+        child.stdout.close()  # the reader goes away
+        err = child.stderr.read()
+    assert child.returncode == 141 and "Traceback" not in err, err
