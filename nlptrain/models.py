@@ -210,4 +210,12 @@ def load_saved_model(name: str) -> Any:
     from transformers import AutoModelForSequenceClassification
 
     quiet_transformers()
-    return AutoModelForSequenceClassification.from_pretrained(str(resolve_model_path(name)))
+    model, loading = AutoModelForSequenceClassification.from_pretrained(
+        str(resolve_model_path(name)), output_loading_info=True)
+    missing = sorted(loading["missing_keys"])
+    if missing:  # e.g. a pre-trained encoder: transformers would score with a random head
+        raise ConfigError(f"{name}: not a fine-tuned classifier: its weights lack "
+                          f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}, which "
+                          "would start at random; give a run's model/ folder, or fine-tune this "
+                          f"one first (train --model {name})")
+    return model

@@ -119,6 +119,24 @@ def test_a_run_directory_or_a_model_without_tokenizer_is_a_clear_error(
         run_predict(args, SingleProcess())
 
 
+def test_a_pre_trained_encoder_without_a_classifier_head_is_refused_by_predict_and_eval(
+        tmp_path: Path, tiny_model_dir: Path, toy_task: Path, capsys) -> None:
+    """transformers would add a random head and score with it (labels LABEL_0, LABEL_1, new
+    probabilities each time): such a folder is a model to fine-tune, not one to score with."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    encoder = tmp_path / "encoder"
+    BertModel(BertConfig.from_pretrained(tiny_model_dir)).save_pretrained(encoder)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(encoder)
+    (tmp_path / "in.txt").write_text("hello\n")
+    said = f"{encoder}: not a fine-tuned classifier: its weights lack classifier.bias, " \
+           "classifier.weight, which would start at random"
+    assert main(["predict", "--model", str(encoder), "--input", str(tmp_path / "in.txt")]) == 1
+    assert said in capsys.readouterr().err
+    assert main(["eval", "--model", str(encoder), "--task", str(toy_task)]) == 1
+    assert said in capsys.readouterr().err
+
+
 def test_read_texts_formats(tmp_path: Path) -> None:
     (tmp_path / "a.csv").write_text('label,text\nx,"hello, world"\ny,"say ""hi"""\n')
     assert read_texts(tmp_path / "a.csv").texts == ["hello, world", 'say "hi"']
