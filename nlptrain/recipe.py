@@ -6,6 +6,7 @@ directory is touched), build the trainer with its callbacks, train, test, export
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -258,6 +259,26 @@ def log_sizes(task: TaskConfig, sets: Any, dist: distributed.Backend) -> None:
         batch = (f"batch {train.batch_size} per process{accumulated}, "
                  f"{train.batch_size * train.grad_accum * dist.world_size} per optimizer step")
     log.info("%d process(es) on %s: %s", dist.world_size, dist.device, batch)
+    log.info("training: %s", settings_line(task))
+
+
+SHOWN_SETTINGS = ("epochs", "lr", "scheduler", "warmup_ratio", "weight_decay", "max_grad_norm", "seed")
+SAID_ELSEWHERE = ("batch_size", "grad_accum", "max_tokens", "precision")  # their own lines
+
+
+def settings_line(task: TaskConfig) -> str:
+    """The [train] settings a run is most often told apart by, then any other that differs from
+    its default (config.json holds them all)."""
+    train, default = task.train, type(task.train)()
+    changed = [f.name for f in dataclasses.fields(train) if f.name not in SHOWN_SETTINGS +
+               SAID_ELSEWHERE and getattr(train, f.name) != getattr(default, f.name)]
+
+    def said(name: str) -> str:
+        value = getattr(train, name)
+        return f"{name} {value:g}" if isinstance(value, float) else f"{name} {value}"
+
+    line = ", ".join([*map(said, SHOWN_SETTINGS), f"max_length {task.model.max_length}"])
+    return line + (f"; also {', '.join(map(said, changed))}" if changed else "")
 
 
 def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Backend,

@@ -124,6 +124,9 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
         if not sep:
             raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
         section, _, name = dotted.strip().partition(".")
+        twice = [flag for flag, key in given if key == f"[{section}] {name}"]
+        if twice:  # else the later one would win without a word
+            raise ConfigError(f"{twice[0]} and --set {item} both set [{section}] {name}; give one")
         given.append((f"--set {item}", f"[{section}] {name}"))
         apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
     if given:  # the task file alone was checked when it was read

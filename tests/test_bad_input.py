@@ -278,30 +278,6 @@ def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_pat
     assert err.count("error:") == 1 and "Traceback" not in err
 
 
-def test_an_override_reaches_one_files_own_table(toy_task):
-    from nlptrain.cli import build_parser, resolve_task
-    from nlptrain.config import file_spec
-
-    args = build_parser().parse_args(["train", "--task", str(toy_task), "--set",
-                                      "data.test.header=false", "--set", "data.valid.path=v.tsv"])
-    task = resolve_task(args)
-    assert (file_spec(task, "test").path, file_spec(task, "test").header) == ("test.tsv", False)
-    assert file_spec(task, "train").header and file_spec(task, "valid").path == "v.tsv"
-
-
-@pytest.mark.parametrize("typed", ["1,3", "1, 3", "[1, 3]"])
-def test_a_list_option_takes_the_commas_people_type(toy_task, typed):
-    from nlptrain.cli import build_parser, resolve_task
-    from nlptrain.config import file_spec
-
-    task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
-                                                   "--class-weights", typed]))
-    assert task.train.class_weights == [1, 3]
-    named = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
-                                                    "--text-column", "a,b"]))
-    assert file_spec(named, "train").text_column == "a,b"  # no list of numbers: left as typed
-
-
 def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
     with pytest.raises(SystemExit) as stop:
         main(["train", "--task", str(toy_task), "--log-level", "verbose"])

@@ -1,0 +1,49 @@
+"""Task options on the command line: `--lr`-style flags and `--set section.key=value`, each
+reaching the key it names, typed as people type them, and never two for one key."""
+
+from __future__ import annotations
+
+import pytest
+
+from nlptrain.cli import build_parser, resolve_task
+from nlptrain.config import file_spec
+from nlptrain.errors import ConfigError
+
+
+def test_an_override_reaches_one_files_own_table(toy_task):
+    args = build_parser().parse_args(["train", "--task", str(toy_task), "--set",
+                                      "data.test.header=false", "--set", "data.valid.path=v.tsv"])
+    task = resolve_task(args)
+    assert (file_spec(task, "test").path, file_spec(task, "test").header) == ("test.tsv", False)
+    assert file_spec(task, "train").header and file_spec(task, "valid").path == "v.tsv"
+
+
+@pytest.mark.parametrize("typed", ["1,3", "1, 3", "[1, 3]"])
+def test_a_list_option_takes_the_commas_people_type(toy_task, typed):
+    task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
+                                                   "--class-weights", typed]))
+    assert task.train.class_weights == [1, 3]
+    named = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
+                                                    "--text-column", "a,b"]))
+    assert file_spec(named, "train").text_column == "a,b"  # no list of numbers: left as typed
+
+
+@pytest.mark.parametrize("flags", [["--lr", "1e-4", "--set", "train.lr=3e-4"],
+                                   ["--set", "train.lr=3e-4", "--lr", "1e-4"]])
+def test_a_flag_and_a_set_for_the_same_key_are_refused_not_one_silently_lost(toy_task, flags):
+    args = build_parser().parse_args(["train", "--task", str(toy_task), *flags])
+    with pytest.raises(ConfigError, match=r"^--lr and --set train\.lr=3e-4 both set \[train\] lr; "
+                       r"give one$"):
+        resolve_task(args)
+
+
+def test_the_start_up_log_line_says_the_main_settings_and_every_other_changed_one(toy_task):
+    from nlptrain.recipe import settings_line
+
+    task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task), "--lr", "3e-5",
+                                                   "--eval-every", "5", "--batch-size", "4"]))
+    line = settings_line(task)
+    assert line.startswith(f"epochs {task.train.epochs}, lr 3e-05, scheduler linear, "
+                           "warmup_ratio 0.1, weight_decay 0.01, max_grad_norm 1, seed 42, "
+                           "max_length 32; also "), line
+    assert "eval_every 5" in line and "batch_size" not in line  # the batch has its own line
