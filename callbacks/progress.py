@@ -32,6 +32,7 @@ class ProgressBar(Callback):
         self.clock = clock
         self.bar: Any = None
         self._epoch_start: float | None = None
+        self._first_batch = 0  # where this process took the epoch up (a resume: mid-epoch)
         self._last_line = 0.0
 
     def _out(self) -> IO[str]:
@@ -51,6 +52,7 @@ class ProgressBar(Callback):
         if self._is_plain():
             if self._epoch_start is None:
                 self._epoch_start = self._last_line = self.clock()
+                self._first_batch = trainer.batch_in_epoch
         elif self.bar is None:  # the batch count is known only now (data may have been swapped)
             self.bar = tqdm(total=_batches_this_epoch(trainer), initial=trainer.batch_in_epoch,
                             desc=f"epoch {trainer.epoch + 1}/{trainer.config.epochs}",
@@ -68,7 +70,7 @@ class ProgressBar(Callback):
         if self._epoch_start is not None and now - self._last_line >= self.log_every_s:
             self._last_line = now
             done, total = trainer.batch_in_epoch, _batches_this_epoch(trainer)
-            rate = done / max(now - self._epoch_start, 1e-9)
+            rate = (done - self._first_batch) / max(now - self._epoch_start, 1e-9)
             left = (total - done) / rate if rate > 0 else 0.0
             self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs}: batch {done}/{total}"
                        f" ({100 * done / max(total, 1):.0f}%), loss {trainer.last_loss:.4f}, "
@@ -81,9 +83,11 @@ class ProgressBar(Callback):
 
     def on_epoch_end(self, trainer: Trainer) -> None:
         if self._is_plain() and self._epoch_start is not None:
+            resumed = f" (resumed after batch {self._first_batch})" if self._first_batch else ""
             self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs} done: "
-                       f"{trainer.batch_in_epoch} batches in "
-                       f"{_duration(self.clock() - self._epoch_start)}, step {trainer.global_step}")
+                       f"{trainer.batch_in_epoch - self._first_batch} batches in "
+                       f"{_duration(self.clock() - self._epoch_start)}{resumed}, "
+                       f"step {trainer.global_step}")
 
     def on_train_end(self, trainer: Trainer) -> None:
         self._close()

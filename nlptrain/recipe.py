@@ -183,11 +183,12 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
     """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
     scores_valid = sets.valid is not None  # else the evaluations score the test set
     callbacks: list[Callback] = [
-        ProgressBar(log_every_s=opts.progress_every_s,
-                    eval_name="validation" if scores_valid else "test", marks_best=scores_valid),
         MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
                      task.train.keep_checkpoints, task.train.checkpoint_minutes)]
+    if log.isEnabledFor(logging.INFO):  # progress is info: --log-level warning is quiet
+        callbacks.insert(0, ProgressBar(log_every_s=opts.progress_every_s, marks_best=scores_valid,
+                                        eval_name="validation" if scores_valid else "test"))
     best = SaveBestModel(run_dir / "best") if scores_valid else None
     if best is not None:
         callbacks.append(best)

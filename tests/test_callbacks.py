@@ -140,6 +140,31 @@ def test_progress_in_a_log_file_is_a_plain_line_every_n_seconds(tmp_path, tiny_m
     assert "0.10 batch/s, 30 s left in the epoch" in lines[0]
 
 
+def test_progress_after_a_mid_epoch_resume_counts_and_times_the_batches_it_trained(
+        tmp_path, tiny_model_dir, capsys):
+    """Resumed after batch 4 of 6: 2 batches in 20 s (not 6), at 0.10 batch/s (not 0.30)."""
+    from nlptrain.callbacks import Checkpointer, ProgressBar
+
+    now = [0.0]
+
+    class TenSecondsABatch(Callback):
+        def on_batch_end(self, trainer):
+            now[0] += 10.0
+            # asked after step 3, agreed in step 4's flags: the run stops (and saves) after step 4
+            trainer.should_stop = trainer.global_step == 3 and trainer.resumed_from is None
+
+    folder = tmp_path / "ckpt"
+    make_trainer(tmp_path, tiny_model_dir, [TenSecondsABatch(), Checkpointer(folder, every=2)],
+                 epochs=1, batch_size=4, resume_from=folder).fit()
+    capsys.readouterr()
+    bar = ProgressBar(log_every_s=0, plain=True, clock=lambda: now[0])
+    make_trainer(tmp_path, tiny_model_dir, [TenSecondsABatch(), bar], epochs=1, batch_size=4,
+                 resume_from=folder).fit()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch")]
+    assert lines[0].startswith("epoch 1/1: batch 5/6 (83%), ") and "0.10 batch/s" in lines[0]
+    assert lines[-1] == "epoch 1/1 done: 2 batches in 20 s (resumed after batch 4), step 6"
+
+
 def test_progress_counts_to_max_steps_where_it_ends_the_run_inside_the_epoch(
         tmp_path, tiny_model_dir, capsys):
     from nlptrain.callbacks import ProgressBar
@@ -164,3 +189,12 @@ def test_progress_names_the_set_it_scores_and_marks_best_only_where_a_best_is_ke
         lines = [line for line in capsys.readouterr().err.splitlines() if " at step " in line]
         assert [line.split(":")[0] for line in lines] == [f"{name} at step 3", f"{name} at step 6"]
         assert ("(best so far)" in lines[0]) == marks_best  # the first evaluation is the best yet
+
+
+def test_log_level_warning_leaves_out_the_progress_lines_too(toy_task, tmp_path, capsys):
+    from nlptrain.cli import main
+
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                 "--epochs", "1", "--log-level", "warning"]) == 0
+    err = capsys.readouterr().err
+    assert "epoch 1/1" not in err and "at step" not in err, err
