@@ -93,7 +93,8 @@ def add_launch_options(parser: argparse.ArgumentParser) -> None:
                         "torchrun): no launcher needed")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="with --nproc: restart all processes up to N times after a failure "
-                        "(train resumes from its latest checkpoint; default: 0)")
+                        "(a restarted train resumes from its latest checkpoint; eval and predict start over; "
+                        "default: 0)")
 
 
 def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callable[[], Any]

@@ -310,11 +310,11 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--max-length", type=positive_int, default=0,
                         help="truncate texts to this many tokens (default: the run's max_length)")
     parser.add_argument("--batch-size", type=positive_int, default=64,
-                        help="texts per batch per process")
+                        help="texts per batch per process (default: 64)")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="fp32 | bf16 | fp16 (autocast)")
+                        help="fp32 | bf16 | fp16 (autocast; default: fp32)")
     parser.add_argument("--timeout", type=float, default=600,
-                        help="seconds a rank waits for the others before failing")
+                        help="seconds a rank waits for the others before failing (default: 600)")
     add_log_level(parser)
     add_launch_options(parser)
     parser.set_defaults(handler=cmd_predict, check_before_launch=check_files)

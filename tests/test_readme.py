@@ -51,6 +51,14 @@ def test_help_answers_without_importing_torch():
     assert out.stdout.strip() == "[]"
 
 
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out == f"nlptrain {version('nlptrain')}\n"
+
+
 # -- the README's Python examples run as written (the tiny model for MiniLM, toy rows for data) --
 
 def readme_python(marker: str) -> str:
