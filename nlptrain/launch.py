@@ -117,7 +117,24 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
                           "or run without the other launcher")
     check_task()
     warn_more_processes_than_cores(args.nproc)
-    return launch_command(argv, args.nproc, args.max_restarts)
+    # torch's agent logs each worker it stops or sees fail (W/E lines amid nlptrain's own, which
+    # say it once); with restarts they tell which attempt failed, and debug shows everything.
+    quiet = args.max_restarts == 0 and getattr(args, "log_level", "info") != "debug"
+    with _logs_off(quiet):
+        return launch_command(argv, args.nproc, args.max_restarts)
+
+
+@contextlib.contextmanager
+def _logs_off(off: bool) -> Iterator[None]:
+    """This process's logging off in the block (the launcher's: the workers log on their own).
+    The agent's loggers each set their own level, so only the global switch reaches them all."""
+    if off:
+        logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        if off:
+            logging.disable(logging.NOTSET)
 
 
 def warn_more_processes_than_cores(nproc: int) -> None:

@@ -16,13 +16,14 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def stop_on_signals(request_stop: Callable[[], None]) -> Iterator[None]:
+def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Iterator[None]:
     """Within the block, SIGTERM and SIGINT call `request_stop` (the previous handlers come back
-    after it). Outside the main thread, signals are left alone."""
+    after it). Outside the main thread, signals are left alone. `say`: warn of it (the main
+    rank; a Ctrl-C reaches every rank, and one line says it for all)."""
 
     def handle(signum: int, frame: Any) -> None:
-        log.warning("%s: every rank stops after the step under way (the next, between steps)",
-                    signal.Signals(signum).name)
+        (log.warning if say else log.info)("%s: every rank stops after the step under way (the "
+                                           "next, between steps)", signal.Signals(signum).name)
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 

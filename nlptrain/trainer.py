@@ -148,7 +148,7 @@ class Trainer(ProgressCounters):
 
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
-        with stop_on_signals(self._request_stop):
+        with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
                 self._train_epochs()

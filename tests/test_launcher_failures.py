@@ -80,3 +80,19 @@ def test_more_processes_than_cores_is_said_before_they_start(monkeypatch, caplog
         warn_more_processes_than_cores(64)
     assert "--nproc 64 on 2 CPU core(s): more processes than cores take turns" in caplog.text
     assert "--nproc 2 trains faster" in caplog.text
+
+
+@pytest.mark.distributed
+def test_a_failed_worker_under_nproc_is_said_by_nlptrain_alone(toy_folder, tmp_path):
+    """The workers' error, then the launcher's one summary line: none of torch's agent's own
+    W/E log lines (the worker it stops, the exit code it saw) in between."""
+    import re
+
+    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
+                          "--output-dir", str(tmp_path / "run"), "--callback",
+                          f"{SCAFFOLD}:RaiseAtStep"], cwd=toy_folder, env=child_env(AT_STEP="2"),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1 and "injected crash at step 2" in out.stderr
+    assert re.search(r"^error: rank \d of 2 failed \(exit code 1\); its error is above$",
+                     out.stderr, flags=re.MULTILINE), out.stderr[-3000:]
+    assert not re.search(r"^[IWE]\d{4} ", out.stderr, flags=re.MULTILINE), out.stderr[-3000:]

@@ -180,4 +180,6 @@ def test_ctrl_c_on_nproc_checkpoints_and_exits_130(toy, tmp_path):
     assert process.returncode == 130, process.stderr[-3000:]
     assert "stopped by SIGINT: the 2 workers were stopped" in process.stderr
     assert "Traceback" not in process.stderr, process.stderr[-3000:]
+    assert process.stderr.count("SIGINT: every rank stops") <= 1  # said once, not by each rank
+    assert "death signal" not in process.stderr  # torch's agent's own log line
     assert list((out / "checkpoints").iterdir())
