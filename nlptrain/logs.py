@@ -29,6 +29,15 @@ class _TqdmHandler(logging.StreamHandler):
             self.handleError(record)
 
 
+class _MarkedFormatter(logging.Formatter):
+    """Rank 0's lines as they are, but a warning or an error says so ("warning: ..."), as the
+    CLI's own "error: ..." lines do: else it reads as one more line of progress."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return f"{record.levelname.lower()}: {text}" if record.levelno >= logging.WARNING else text
+
+
 def add_log_level(parser: argparse.ArgumentParser) -> None:
     """`--log-level`, one of LEVELS (any case): a typo is argparse's one-line usage error."""
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LEVELS,
@@ -44,8 +53,8 @@ def setup_logging(rank: int = 0, level: str = "info") -> None:
         number = logging.WARNING  # other ranks: warnings and errors only, unless debugging
     prefix = "" if rank == 0 else f"[rank {rank}] "
     handler = _TqdmHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(prefix + "%(message)s" if rank == 0 else
-                                           prefix + "%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(_MarkedFormatter("%(message)s") if rank == 0 else
+                         logging.Formatter(prefix + "%(levelname)s %(name)s: %(message)s"))
     for name in ("nlptrain", "py.warnings"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]

@@ -32,6 +32,7 @@ from nlptrain.models import check_max_length, load_config, load_model, load_save
 from nlptrain.runs import (
     RunDirLock,
     began_in_this_launch,
+    disk_use_line,
     launch_run_dir,
     new_run_dir,
     prepare_run_dir,
@@ -136,6 +137,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     if final:
         log.info("%s: %s on %d rows; model saved to %s", "test" if results["test"] else "valid",
                  kind.summary(final, trainer.metric_for_best), final["rows"], run_dir / "model")
+    dist.on_main(lambda: log.info("%s", disk_use_line(run_dir)))
     return results
 
 

@@ -94,6 +94,9 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
         task = recorded_task(Path(args.model).parent)
         if task:
             log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
+        else:  # a model folder copied out of its run: said, as the default task may fit by chance
+            log.warning("no --task, and no run's config.json beside %s: scoring on the default "
+                        "task; give --task for the model's own", args.model)
     task = task or load_task(find_task(args.task or "default"))
     task = apply_overrides(task, args)
     data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")

@@ -134,3 +134,10 @@ def test_the_printed_confusion_matrix_keeps_long_label_names_whole() -> None:
     header, *rows = metrics_text(metrics).split("columns: predicted)\n")[1].splitlines()
     assert header.split() == names
     assert [row.split() for row in rows] == [["entailment", "1", "0"], ["not_entailment", "1", "1"]]
+
+
+def test_eval_of_a_model_out_of_its_run_without_task_says_it_scores_the_default(
+        labelled_model: Path, capsys) -> None:
+    main(["eval", "--model", str(labelled_model)])  # (then refused: other label names)
+    assert f"warning: no --task, and no run's config.json beside {labelled_model}: scoring on " \
+           "the default task" in capsys.readouterr().err

@@ -110,8 +110,12 @@ def test_the_log_is_quiet(finished_run: tuple[Path, str]) -> None:
     """Rank 0 logs the run in plain lines; no warnings a user cannot act on."""
     run, stderr = finished_run
     assert f"run directory: {run.relative_to(run.parents[1])}" in stderr
-    for noise in ("Warning", "warn(", "Traceback", "Writing model shards", "[rank"):
+    for noise in ("Warning", "warn(", "Traceback", "Writing model shards", "[rank", "warning:"):
         assert noise not in stderr, noise
+    last = stderr.splitlines()[-1]  # what it leaves on disk, measured
+    size = sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) / 2**20
+    assert last.startswith(f"{run.relative_to(run.parents[1])}: {size:.0f} MB, of which "
+                           "checkpoints/ "), last
 
 
 def test_tensorboard_absent_is_a_warning_not_an_error(monkeypatch: pytest.MonkeyPatch,
