@@ -292,7 +292,8 @@ def add_command(commands: Any) -> None:
                         help="texts: .tsv/.csv with a header row, .jsonl, or one text per line; "
                         "'-': standard input (one text per line unless --input-format says)")
     parser.add_argument("--output", metavar="FILE",
-                        help="where to write (.tsv or .jsonl; default: stdout, TSV)")
+                        help="where to write (.tsv, or .jsonl / .json: JSON Lines, one object a row; "
+                        "default: stdout, TSV)")
     parser.add_argument("--format", choices=["tsv", "jsonl"],
                         help="output format (default: from --output's suffix, else tsv)")
     parser.add_argument("--input-format", default="auto", choices=["auto", "tsv", "csv", "jsonl",
