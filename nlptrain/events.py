@@ -15,6 +15,7 @@ must hold what every other callback made of the step.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from typing import TYPE_CHECKING, Any
@@ -127,12 +128,24 @@ def check_callback(callback: Any) -> Callback:
     return callback
 
 
+def unknown_events(callback: Callback) -> list[str]:
+    """The methods of `callback`'s own class named like an event but none (`on_epoch_ended`): a
+    misspelt event would never fire, silently."""
+    return [name for name, value in inspect.getmembers(type(callback), callable)
+            if name.startswith("on_") and name not in EVENTS]
+
+
 class CallbackList:
     """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
 
     def __init__(self, callbacks: list[Callback], is_main: bool) -> None:
         for callback in callbacks:
             check_callback(callback)
+            for name in unknown_events(callback) if is_main else ():
+                near = difflib.get_close_matches(name, EVENTS, n=1)
+                log.warning("callback %s.%s is no event, so it is never called%s",
+                            type(callback).__name__, name,
+                            f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
 

@@ -158,3 +158,14 @@ def test_a_wrong_callback_is_refused_before_training_naming_it(tmp_path, tiny_mo
                                                                message):
     with pytest.raises(ConfigError, match=message):
         make_trainer(tmp_path, tiny_model_dir, [wrong])
+
+
+def test_a_misspelt_event_is_warned_of_with_the_event_it_is_near(tmp_path, tiny_model_dir, caplog):
+    class Typo(Callback):
+        def on_epoch_ended(self, trainer) -> None:  # never fired: no such event
+            raise AssertionError("not an event")
+
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        make_trainer(tmp_path, tiny_model_dir, [Typo()]).fit()
+    assert "callback Typo.on_epoch_ended is no event, so it is never called (did you mean " \
+           "on_epoch_end?)" in caplog.text
