@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import Backend
-from nlptrain.errors import DataError
+from nlptrain.errors import ConfigError, DataError
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
@@ -126,6 +126,10 @@ def compute_metrics(predictions: Predictions, label_names: Sequence[str],
                         "(eval_data=None)")
     metrics = (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)
     for metric_fn in metric_fns:
-        metrics.update({k: v.tolist() if hasattr(v, "tolist") else v
-                        for k, v in metric_fn(predictions).items()})
+        found = metric_fn(predictions)
+        if not isinstance(found, dict):
+            raise ConfigError(f"metrics= function {getattr(metric_fn, '__name__', metric_fn)} "
+                              f"returned a {type(found).__name__} ({str(found)[:40]}): return a "
+                              "dict of name -> number, e.g. {'rmse': 0.41}")
+        metrics.update({k: v.tolist() if hasattr(v, "tolist") else v for k, v in found.items()})
     return metrics

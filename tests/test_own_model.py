@@ -164,3 +164,18 @@ def test_an_own_model_of_the_wrong_output_size_is_named_not_a_tensor_error(tmp_p
     with pytest.raises(ConfigError, match=r"the model gives 2 output\(s\) a row, but this "
                                           r"regression task needs 1 \(one score a row\)"):
         trainer.fit()
+
+
+def test_a_metric_that_returns_no_dict_is_named_in_one_error():
+    import numpy as np
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.evaluate import Predictions, compute_metrics
+
+    def rmse(found):
+        return 0.41  # the number alone, not {"rmse": 0.41}
+
+    found = Predictions(np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([0, 1]))
+    with pytest.raises(ConfigError, match=r"metrics= function rmse returned a float \(0\.41\): "
+                                          r"return a dict of name -> number"):
+        compute_metrics(found, ["neg", "pos"], metric_fns=[rmse])
