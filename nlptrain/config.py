@@ -201,6 +201,21 @@ def _fill(cls: type, values: dict[str, Any], where: str) -> Any:
     return cls(**values)
 
 
+def train_config(config: TrainConfig | dict[str, Any] | None,
+                 where: str = "Trainer(config=...)") -> TrainConfig:
+    """The Python API's config: a TrainConfig, or a dict of its keys, checked as a task file's
+    [train] is (unknown keys, types), so that lr="3e-5" is refused here, not inside a step."""
+    if config is None:
+        return TrainConfig()
+    if isinstance(config, dict):
+        return _fill(TrainConfig, config, where)
+    if not isinstance(config, TrainConfig):
+        raise ConfigError(f"{where}: give a TrainConfig, or a dict of its keys, not "
+                          f"{type(config).__name__}")
+    _fill(TrainConfig, dataclasses.asdict(config), where)
+    return config
+
+
 def task_from_dict(raw: dict[str, Any], source: str) -> TaskConfig:
     top = {k: v for k, v in raw.items() if k not in SECTIONS}
     task = _fill(TaskConfig, top, source)

@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nlptrain import checkpoint, distributed, host_memory, kinds, losses, models, optim, precision, strategies
-from nlptrain.config import TrainConfig
+from nlptrain.config import TrainConfig, train_config
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
@@ -52,7 +52,7 @@ class Trainer(ProgressCounters):
         train_data: Dataset | Iterable | None = None,
         eval_data: Dataset | None = None,
         *,
-        config: TrainConfig | None = None,
+        config: TrainConfig | dict[str, Any] | None = None,
         callbacks: Sequence[Callback] = (),
         tokenizer: Any = None,
         collate: Collator | None = None,
@@ -67,7 +67,7 @@ class Trainer(ProgressCounters):
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
-        self.config = config = config or TrainConfig()  # its precision decided below
+        self.config = config = train_config(config)  # checked; its precision decided below
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
         model_config = getattr(model, "config", None)
@@ -394,7 +394,7 @@ class DistTrainer(Trainer):
                  **kwargs: Any) -> None:
         made_here = kwargs.get("dist") is None
         if made_here:
-            config = kwargs.get("config") or TrainConfig()
+            kwargs["config"] = config = train_config(kwargs.get("config"))
             kwargs["dist"] = distributed.from_env(timeout or config.timeout)
         super().__init__(model, *args, **kwargs)
         self._owns_dist = made_here

@@ -13,6 +13,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from nlptrain.data.datasets import LabelVocab
 from nlptrain.data.readers import Examples, checked_row
 from nlptrain.data.tokenized import TokenizedDataset
@@ -31,10 +33,35 @@ def is_hf_dataset(data: Any) -> bool:
 
 def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: TaskKind,
                what: str) -> Any:
-    """`data` tokenized when it is a `datasets.Dataset` (default columns), else as it is."""
-    if not is_hf_dataset(data):
-        return data
-    return from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+    """`data` tokenized when it is a `datasets.Dataset` (default columns), else as it is; what is
+    plainly wrong is refused now, not as a torch error inside the first step (texts not yet
+    tokenized, no rows, class ids beyond the labels)."""
+    if is_hf_dataset(data):
+        return from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+    if isinstance(data, list | tuple) and data and isinstance(data[0], str):
+        raise DataError(f"{what} data is a list of texts: tokenize it first, with "
+                        "TokenizedDataset.from_texts(texts, labels, tokenizer, max_length) "
+                        "(nlptrain.data), or give a datasets.Dataset and tokenizer=")
+    if isinstance(data, TokenizedDataset | list | tuple) and len(data) == 0:
+        raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
+                        "(eval_data=None)" if what == "eval" else f"the {what} set holds no rows")
+    if isinstance(data, TokenizedDataset) and kind.has_classes and label_names:
+        check_class_targets(np.asarray(data.labels), label_names, what)
+    return data
+
+
+def check_class_targets(targets: np.ndarray, label_names: Sequence[str], what: str) -> None:
+    """Class ids within the labels (a single-label row), or one column a label (multi-label)."""
+    count = len(label_names)
+    if targets.ndim == 2 and targets.shape[1] != count:
+        raise DataError(f"{what} data: its rows have {targets.shape[1]} label columns, the model "
+                        f"{count} labels ({', '.join(map(str, label_names))})")
+    if targets.ndim == 1 and targets.size:
+        bad = np.flatnonzero((targets < 0) | (targets >= count))
+        if bad.size:
+            raise DataError(f"{what} data: row index {bad[0]} has class id {targets[bad[0]]}, but the "
+                            f"model has {count} labels ({', '.join(map(str, label_names))}): "
+                            f"ids 0 to {count - 1}")
 
 
 def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
