@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     # The task keys an evaluation most often changes, as train spells them (others: --set).
     evaluate.add_argument("--test-file", dest="set:data.test", metavar="FILE",
-                          help="score this file (in the task's data folder, or a path) as the "
-                          "test set: --set data.test=FILE")
+                          help="score this file as the test set (a file here, else in the task's data "
+                          "folder): --set data.test=FILE")
     evaluate.add_argument("--threshold", dest="set:data.threshold", metavar="FLOAT",
                           help="multi-label: score at this threshold (default: the task's)")
     evaluate.set_defaults(handler=cmd_eval)

@@ -22,6 +22,7 @@ log = logging.getLogger("nlptrain")
 # Options whose names would be unclear or clash as plain `--<key>`.
 FLAG_NAMES = {("data", "train"): "--train-file", ("data", "valid"): "--valid-file",
               ("data", "test"): "--test-file", ("data", "format"): "--data-format"}
+FILE_FLAGS = {("data", "train"), ("data", "valid"), ("data", "test")}  # else: in the data folder
 NOT_ON_COMMAND_LINE = {("data", "labels")}  # a list or table: set it in the task file
 SOURCE = "<options>"  # where validate() names the source, filled in with the options at fault
 
@@ -120,6 +121,8 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
             hint = typing.get_type_hints(SECTIONS[section])[name]
             flag = flag_of(section, {f.name: f for f in dataclasses.fields(SECTIONS[section])}[name])
             given.append((flag, f"[{section}] {name}"))
+            if (section, name) in FILE_FLAGS and Path(value).is_file():  # typed in a shell: the
+                value = str(Path(value).resolve())  # file where the user stands is the one meant
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
                            else value, flag)
     for item in args.set:

@@ -47,3 +47,15 @@ def test_the_start_up_log_line_says_the_main_settings_and_every_other_changed_on
                            "warmup_ratio 0.1, weight_decay 0.01, max_grad_norm 1, seed 42, "
                            "max_length 32; also "), line
     assert "eval_every 5" in line and "batch_size" not in line  # the batch has its own line
+
+
+def test_a_file_flag_naming_a_file_here_reads_it_from_here(toy_task, tmp_path, monkeypatch):
+    """`--test-file ./mine.tsv` typed in a shell means the file there, not data/mine.tsv; a name
+    that is no file here stays in the data folder, as the task file's paths do."""
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "mine.tsv").write_text("text\tlabel\nok\tpos\n")
+    monkeypatch.chdir(tmp_path / "here")
+    task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task), "--test-file",
+                                                   "./mine.tsv", "--valid-file", "valid.tsv"]))
+    assert file_spec(task, "test").path == str(tmp_path / "here" / "mine.tsv")
+    assert file_spec(task, "valid").path == "valid.tsv"  # read in the data folder
