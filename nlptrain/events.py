@@ -73,7 +73,11 @@ class Callback:
         """Before `loss.backward()`."""
 
     def on_backward_end(self, trainer: Trainer) -> None:
-        """After backward. On an update step (`trainer.is_update_step`) grads are complete."""
+        """After backward. On an update step (`trainer.is_update_step`) grads are complete, and
+        clipped already where [train] max_grad_norm > 0: the trainer's GradClip runs before the
+        callbacks given to it (its `last_norm` is the norm before clipping). To change the
+        gradients before they are clipped, set max_grad_norm = 0 and pass your callback, then
+        `GradClip(norm)`, in that order."""
 
     def on_step_end(self, trainer: Trainer) -> None:
         """After `optimizer.step()`; `trainer.global_step` counts optimizer steps."""
