@@ -170,8 +170,16 @@ def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
     path = Path(path)
     if not re.fullmatch(rf"{PREFIX}\d+", path.name):
         found = latest_whole_checkpoint(path, dist)
-        if found is None:
-            log.info("%s: no checkpoint yet, training starts from the beginning", path)
+        other = sorted(p.name for p in path.iterdir() if not p.name.startswith((PREFIX, "."))
+                       and "-set-aside-" not in p.name) if path.is_dir() else []
+        if found is None and other:  # e.g. a saved model: its weights are no checkpoint
+            raise CheckpointError(f"{path}: holds no checkpoint but other files ({', '.join(other[:3])}"
+                                  f"{', ...' if len(other) > 3 else ''}): resume_from takes a "
+                                  "Checkpointer's folder or one step-N folder; to start from a "
+                                  "saved model, load it as the model")
+        if found is None and dist.is_main:  # a first run: said, as a wrong path reads the same
+            log.warning("%s: no checkpoint yet (%s), training starts from the beginning", path,
+                        "an empty folder" if path.is_dir() else "no such folder")
         return found
     problem = dist.on_main(lambda: verify_checkpoint(path))
     if problem is not None:
@@ -183,12 +191,35 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
+def plain_state(value: Any, where: str = "state") -> Any:
+    """A callback's checkpoint state as what `torch.load(weights_only=True)` reads back: numpy
+    numbers and arrays as Python numbers and tensors, paths as strings; anything else is refused
+    now, naming its key, not at the resume, where every checkpoint of the run would fail."""
+    if isinstance(value, dict):
+        return {k: plain_state(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain_state(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.array(value))
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str | torch.Tensor | torch.dtype):
+        return value
+    raise CheckpointError(f"callback {where} is a {type(value).__name__}, which a checkpoint "
+                          "cannot hold safely (it is read with torch.load(weights_only=True)): "
+                          "store numbers, strings, lists, dicts or tensors")
+
+
 def read_state(path: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        raise CheckpointError(f"{path}: refused: it holds Python objects that could run code "
-                              f"when loaded ({str(err).splitlines()[0][:120]})") from None
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(err))
+        raise CheckpointError(f"{path}: refused: it holds Python objects that could run code when "
+                              f"loaded{f' ({found.group(1)})' if found else ''}; a callback's "
+                              "state should hold numbers, strings, lists, dicts or tensors") from None
     except (OSError, RuntimeError, EOFError) as err:
         raise CheckpointError(f"{path}: cannot be read ({err})") from None
 

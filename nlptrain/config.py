@@ -208,11 +208,12 @@ def train_config(config: TrainConfig | dict[str, Any] | None,
     if config is None:
         return TrainConfig()
     if isinstance(config, dict):
-        return _fill(TrainConfig, config, where)
+        config = _fill(TrainConfig, config, where)
     if not isinstance(config, TrainConfig):
         raise ConfigError(f"{where}: give a TrainConfig, or a dict of its keys, not "
                           f"{type(config).__name__}")
     _fill(TrainConfig, dataclasses.asdict(config), where)
+    validate(TaskConfig(train=config), where, sections=("train",))
     return config
 
 
@@ -302,32 +303,38 @@ NOT_NEGATIVE = [("train", key) for key in (
     ("model", "num_hidden_layers"), ("data", "shuffle_buffer")]
 
 
-def validate(task: TaskConfig, source: str) -> None:
+def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data", "model", "train")
+             ) -> None:
+    """`task`'s choices and ranges, of `sections` only where given (the Python API's TrainConfig:
+    "train" alone), then, for a whole task, how its sections fit together."""
+    def value(section: str, key: str) -> Any:
+        return getattr(getattr(task, section), key)
+
     for (section, key), allowed in CHOICES.items():
-        value = getattr(getattr(task, section), key)
-        if value not in allowed:
-            raise ConfigError(
-                f"{source}: [{section}] {key} = {value!r}; choose one of {', '.join(sorted(allowed))}"
-            )
+        if section in sections and value(section, key) not in allowed:
+            raise ConfigError(f"{source}: [{section}] {key} = {value(section, key)!r}; choose one "
+                              f"of {', '.join(sorted(allowed))}")
     positive = [("train", "epochs"), ("train", "batch_size"), ("train", "eval_batch_size"),
                 ("train", "grad_accum"), ("train", "log_every"), ("model", "max_length"),
                 ("train", "timeout")]
     for section, key in positive:
-        if getattr(getattr(task, section), key) < 1:
+        if section in sections and value(section, key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
     for section, key in NOT_NEGATIVE:
-        if getattr(getattr(task, section), key) < 0:
+        if section in sections and value(section, key) < 0:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 0")
     for section, key in (("train", "seed"), ("data", "split_seed")):  # numpy's and sklearn's range
-        if not 0 <= getattr(getattr(task, section), key) < 2**32:
+        if section in sections and not 0 <= value(section, key) < 2**32:
             raise ConfigError(f"{source}: [{section}] {key} must be in [0, 4294967295]")
+    if not 0 <= task.train.warmup_ratio <= 1:
+        raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
+    if len(sections) < 3:
+        return
     if task.train.max_tokens and (task.data.streaming or task.data.train_shards):
         # Batches by a token budget need every row's length up front, in one in-memory set.
         raise ConfigError(f"{source}: [train] max_tokens needs the train set in memory; it cannot "
                           "batch " + ("a stream ([data] streaming)" if task.data.streaming else
                                       "per-rank files ([data] train_shards)") + ": use batch_size")
-    if not 0 <= task.train.warmup_ratio <= 1:
-        raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if not 0 < task.data.threshold < 1:  # a probability: 0 predicts every label, 1 none
         raise ConfigError(f"{source}: [data] threshold must be between 0 and 1 (a probability)")
     for key in ("threshold", "label_separator"):  # set away from its default: meant to act

@@ -369,7 +369,7 @@ class Trainer(ProgressCounters):
         """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
         states: dict[str, Any] = {WRITTEN_BY: self.callbacks.stateful()}
         self.callbacks.fire("on_save_checkpoint", self, states)
-        return states
+        return checkpoint.plain_state(states)  # numpy numbers made plain; the unloadable refused
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
         """Give the callbacks their state back from a loaded checkpoint (on_load_checkpoint)."""

@@ -44,6 +44,9 @@ def test_bad_train_data_is_refused_when_the_trainer_is_built(tiny_model_dir, tok
     ({"epochs": 1, "learning_rate": 1e-4}, r"^Trainer\(config=\.\.\.\): unknown key "
                                            r"'learning_rate'\. Valid keys: epochs, "),
     ("epochs=1", r"^Trainer\(config=\.\.\.\): give a TrainConfig, or a dict of its keys, not str$"),
+    (TrainConfig(grad_accum=0), r"^Trainer\(config=\.\.\.\): \[train\] grad_accum must be at least 1$"),
+    ({"epochs": 0}, r"^Trainer\(config=\.\.\.\): \[train\] epochs must be at least 1$"),
+    (TrainConfig(warmup_ratio=5), r"warmup_ratio must be in \[0, 1\]$"),
 ])
 def test_a_config_of_the_wrong_keys_or_types_is_refused_naming_the_key(tiny_model_dir, tokenizer,
                                                                       config, message):
@@ -57,3 +60,62 @@ def test_a_config_given_as_a_dict_of_its_keys_is_taken(tiny_model_dir, tokenizer
     trainer = Trainer(model, rows(tokenizer, [0, 1] * 4), config={"epochs": 2, "batch_size": 4})
     trainer.fit()
     assert (trainer.config.epochs, trainer.global_step) == (2, 4)
+
+
+def test_an_evaluation_set_the_evaluation_cannot_shard_is_refused_before_training(
+        tiny_model_dir, tokenizer):
+    from torch.utils.data import DataLoader
+
+    data = rows(tokenizer, [0, 1] * 4)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    with pytest.raises(DataError, match=r"^the evaluation set is a DataLoader: give a "
+                                        r"TokenizedDataset"):
+        Trainer(model, data, DataLoader(data, batch_size=4), config=TrainConfig(epochs=1))
+
+
+def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
+        tiny_model_dir, tokenizer, tmp_path, caplog):
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    with pytest.raises(Exception, match=r"holds no checkpoint but other files \(config\.json, "
+                                        r"model\.safetensors.*\): resume_from takes a"):
+        Trainer(model, rows(tokenizer, [0, 1]), resume_from=tiny_model_dir)
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "typo")
+    assert "typo: no checkpoint yet (no such folder), training starts from the beginning" in \
+        caplog.text
+
+
+def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_save(
+        tiny_model_dir, tokenizer, tmp_path):
+    """np.float64 in a callback's state made every checkpoint of the run unloadable (refused by
+    torch.load(weights_only=True) at the resume); now it is stored as a number."""
+    import numpy as np
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain import Callback
+    from nlptrain.errors import CheckpointError
+
+    class Keeps(Callback):
+        def __init__(self, value):
+            self.value, self.loaded = value, None
+
+        def on_save_checkpoint(self, trainer, state):
+            state["keeps"] = {"score": self.value, "seen": np.arange(3), "where": tmp_path}
+
+        def on_load_checkpoint(self, trainer, state):
+            self.loaded = state["keeps"]
+
+    def run(value, folder):
+        keeps = Keeps(value)
+        Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+                config=TrainConfig(epochs=1, batch_size=4),
+                callbacks=[keeps, Checkpointer(folder)], resume_from=folder).fit()
+        return keeps
+
+    run(np.float64(0.5), tmp_path / "ckpt")
+    loaded = run(np.float64(0.5), tmp_path / "ckpt").loaded
+    assert loaded["score"] == 0.5 and loaded["seen"].tolist() == [0, 1, 2]
+    assert loaded["where"] == str(tmp_path)
+    with pytest.raises(CheckpointError, match=r"callback state\['keeps'\]\['score'\] is a "
+                                              r"object, which a checkpoint cannot hold safely"):
+        run(object(), tmp_path / "other")

@@ -42,9 +42,14 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
         raise DataError(f"{what} data is a list of texts: tokenize it first, with "
                         "TokenizedDataset.from_texts(texts, labels, tokenizer, max_length) "
                         "(nlptrain.data), or give a datasets.Dataset and tokenizer=")
+    scored = what in ("eval", "valid")  # an evaluation set (the trainer's, or one it is given)
+    if scored and data is not None and not hasattr(data, "lengths"):
+        raise DataError(f"the evaluation set is a {type(data).__name__}: give a TokenizedDataset "
+                        "(nlptrain.data), or a datasets.Dataset and tokenizer=; the evaluation "
+                        "shards its rows over the ranks by length itself, each row once")
     if isinstance(data, TokenizedDataset | list | tuple) and len(data) == 0:
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
-                        "(eval_data=None)" if what == "eval" else f"the {what} set holds no rows")
+                        "(eval_data=None)" if scored else f"the {what} set holds no rows")
     if isinstance(data, TokenizedDataset) and kind.has_classes and label_names:
         check_class_targets(np.asarray(data.labels), label_names, what)
     return data
