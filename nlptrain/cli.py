@@ -138,6 +138,22 @@ def check_train(args: argparse.Namespace) -> None:
         check_free(Path(args.output_dir))
 
 
+def make_callback(spec: str) -> Any:
+    """`--callback FILE.py:Class`: an instance of the class, made without arguments."""
+    import inspect
+
+    made = load_object(spec)
+    try:
+        inspect.signature(made).bind()
+    except TypeError as err:
+        raise ConfigError(f"--callback {spec}: {err}; a --callback class is made without "
+                          "arguments: give its parameters defaults (or read them from the "
+                          "environment)") from None
+    except ValueError:  # no signature to read
+        pass
+    return made()
+
+
 def load_object(spec: str) -> Any:
     """`package.module:Name` or `path/to/file.py:Name`."""
     where, sep, name = spec.rpartition(":")
@@ -225,7 +241,7 @@ def run_options(args: argparse.Namespace) -> Any:
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
-                             callbacks=[check_callback(load_object(spec)())  # before the run dir
+                             callbacks=[check_callback(make_callback(spec))  # before the run dir
                                         for spec in args.callback],
                              callback_specs=[absolute_spec(spec) for spec in args.callback])
 

@@ -32,7 +32,8 @@ class RemoteRankError(NlptrainError):
 
 
 class Interrupted(NlptrainError):
-    """SIGTERM/SIGINT: every rank stopped after the same step, and a checkpoint was written."""
+    """SIGTERM/SIGINT: every rank stopped after the same step (a Checkpointer, as the CLI's
+    runs have, then writes a checkpoint to resume from)."""
 
     exit_code = 130
     raised_on_every_rank = True

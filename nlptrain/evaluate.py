@@ -96,9 +96,10 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
             log.info("scoring: batch %d/%d (%.0f%%), about %.0f s left", step + 1, counted,
                      100 * (step + 1) / counted, left)
     model.train(was_training)
+    # (An empty share's labels: a copy, as the set's may be a read-only memmap.)
     local = (torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
              torch.cat(outputs) if outputs else torch.zeros(0, _output_width(model, kind)),
-             torch.cat(labels) if labels else torch.from_numpy(np.asarray(dataset.labels[:0])))
+             torch.cat(labels) if labels else torch.from_numpy(np.array(dataset.labels[:0])))
     every_index, every_output, every_label = (dist.gather(t) for t in local)
     order = torch.argsort(every_index)
     if not torch.equal(every_index[order], torch.arange(len(dataset))):

@@ -114,10 +114,12 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
 def record_how_rows_were_read(model: Any, train_data: Any) -> None:
     """How `train_data` was tokenized (max_length, pairs), in the model's config, which every
     export saves: `predict` then reads pairs and truncates as training did. Only where the data
-    says (a TokenizedDataset from from_texts or the task's cache)."""
+    says (a TokenizedDataset from from_texts or the task's cache); a length beyond the model's
+    positions is refused here, not mid-epoch in the forward pass."""
     model_config = getattr(model, "config", None)
     known = getattr(train_data, "pairs", None) is not None
     if model_config is not None and known and getattr(train_data, "max_length", None):
+        check_max_length(model, train_data.max_length, "the train data")
         model_config.nlptrain_max_length = train_data.max_length
         model_config.nlptrain_text_pair = bool(train_data.pairs)
 

@@ -10,7 +10,10 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -36,3 +39,13 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def stopped_message(trainer: Trainer) -> str:
+    """What a run stopped by a signal says: how to go on, where a Checkpointer keeps its place."""
+    from nlptrain.callbacks import Checkpointer  # (a callback; it imports the trainer)
+
+    saved = bool(trainer.callbacks.find(Checkpointer))
+    return (f"stopped by a signal after step {trainer.global_step}; " +
+            ("continue with --resume (from Python: resume_from= the Checkpointer's folder)"
+             if saved else "nothing was saved (no Checkpointer among the callbacks)"))

@@ -29,7 +29,7 @@ from nlptrain.events import WRITTEN_BY, Callback, CallbackList
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
-from nlptrain.signals import stop_on_signals
+from nlptrain.signals import stop_on_signals, stopped_message
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -181,8 +181,7 @@ class Trainer(ProgressCounters):
         stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
         self.should_stop = bool(stop)
         if interrupted and interrupt:
-            raise Interrupted(f"stopped by a signal after step {self.global_step}; "
-                              "continue with --resume")
+            raise Interrupted(stopped_message(self))
         return self.should_stop
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:

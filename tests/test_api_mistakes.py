@@ -119,3 +119,24 @@ def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_
     with pytest.raises(CheckpointError, match=r"callback state\['keeps'\]\['score'\] is a "
                                               r"object, which a checkpoint cannot hold safely"):
         run(object(), tmp_path / "other")
+
+
+@pytest.mark.parametrize("texts, labels, message", [
+    (["a", "b", "c"], [0, 1], r"^data: 3 texts, 2 labels: give one of each a row$"),
+    (["a", "b"], ["pos", "neg"], r"^labels such as 'pos': give class ids \(0 to n-1"),
+    (["a", "b"], [[0, 2], [1]], r"^multi-label rows of unequal length: give each row a list of 0/1"),
+])
+def test_rows_that_do_not_line_up_with_their_labels_are_refused(tokenizer, texts, labels, message):
+    with pytest.raises(DataError, match=message):
+        TokenizedDataset.from_texts(texts, labels, tokenizer, 16)
+
+
+def test_a_max_length_beyond_the_models_positions_is_refused_when_the_trainer_is_built(
+        tiny_model_dir, tokenizer):
+    from transformers import AutoConfig
+
+    positions = AutoConfig.from_pretrained(tiny_model_dir).max_position_embeddings
+    data = TokenizedDataset.from_texts(["a", "b"], [0, 1], tokenizer, positions + 8)
+    with pytest.raises(ConfigError, match=rf"^the train data: max_length {positions + 8} is more "
+                                          rf"than the model's {positions} positions"):
+        Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data)

@@ -380,6 +380,12 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     assert code == 1
     assert "error: callback Notify.on_valid_end(trainer) cannot take the event's arguments" in err
     assert not (tmp_path / "run").exists()
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def __init__(self, url):\n        self.url = url\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: --callback {mine}:Notify: missing a required argument: 'url'; a --callback " \
+           "class is made without arguments" in err
 
 
 @pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])

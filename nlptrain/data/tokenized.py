@@ -24,6 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from nlptrain.durable import replace_folder
+from nlptrain.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,10 @@ class TokenizedDataset(Dataset):
         With `pairs`, each row is encoded as a real pair (`tokenizer(text, text_pair)`): the
         longer side is truncated first, and each token's segment is kept as its type id (for
         models that read type ids)."""
+        if len(labels) != len(texts) or (pairs is not None and len(pairs) != len(texts)):
+            raise DataError(f"{what}: {len(texts)} texts, {len(labels)} labels"
+                            f"{'' if pairs is None else f', {len(pairs)} second texts'}: give one "
+                            "of each a row")
         pieces, type_pieces, lengths, truncated = [], [], [], 0
         typed = pairs is not None and uses_type_ids(tokenizer)
         last_report = time.perf_counter()
@@ -131,7 +136,15 @@ def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
     float32 (3.8 must not become 3), class ids as int64."""
     if isinstance(labels, np.ndarray):
         return labels
-    found = np.asarray(labels)
+    try:
+        found = np.asarray(labels)
+    except ValueError:  # lists of unequal length: label ids a row, not one 0/1 a label
+        raise DataError("multi-label rows of unequal length: give each row a list of 0/1, one "
+                        "a label (multi-hot), not the ids of its labels") from None
+    if found.dtype.kind in "USO":  # names ('pos')
+        raise DataError(f"labels such as {labels[0]!r}: give class ids (0 to n-1, in the order of "
+                        "the model's label names), a list of 0/1 a row (multi-label), or a score "
+                        "(regression); e.g. [names.index(label) for label in labels]")
     return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
 
 
