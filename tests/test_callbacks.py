@@ -198,3 +198,19 @@ def test_log_level_warning_leaves_out_the_progress_lines_too(toy_task, tmp_path,
                  "--epochs", "1", "--log-level", "warning"]) == 0
     err = capsys.readouterr().err
     assert "epoch 1/1" not in err and "at step" not in err, err
+
+
+def test_a_callback_scales_the_lr_through_the_schedules_base_lrs(tmp_path, tiny_model_dir):
+    """The README's way to lower the lr from a callback (a plateau rule): the schedule then goes
+    on from the new base, rather than putting the old lr back at the next step."""
+    seen: list[float] = []
+
+    class Plateau(Callback):
+        def on_valid_end(self, trainer, metrics, is_best) -> None:
+            trainer.scheduler.base_lrs = [lr * 0.1 for lr in trainer.scheduler.base_lrs]
+
+        def on_step_end(self, trainer) -> None:
+            seen.append(trainer.optimizer.param_groups[0]["lr"])
+
+    make_trainer(tmp_path, tiny_model_dir, [Plateau()], epochs=2, scheduler="constant").fit()
+    assert seen[:3] == pytest.approx([1e-3] * 3) and seen[3:] == pytest.approx([1e-4] * 3)
