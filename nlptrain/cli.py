@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
-import importlib.util
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.task_options import add_task_options, apply_overrides, resolve_task
+from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
 
 log = logging.getLogger("nlptrain")
 
@@ -127,51 +127,13 @@ def check_train(args: argparse.Namespace) -> None:
     worker loads it), and that a resume fits the run: a mistake is one error, not one a rank."""
     task = resolve_task(args)
     for spec in args.callback:
-        where = spec.rpartition(":")[0]
-        if where.endswith(".py") and not Path(where).is_file():
-            raise ConfigError(f"--callback {spec}: file {where} not found")
+        check_file(spec)
     from nlptrain.runs import check_free, check_resume
 
     if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
         check_resume(Path(args.output_dir), task.to_dict())
     elif args.output_dir and not args.overwrite:  # a refusal said once, and not restarted
         check_free(Path(args.output_dir))
-
-
-def make_callback(spec: str) -> Any:
-    """`--callback FILE.py:Class`: an instance of the class, made without arguments."""
-    import inspect
-
-    made = load_object(spec)
-    try:
-        inspect.signature(made).bind()
-    except TypeError as err:
-        raise ConfigError(f"--callback {spec}: {err}; a --callback class is made without "
-                          "arguments: give its parameters defaults (or read them from the "
-                          "environment)") from None
-    except ValueError:  # no signature to read
-        pass
-    return made()
-
-
-def load_object(spec: str) -> Any:
-    """`package.module:Name` or `path/to/file.py:Name`."""
-    where, sep, name = spec.rpartition(":")
-    if not sep or not where or not name:
-        raise ConfigError(f"--callback {spec}: expected MODULE:CLASS or FILE.py:CLASS")
-    try:
-        if where.endswith(".py"):
-            path = Path(where)
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if module_spec is None or not path.is_file():
-                raise ConfigError(f"--callback {spec}: file {where} not found")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
-        return getattr(module, name)
-    except (ImportError, AttributeError) as err:
-        raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 
 
 def add_split_command(commands: Any) -> None:
@@ -244,12 +206,6 @@ def run_options(args: argparse.Namespace) -> Any:
                              callbacks=[check_callback(make_callback(spec))  # before the run dir
                                         for spec in args.callback],
                              callback_specs=[absolute_spec(spec) for spec in args.callback])
-
-
-def absolute_spec(spec: str) -> str:
-    """A `FILE.py:Class` spec with the file's absolute path (a resume may start elsewhere)."""
-    where, sep, name = spec.rpartition(":")
-    return f"{Path(where).resolve()}{sep}{name}" if where.endswith(".py") else spec
 
 
 def cmd_train(args: argparse.Namespace) -> int:
