@@ -326,9 +326,9 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     for section, key in (("train", "seed"), ("data", "split_seed")):  # numpy's and sklearn's range
         if section in sections and not 0 <= value(section, key) < 2**32:
             raise ConfigError(f"{source}: [{section}] {key} must be in [0, 4294967295]")
-    if not 0 <= task.train.warmup_ratio <= 1:
+    if "train" in sections and not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
-    if len(sections) < 3:
+    if set(sections) != set(SECTIONS):  # one section alone: nothing else to fit it to
         return
     if task.train.max_tokens and (task.data.streaming or task.data.train_shards):
         # Batches by a token budget need every row's length up front, in one in-memory set.

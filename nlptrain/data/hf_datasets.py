@@ -1,4 +1,5 @@
-"""A 🤗 `datasets.Dataset` as training or evaluation data.
+"""A 🤗 `datasets.Dataset` as training or evaluation data; `as_dataset` is where the trainer takes
+any data it is given, tokenized if it is such a dataset, and checked for plain mistakes.
 
 Its columns are named like a task file's ("text", "label", and "text_pair" for a pair task), and
 its rows are checked by the same code as a file's rows, so a bad cell gives the same message,
