@@ -179,7 +179,8 @@ def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
                                   "saved model, load it as the model")
         if found is None and dist.is_main:  # a first run: said, as a wrong path reads the same
             log.warning("%s: no checkpoint yet (%s), training starts from the beginning", path,
-                        "an empty folder" if path.is_dir() else "no such folder")
+                        "an empty folder" if path.is_dir() else
+                        "not a folder" if path.exists() else "no such folder")
         return found
     problem = dist.on_main(lambda: verify_checkpoint(path))
     if problem is not None:
@@ -313,9 +314,11 @@ def save_tokenizer(tokenizer: Any, folder: Path, max_length: int | None) -> None
     training, where known: `pipeline(..., truncation=True)` then truncates the export's input as
     training did (not at the tokenizer's own 512). The caller's tokenizer is left as it was."""
     own = getattr(tokenizer, "model_max_length", None)
-    if max_length and own is not None:
+    changed = bool(max_length) and own is not None
+    if changed:
         tokenizer.model_max_length = max_length
     try:
         tokenizer.save_pretrained(folder)
     finally:
-        tokenizer.model_max_length = own
+        if changed:
+            tokenizer.model_max_length = own
