@@ -127,10 +127,36 @@ def compute_metrics(predictions: Predictions, label_names: Sequence[str],
                         "(eval_data=None)")
     metrics = (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)
     for metric_fn in metric_fns:
-        found = metric_fn(predictions)
-        if not isinstance(found, dict):
-            raise ConfigError(f"metrics= function {getattr(metric_fn, '__name__', metric_fn)} "
-                              f"returned a {type(found).__name__} ({str(found)[:40]}): return a "
-                              "dict of name -> number, e.g. {'rmse': 0.41}")
-        metrics.update({k: v.tolist() if hasattr(v, "tolist") else v for k, v in found.items()})
+        metrics.update(_user_metrics(metric_fn, predictions, taken=metrics))
     return metrics
+
+
+def _user_metrics(metric_fn: Callable[[Predictions], dict[str, Any]], predictions: Predictions,
+                  taken: dict[str, Any]) -> dict[str, Any]:
+    """`metric_fn`'s dict, as plain numbers (or lists of them); refused, naming the function,
+    if it is no dict, holds something that is no number (a string or None would be logged,
+    compared for the best model and saved as if it were one), or reuses a name already taken:
+    replacing the kind's `accuracy` without a word would change what every log means."""
+    name = getattr(metric_fn, "__name__", repr(metric_fn))
+    found = metric_fn(predictions)
+    if not isinstance(found, dict):
+        raise ConfigError(f"metrics= function {name} returned a {type(found).__name__} "
+                          f"({str(found)[:40]}): return a dict of name -> number, "
+                          "e.g. {'rmse': 0.41}")
+    plain = {key: value.tolist() if hasattr(value, "tolist") else value
+             for key, value in found.items()}
+    for key, value in plain.items():
+        if key in taken:
+            raise ConfigError(f"metrics= function {name} returned '{key}', a metric this task "
+                              f"already reports; give yours another name, e.g. '{name}_{key}'")
+        if not _is_numeric(value):
+            raise ConfigError(f"metrics= function {name} returned '{key}': "
+                              f"{type(value).__name__} ({str(value)[:40]}), not a number or a "
+                              "list of numbers")
+    return plain
+
+
+def _is_numeric(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_is_numeric(item) for item in value)
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -179,3 +179,23 @@ def test_a_metric_that_returns_no_dict_is_named_in_one_error():
     with pytest.raises(ConfigError, match=r"metrics= function rmse returned a float \(0\.41\): "
                                           r"return a dict of name -> number"):
         compute_metrics(found, ["neg", "pos"], metric_fns=[rmse])
+
+
+@pytest.mark.parametrize("returned, says", [
+    ({"accuracy": 0.5}, r"metrics= function mine returned 'accuracy', a metric this task already "
+                        r"reports; give yours another name, e\.g\. 'mine_accuracy'"),
+    ({"note": "good"}, r"metrics= function mine returned 'note': str \(good\), not a number"),
+    ({"score": None}, r"metrics= function mine returned 'score': NoneType"),
+])
+def test_a_metric_that_shadows_a_builtin_or_is_no_number_is_refused(returned, says):
+    import numpy as np
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.evaluate import Predictions, compute_metrics
+
+    def mine(found):
+        return returned
+
+    found = Predictions(np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([0, 1]))
+    with pytest.raises(ConfigError, match=says):
+        compute_metrics(found, ["neg", "pos"], metric_fns=[mine])
