@@ -40,6 +40,16 @@ def test_early_stopping_without_eval_data_says_it_has_nothing_to_watch(tmp_path,
     assert len(warned) == 1 and "no eval_data" in warned[0]
 
 
+def test_save_best_model_without_eval_data_says_it_saves_nothing(tmp_path, tiny_model_dir, caplog):
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SaveBestModel(tmp_path / "best")], epochs=2)
+    trainer.eval_data = None
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    warned = [r.getMessage() for r in caplog.records if "nothing to compare" in r.getMessage()]
+    assert len(warned) == 1 and "no eval_data, so no model is saved there" in warned[0]
+    assert not (tmp_path / "best").exists()
+
+
 class NormProbe(Callback):
     """Records the gradient norm after clipping (GradClip runs earlier: it is a built-in)."""
 
