@@ -227,7 +227,15 @@ class Distributed(Backend):
             except Exception as err:  # shared below, then raised on rank 0 as is
                 error = err
         failure = None if error is None else f"{type(error).__name__}: {error}"
-        failure, result = self.broadcast_object((failure, result), self.main_work_group)
+        try:
+            failure, result = self.broadcast_object((failure, result), self.main_work_group)
+        except RuntimeError as err:  # gloo's "closed by peer ... GLHF" alone would not say why
+            if self.is_main and error is None:
+                err.add_note("rank 0 had done its part of a collective call (an export, a "
+                             "checkpoint, ...) and the other ranks did not join it: call it on "
+                             "every rank, not under `if trainer.is_main` (rank 0 alone writes), "
+                             "or see the other ranks' logs for their failure")
+            raise
         if error is not None:
             raise error
         if failure is not None:

@@ -249,6 +249,28 @@ def test_ranks_wait_for_slow_rank0_work_beyond_a_short_collective_timeout(tmp_pa
         assert (result, ranks) == ("written", 2.0) and waited > 3.0
 
 
+def main_alone_worker(rank: int, world: int) -> list[str]:
+    from nlptrain.distributed import Distributed
+
+    backend = Distributed(timeout_s=20)
+    notes: list[str] = []
+    try:
+        if rank == 0:  # `if trainer.is_main: trainer.strategy.export(...)`: rank 1 never joins
+            backend.on_main(lambda: "written")
+    except RuntimeError as err:
+        notes = getattr(err, "__notes__", [])
+    finally:
+        backend.close(failed=bool(notes))
+    return notes
+
+
+@pytest.mark.distributed
+def test_on_main_called_by_rank0_alone_says_to_call_it_on_every_rank(tmp_path):
+    notes, nothing = run_ranks(main_alone_worker, 2, tmp_path)
+    assert nothing == []
+    assert len(notes) == 1 and "call it on every rank, not under `if trainer.is_main`" in notes[0]
+
+
 def test_both_backends_implement_every_collective_of_the_backend_protocol():
     # A protocol method's body is `...`: a backend that inherited it would answer None silently.
     from nlptrain.distributed import Backend, Distributed, SingleProcess
