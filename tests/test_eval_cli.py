@@ -75,6 +75,22 @@ def test_eval_of_a_test_file_does_not_read_train(toy_task: Path, labelled_model:
     assert "train.tsv" in capsys.readouterr().err  # the held-out rows come from train
 
 
+def test_eval_of_a_file_elsewhere_caches_its_tokens_next_to_that_file(
+        tmp_path: Path, tiny_model_dir: Path, labelled_model: Path, capsys) -> None:
+    from conftest import write_toy_task
+
+    (tmp_path / "task").mkdir()
+    (tmp_path / "mine").mkdir()
+    task = write_toy_task(tmp_path / "task", tiny_model_dir)  # no cache_dir: next to the data
+    write_toy_tsv(tmp_path / "mine" / "lab.tsv", 12, seed=7)
+    args = ["eval", "--model", str(labelled_model), "--task", str(task), "--json",
+            "--test-file", str(tmp_path / "mine" / "lab.tsv")]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 12
+    assert any((tmp_path / "mine" / ".nlptrain_cache").iterdir())
+    assert not (tmp_path / "task" / ".nlptrain_cache").exists()
+
+
 def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_refused(
         toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
     """Without [data] labels the task's come from the train rows (neg, pos); a model saying

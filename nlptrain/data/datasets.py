@@ -199,19 +199,24 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         from nlptrain.data.streaming import per_rank_labels
 
         vocab = per_rank_labels(task, vocab, dist.world_size)
-    train_files = _files(specs["train"], data_dir, vocab) if specs["train"] else []
+    # The cache sits next to the data read: the train file's, or the one set `eval` reads
+    # (a --test-file of its own must not fill the default task's data folder).
+    alone = only in ("valid", "test") and specs[only] is not None and vocab is not None
+    anchor = specs[only] if alone else specs["train"]
+    anchor_files = _files(anchor, data_dir, vocab) if anchor else []
     cache_dir = None
     if use_cache:
         cache_dir = Path(task.data.cache_dir) if task.data.cache_dir else \
-            default_cache_dir(train_files[0].parent if train_files else data_dir)
+            default_cache_dir(anchor_files[0].parent if anchor_files else data_dir)
 
     # The ranks of a machine tokenize a missing cache entry together (shared_tokenize.py).
     share = Share.agree(dist) if dist.world_size > 1 and cache_dir is not None else ALONE
-    if only in ("valid", "test") and specs[only] is not None and vocab is not None:
-        alone = Datasets(None, None, None, vocab)
-        setattr(alone, only, load_file(specs[only], data_dir, vocab, tokenizer, task.model.max_length,
-                                       cache_dir, only, kind, share=share)[0])
-        return alone
+    if alone:
+        one_set = Datasets(None, None, None, vocab)
+        setattr(one_set, only, load_file(specs[only], data_dir, vocab, tokenizer,
+                                         task.model.max_length, cache_dir, only, kind,
+                                         share=share)[0])
+        return one_set
     train, labels = (None, vocab) if per_rank else load_file(
         specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
         kind, share=share)
