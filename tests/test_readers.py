@@ -75,6 +75,10 @@ def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, va
     ("text\tlabel\nok\tpos\n".encode("utf-16"), r"a\.tsv: UTF-16 \(it starts with UTF-16's "
                                                 r"byte order mark.*iconv -f utf-16 -t utf-8"),
     (b"text\tlabel\n\x93ok\x94\tpos\n", r"a\.tsv:2: byte 0x93 .* iconv -f cp1252 -t utf-8"),
+    # UTF-16 without its byte order mark is valid UTF-8, with a NUL after every ASCII letter.
+    ("text\tlabel\nok\tpos\n".encode("utf-16-le"), r"a\.tsv:1: a NUL byte \(0x00\) at column "
+                                                  r"2: a binary file, or UTF-16 without its byte"),
+    ("text\tlabel\nok\tpos\nbad\0\tneg\n", r"a\.tsv:3: a NUL byte \(0x00\) at column 4"),
     # Cells a csv writer quoted, read as TSV's plain text: --quoted is the cure, said.
     ('text\tlabel\n"two\nlines"\tpos\n', r"a\.tsv:2: 1 column\(s\), expected at least 2 .*; "
                                            r"cells in quotes\? .* give --quoted"),

@@ -69,6 +69,11 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
                     "UTF-8; convert the file, e.g. iconv -f cp1252 -t utf-8 IN > OUT (a file from "
                     "Windows; -f latin1 for other 8-bit files)") from None
             text = text.rstrip("\r\n")
+            if "\0" in text:  # valid UTF-8, but no text holds one: UTF-16 read as bytes does
+                raise DataError(f"{path}:{number}: a NUL byte (0x00) at column "
+                                f"{text.index(chr(0)) + 1}: a binary file, or UTF-16 without "
+                                "its byte order mark? Convert it, e.g. iconv -f utf-16le -t "
+                                "utf-8 IN > OUT")
             if "\r" in text:  # a CR alone ends no line here: the whole file would read as one
                 raise DataError(f"{path}:{number}: a carriage return (\\r) inside the line: the "
                                 "file's line ends are probably CR alone (classic Mac); convert "
