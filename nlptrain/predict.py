@@ -86,15 +86,21 @@ def default_max_length(model_dir: Path, tokenizer: Any, model: Any) -> int:
 def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
             kind: TaskKind | None = None) -> Iterable[dict]:
     """One dict per text, in input order: row (from 1), line (where the text is in the input file:
-    blank lines are skipped, a header counts), the prediction (single-label: label and
-    its probability; multi-label: every label over the threshold and its probability;
-    regression: the score), [every label's probability], the text [and its pair].
-    `texts`: an `Examples` (texts and pairs) or a list of texts."""
+    blank lines are skipped, a header counts), the input's kept columns (one named like an
+    output column as input_<name>), the prediction (single-label: label and its probability;
+    multi-label: every label over the threshold and its probability; regression: the score),
+    [every label's probability], the text [and its pair].
+    `texts`: an `Examples` (texts, pairs, kept columns) or a list of texts."""
     kind = kind or SingleLabel()
     pairs, lines = getattr(texts, "pairs", None), getattr(texts, "lines", None)
+    kept = getattr(texts, "kept", None)
     for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
-        row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {}),
-                               **kind.predicted(p, names)}
+        predicted = kind.predicted(p, names)
+        taken = {"row", "line", "probabilities", "text", "text_pair", *predicted}
+        row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {})}
+        if kept:
+            row.update({f"input_{k}" if k in taken else k: v for k, v in kept[i].items()})
+        row.update(predicted)
         if all_probs and kind.has_classes:
             row["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
         row["text"] = text
@@ -226,7 +232,8 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     args.text_column, args.text_pair_column = input_columns(args)
     def read() -> Any:
         with readable_input(args.input) as path:
-            return read_texts(path, args.input_format, args.text_column, args.text_pair_column)
+            return read_texts(path, args.input_format, args.text_column, args.text_pair_column,
+                              args.keep_columns)
 
     texts = dist.on_main(read)
     tokenizer = load_tokenizer(args.model)
@@ -260,6 +267,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
         setup_logging(dist.rank, args.log_level)
         run_predict(args, dist)
     return 0
+
+
+def column_names(text: str) -> tuple[str, ...]:
+    """--keep-columns' comma-separated names (argparse reports an empty one)."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty column name")
+    return names
 
 
 def positive_int(text: str) -> int:
@@ -306,6 +321,10 @@ def add_command(commands: Any) -> None:
                         help="column or JSON field holding a pair's second text, for a model "
                         "trained on pairs (default: the one it was trained on, else text_pair; "
                         "none for a model of single texts)")
+    parser.add_argument("--keep-columns", type=column_names, default=(), metavar="NAMES",
+                        help="input columns (or JSON fields) to write beside each prediction, "
+                        "comma-separated, e.g. id (to join the output back); one named like an "
+                        "output column (label, text, ...) is written as input_<name>")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
     parser.add_argument("--max-length", type=positive_int, default=0,

@@ -54,6 +54,16 @@ def test_parquet_list_column_is_a_multi_label_cell(tmp_path):
     assert targets.tolist() == [[1, 0], [0, 0], [1, 1]]
 
 
+def test_parquet_columns_to_keep_come_with_each_row_as_they_are(tmp_path):
+    from nlptrain.data.readers import read_texts
+
+    pq.write_table(pa.table({"id": [7, 9], "text": ["a", "b"]}), tmp_path / "t.parquet")
+    assert read_texts(tmp_path / "t.parquet", keep=["id"]).kept == [{"id": 7}, {"id": 9}]
+    with pytest.raises(DataError, match=r"no kept column 'ids' in the columns \['id', 'text'\]; "
+                                        r"check --keep-columns"):
+        read_texts(tmp_path / "t.parquet", keep=["ids"])
+
+
 @pytest.mark.parametrize("table, spec, message", [
     ({"text": ["a"], "label": ["pos"]}, dict(label_column="stars"),
      "t.parquet: no label column 'stars' in the columns ['text', 'label']; set label_column"),

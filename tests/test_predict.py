@@ -266,3 +266,36 @@ def test_a_long_scoring_says_how_far_it_is(tmp_path: Path, sharp_model: Path, mo
     assert [s.split(" (")[0] for s in said] == ["scoring: batch 1/3", "scoring: batch 2/3",
                                                 "scoring: batch 3/3"]
     assert said[-1].endswith("(100%), about 0 s left")
+
+
+def test_kept_columns_come_back_beside_each_prediction(tmp_path: Path, tiny_model_dir: Path,
+                                                       monkeypatch, capsys) -> None:
+    """--keep-columns: the input's id (to join the output back) and its gold label, which the
+    output's own label column would hide: written as input_label."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.tsv").write_text("id\ttext\tlabel\nA7\tgreat film\tpos\n\nB9\tawful\tneg\n")
+    common = ["predict", "--model", str(tiny_model_dir), "--keep-columns", "id,label"]
+    assert main([*common, "--input", "in.tsv"]) == 0
+    rows = parse_tsv(capsys.readouterr().out)
+    assert list(rows[0])[:4] == ["row", "line", "id", "input_label"]
+    assert [(r["id"], r["input_label"], r["line"], r["text"]) for r in rows] == [
+        ("A7", "pos", "2", "great film"), ("B9", "neg", "4", "awful")]
+    assert all(r["label"] in ("LABEL_0", "LABEL_1") for r in rows)  # the prediction stays
+    # JSON keeps the value's type: an id number stays a number.
+    Path("in.jsonl").write_text('{"id": 7, "text": "great film"}\n{"id": 9, "text": "awful"}\n')
+    assert main([*common[:-1], "id", "--input", "in.jsonl", "--format", "jsonl"]) == 0
+    assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [7, 9]
+
+
+@pytest.mark.parametrize("content, name, says", [
+    ("id\ttext\nA7\tgreat\n", "in.tsv", r"in\.tsv:1: no kept column 'idx' in the header "
+                                        r"\['id', 'text'\]; check --keep-columns"),
+    ('{"id": 7, "text": "great"}\n', "in.jsonl", r"in\.jsonl:1: no 'idx' field \(kept\); check "
+                                                  r"--keep-columns"),
+    ("great\nawful\n", "in.txt", r"in\.txt: --keep-columns needs columns; give a \.tsv, \.csv"),
+])
+def test_a_column_to_keep_that_is_not_there_is_named(tmp_path: Path, content: str, name: str,
+                                                     says: str) -> None:
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=says):
+        read_texts(tmp_path / name, keep=["idx"])

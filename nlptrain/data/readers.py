@@ -101,12 +101,23 @@ class Row(NamedTuple):
     path: str
     line: int
     pair: str | None = None  # the second text of a pair task
+    kept: dict[str, object] | None = None  # other columns, as read, that predict writes back
+
+
+KEEP = "keep:"  # the role of a column read only to be written back (predict --keep-columns)
 
 
 def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool = False) -> Row:
-    """A Row from the cells of one record (roles text, pair, label), each checked. With
-    `empty_label_ok` (a multi-label task), an empty label cell is a row with none of the labels,
-    as a JSON `[]` is."""
+    """A Row from the cells of one record (roles text, pair, label; kept columns), each checked.
+    With `empty_label_ok` (a multi-label task), an empty label cell is a row with none of the
+    labels, as a JSON `[]` is."""
+    row = _checked_row(cells, path, line, empty_label_ok)
+    kept = {role.removeprefix(KEEP): value for role, value in cells.items()
+            if role.startswith(KEEP)}
+    return row._replace(kept=kept) if kept else row
+
+
+def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool) -> Row:
     text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
     # JSONL and Parquet cells have types: a list or an object is no text, and str() of it
     # would train on its Python repr (or make one label class of it).
@@ -136,14 +147,22 @@ def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok:
     return Row(str(text), str(label).strip(), str(path), line, pair)
 
 
-def _roles(spec: FileSpec, labelled: bool) -> list[tuple[str, str | int]]:
-    """(role, column) of what a record holds: the text, the pair's second text, the label."""
-    roles: list[tuple[str, str | int]] = [("text", spec.text_column)]
+Roles = list[tuple[str, str | int]]
+
+
+def _roles(spec: FileSpec, labelled: bool, keep: Sequence[str] = ()) -> Roles:
+    """(role, column) of what a record holds: the text, the pair's second text, the label, and
+    the columns to keep."""
+    roles: Roles = [("text", spec.text_column)]
     if spec.text_pair_column != "":
         roles.append(("pair", spec.text_pair_column))
     if labelled:
         roles.append(("label", spec.label_column))
-    return roles
+    return roles + [(KEEP + name, name) for name in keep]
+
+
+def role_text(role: str) -> str:
+    return "kept" if role.startswith(KEEP) else role
 
 
 def quoted_cells_hint(row: list[str], quoting: int) -> str:
@@ -154,7 +173,7 @@ def quoted_cells_hint(row: list[str], quoting: int) -> str:
             "(quoted = true in the task's [data])" if quoting == csv.QUOTE_NONE and quoted else "")
 
 
-def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix: str,
+def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: str,
                 empty_label_ok: bool, label_values: Sequence[str] = ()) -> Iterator[Row]:
     """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
     line_of_row: list[int] = []
@@ -188,8 +207,9 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                                 "remove it, e.g. join them with tail -n +2 for each file after "
                                 "the first")
             if not columns:
-                columns = {role: _column(name, header, path, role, column_fix(fix, role))
-                           for role, name in _roles(spec, labelled)}
+                columns = {role: _column(name, header, path, role_text(role),
+                                         column_fix(fix, role))
+                           for role, name in roles}
                 if header is not None:
                     label = columns.get("label")
                     if isinstance(spec.label_column, int) and label is not None and \
@@ -201,7 +221,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
                                         "without one")
                     continue
             if len(row) <= max(columns.values()):
-                where = ", ".join(f"{role} in column {c + 1}" for role, c in columns.items())
+                where = ", ".join(f"{role_text(role)} in column {c + 1}"
+                                  for role, c in columns.items())
                 hint = quoted_cells_hint(row, quoting)
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
                                 f"{max(columns.values()) + 1} ({where}){f'; {hint}' if hint else ''}")
@@ -221,8 +242,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, labelled: bool, fix:
         raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
 
 
-def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
-                empty_label_ok: bool) -> Iterator[Row]:
+def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Iterator[Row]:
     for line, text in decoded_lines(path):
         if not text.strip():
             continue
@@ -233,42 +253,12 @@ def _jsonl_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
         if not isinstance(row, dict):
             raise DataError(f"{path}:{line}: expected a JSON object per line")
         cells = {}
-        for role, key in _roles(spec, labelled):
+        for role, key in roles:
             if str(key) not in row:
-                raise DataError(f"{path}:{line}: no '{key}' field ({role}); {column_fix(fix, role)}")
+                raise DataError(f"{path}:{line}: no '{key}' field ({role_text(role)}); "
+                                f"{column_fix(fix, role)}")
             cells[role] = row[str(key)]
         yield checked_row(cells, path, line, empty_label_ok)
-
-
-def _parquet_rows(path: Path, spec: FileSpec, labelled: bool, fix: str,
-                  empty_label_ok: bool) -> Iterator[Row]:
-    """Rows of a Parquet file by record batches; columns by name (or 0-based index), row numbers
-    1-based. A list column is a multi-label cell, a number a class id or score."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f"{path}: reading Parquet needs pyarrow: pip install 'nlptrain[parquet]'"
-                        ) from None
-    try:
-        table = pq.ParquetFile(path)
-    except Exception as err:  # pyarrow's errors have no common base worth naming
-        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
-    names = table.schema_arrow.names
-    columns = {}
-    for role, name in _roles(spec, labelled):
-        if isinstance(name, int):
-            name = names[name] if 0 <= name < len(names) else str(name)
-        if name not in names:
-            raise DataError(f"{path}: no {role} column '{name}' in the columns {names}; "
-                            f"{column_fix(fix, role)}")
-        columns[role] = name
-    number = 0
-    for batch in table.iter_batches(columns=list(dict.fromkeys(columns.values()))):
-        cells = {role: batch.column(name).to_pylist() for role, name in columns.items()}
-        for i in range(batch.num_rows):
-            number += 1
-            yield checked_row({role: values[i] for role, values in cells.items()}, path, number,
-                              empty_label_ok)
 
 
 def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
@@ -290,16 +280,19 @@ TASK_FIX = "set {role}_column in the task's [data] (or --{flag}-column)"
 
 def column_fix(fix: str, role: str) -> str:
     """`fix` (TASK_FIX, or a caller's) for a column role: a pair's key is text_pair_column."""
+    if role.startswith(KEEP):
+        return "check --keep-columns"
     key = "text_pair" if role == "pair" else role
     return fix.format(role=key, flag=key.replace("_", "-"))
 
 
 def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
               what: str = "data", labelled: bool = True, fix: str = TASK_FIX,
-              empty_label_ok: bool = False) -> Iterator[Row]:
+              empty_label_ok: bool = False, keep: Sequence[str] = ()) -> Iterator[Row]:
     """Every row of one [data] entry in file order, read lazily; errors name file and line.
     For format 'lines' (a path with {label}), one file per label value, one text a line.
-    `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row)."""
+    `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row). `keep`:
+    other columns each row carries as they are (`Row.kept`)."""
     fmt = "lines" if "{label}" in spec.path else format_of(spec)
     files = source_files(spec, data_dir, list(label_values), what)
     empty = True
@@ -310,13 +303,15 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
                     empty = False
                     yield Row(text, value, str(path), line)
     else:
-        path = files[0]
+        path, roles = files[0], _roles(spec, labelled, keep)
         if fmt == "jsonl":
-            rows = _jsonl_rows(path, spec, labelled, fix, empty_label_ok)
+            rows = _jsonl_rows(path, roles, fix, empty_label_ok)
         elif fmt == "parquet":
-            rows = _parquet_rows(path, spec, labelled, fix, empty_label_ok)
+            from nlptrain.data.parquet import parquet_rows  # (it reads rows with this module's)
+
+            rows = parquet_rows(path, roles, fix, empty_label_ok)
         else:
-            rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", labelled, fix,
+            rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", roles, fix,
                                empty_label_ok, label_values)
         for row in rows:
             empty = False
@@ -336,6 +331,7 @@ class Examples:
     files: list[str] = field(default_factory=list)
     file_of: array = field(default_factory=lambda: array("H"))
     lines: array = field(default_factory=lambda: array("L"))
+    kept: list[dict[str, object]] | None = None  # each row's kept columns (predict)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -350,6 +346,9 @@ class Examples:
             self.pairs.append(row.pair)
         self.file_of.append(len(self.files) - 1)
         self.lines.append(row.line)
+        if row.kept is not None:
+            self.kept = [] if self.kept is None else self.kept
+            self.kept.append(row.kept)
 
     def origin(self, i: int) -> tuple[str, int]:
         """(file, line) of row i."""
@@ -366,10 +365,11 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
 
 
 def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
-               text_pair_column: str | int = "") -> Examples:
+               text_pair_column: str | int = "", keep: Sequence[str] = ()) -> Examples:
     """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
     objects, Parquet, or plain text with one text per line ('lines', also any unknown suffix). With
-    `text_pair_column`, each row is a pair (tsv/csv/jsonl only)."""
+    `text_pair_column`, each row is a pair; with `keep`, each row carries those columns too
+    (not 'lines')."""
     path = Path(path)
     if fmt == "auto":
         fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
@@ -378,8 +378,10 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
                         "lines")
     out = Examples()
     if fmt == "lines":
-        if text_pair_column != "":
-            raise DataError(f"{path}: pairs need columns; give a .tsv, .csv or .jsonl input")
+        if text_pair_column != "" or keep:
+            need = "pairs need" if text_pair_column != "" else "--keep-columns needs"
+            raise DataError(f"{path}: {need} columns; give a .tsv, .csv, .jsonl or .parquet "
+                            "input")
         open_checked(path, "input")
         for line, text in decoded_lines(path):
             if text.strip():
@@ -391,6 +393,6 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
                     text_pair_column=text_pair_column)
     fix = ("name the {role} column with --{flag}-column (a file of one text a line, no header: "
            "--input-format lines)")
-    for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix):
+    for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep):
         out.add(row)
     return out
