@@ -128,6 +128,17 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
     return choice
 
 
+def for_scoring(requested: str, trained_in: str | None, device: torch.device,
+                dist: Backend | None = None) -> str:
+    """The precision a saved model scores in (`eval`, `predict`): `requested`, but "auto" is the
+    one the model was trained and tested in (`trained_in`, its config.json's record) where it has
+    one, not a new probe: its scores then match its run's."""
+    if requested == "auto" and trained_in:
+        log.info("precision auto: %s (the model was trained and tested in it)", trained_in)
+        return trained_in
+    return choose(requested, device, dist).precision
+
+
 def probe_cpu(attempts: int = PROBE_ATTEMPTS) -> dict[str, float]:
     """`probe_cpu_matmuls`, again while bf16 comes out short of clearly faster, up to `attempts`
     times, keeping the fastest bf16 seen: other work on the machine slows a probe's bf16 timings

@@ -1,7 +1,9 @@
 """`python -m nlptrain predict`: label and probability for each text of a file.
 
-Input: TSV/CSV with a header row (text in column `--text-column`), JSONL objects, or plain text,
-one per line. Output: TSV or JSONL, to a file or stdout, one row per input text in input order.
+Input: TSV/CSV (text in column `--text-column`; header and quoting as the model's run read its
+training file, unless given), JSONL objects, Parquet, or plain text, one per line. Output: TSV
+or JSONL, to a file or stdout, one row per input text in input order, scored in the precision
+the model was trained in.
 Under torchrun each rank scores a share (`evaluate.predict`), the shares are gathered back in
 row order, and rank 0 alone writes.
 """
@@ -18,7 +20,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from nlptrain.durable import open_durably
 from nlptrain.errors import ConfigError, NlptrainError
@@ -192,18 +194,36 @@ def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -
                           f"--text-pair-column {args.text_pair_column}")
 
 
-def input_columns(args: argparse.Namespace) -> tuple[str | int, str | int]:
-    """(text column, pair column or "") to read: as given, else the columns of the run that
-    trained the model (its config.json), else text (and text_pair for a model of pairs)."""
+class InputLayout(NamedTuple):
+    text: str | int  # the text's column (name or 0-based index) or JSON field
+    pair: str | int  # the pair's second text's, or "" for single texts
+    header: bool  # tsv/csv: the first row names the columns
+    quoted: bool  # tsv: a cell may be CSV-quoted
+
+
+def input_layout(args: argparse.Namespace) -> InputLayout:
+    """How to read --input: each option as given, else as the run that trained the model read
+    its training file (its config.json), else text (and text_pair for a model of pairs), a
+    header row, no quoting."""
     try:
         config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         config = {}
     trained = config.get("nlptrain_columns") or {}
-    text = args.text_column if args.text_column is not None else trained.get("text", "text")
-    pair = args.text_pair_column if args.text_pair_column is not None else \
-        trained.get("text_pair", "text_pair") if config.get("nlptrain_text_pair") else ""
-    return text, pair
+
+    def given_or_trained(value: Any, key: str, default: Any) -> Any:
+        return value if value is not None else trained.get(key, default)
+
+    pairs = config.get("nlptrain_text_pair")  # a model of single texts reads no pair by default
+    layout = InputLayout(given_or_trained(args.text_column, "text", "text"),
+                         given_or_trained(args.text_pair_column, "text_pair", "text_pair")
+                         if args.text_pair_column is not None or pairs else "",
+                         given_or_trained(args.header, "header", True),
+                         given_or_trained(args.quoted, "quoted", False))
+    if args.header is None and not layout.header:
+        log.info("%s: read without a header row, as the model's training file was (--header "
+                 "if it has one)", args.input)
+    return layout
 
 
 def check_files(args: argparse.Namespace) -> None:
@@ -221,6 +241,7 @@ def check_files(args: argparse.Namespace) -> None:
 
 
 def run_predict(args: argparse.Namespace, dist: Backend) -> None:
+    from nlptrain import precision
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict
@@ -229,11 +250,13 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     fmt = output_format(args.output, args.format)
     dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
-    args.text_column, args.text_pair_column = input_columns(args)
+    layout = input_layout(args)
+    args.text_column, args.text_pair_column = layout.text, layout.pair
+
     def read() -> Any:
         with readable_input(args.input) as path:
-            return read_texts(path, args.input_format, args.text_column, args.text_pair_column,
-                              args.keep_columns)
+            return read_texts(path, args.input_format, layout.text, layout.pair,
+                              args.keep_columns, layout.header, layout.quoted)
 
     texts = dist.on_main(read)
     tokenizer = load_tokenizer(args.model)
@@ -253,8 +276,10 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
              "text pairs" if texts.pairs else "texts", dist.world_size, max_length, kind.name,
              names)
     model.to(dist.device)
+    chosen = precision.for_scoring(args.precision, getattr(model.config, "nlptrain_precision", None),
+                                   dist.device, dist)
     found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0),
-                    args.batch_size, args.precision, kind)
+                    args.batch_size, chosen, kind)
     dist.on_main(lambda: write_output(rows_of(texts, found.outputs, names, args.all_probs, kind),
                                       args.output, fmt, names, args.all_probs))
 
@@ -269,12 +294,17 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def column_names(text: str) -> tuple[str, ...]:
-    """--keep-columns' comma-separated names (argparse reports an empty one)."""
+def column(text: str) -> str | int:
+    """A column's name, or its 0-based index (digits), as a task's [data] takes it."""
+    return int(text) if text.strip().isdigit() else text
+
+
+def column_names(text: str) -> tuple[str | int, ...]:
+    """--keep-columns' comma-separated names or indexes (argparse reports an empty one)."""
     names = tuple(name.strip() for name in text.split(","))
     if not all(names):
         raise argparse.ArgumentTypeError(f"{text!r}: an empty column name")
-    return names
+    return tuple(column(name) for name in names)
 
 
 def positive_int(text: str) -> int:
@@ -314,13 +344,20 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--input-format", default="auto", choices=["auto", "tsv", "csv", "jsonl",
                                                                    "lines"],
                         help="input format (default: from the suffix; unknown suffix: lines)")
-    parser.add_argument("--text-column", default=None,
-                        help="column or JSON field holding the text (default: the one the model "
-                        "was trained on, else text)")
-    parser.add_argument("--text-pair-column", default=None,
+    parser.add_argument("--text-column", type=column, default=None,
+                        help="column (name, or 0-based index) or JSON field holding the text "
+                        "(default: the one the model was trained on, else text)")
+    parser.add_argument("--text-pair-column", type=column, default=None,
                         help="column or JSON field holding a pair's second text, for a model "
                         "trained on pairs (default: the one it was trained on, else text_pair; "
                         "none for a model of single texts)")
+    parser.add_argument("--header", action=argparse.BooleanOptionalAction, default=None,
+                        help="tsv/csv: the first row names the columns; --no-header: it is data, "
+                        "columns are 0-based indexes (default: as the model's training file, "
+                        "else a header)")
+    parser.add_argument("--quoted", action=argparse.BooleanOptionalAction, default=None,
+                        help="tsv: a cell may be CSV-quoted (default: as the model's training "
+                        "file, else not)")
     parser.add_argument("--keep-columns", type=column_names, default=(), metavar="NAMES",
                         help="input columns (or JSON fields) to write beside each prediction, "
                         "comma-separated, e.g. id (to join the output back); one named like an "
@@ -331,8 +368,9 @@ def add_command(commands: Any) -> None:
                         help="truncate texts to this many tokens (default: the run's max_length)")
     parser.add_argument("--batch-size", type=positive_int, default=64,
                         help="texts per batch per process (default: 64)")
-    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"],
-                        help="fp32 | bf16 | fp16 (autocast; default: fp32)")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
+                        help="auto | fp32 | bf16 | fp16 (autocast; default: auto, the precision "
+                        "the model was trained and tested in, else the faster one here)")
     parser.add_argument("--timeout", type=float, default=600,
                         help="seconds a rank waits for the others before failing (default: 600)")
     add_log_level(parser)

@@ -110,7 +110,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
     if train_file:  # `predict` reads the same columns unless told otherwise
         model.config.nlptrain_columns = {"text": train_file.text_column,
-                                         "text_pair": train_file.text_pair_column}
+                                         "text_pair": train_file.text_pair_column,
+                                         "header": train_file.header, "quoted": train_file.quoted}
     with open_run_dir(task, opts, dist) as (run_dir, has_run):
         log_sizes(task, sets, dist)
 
@@ -313,12 +314,8 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
                           f"the task a [data] {split} file{held_out}")
     model.to(dist.device)
-    trained_in = getattr(model.config, "nlptrain_precision", None)
-    if task.train.precision == "auto" and trained_in:  # not a new probe: the run's own numbers
-        chosen = trained_in
-        log.info("precision auto: %s (the model was trained and tested in it)", chosen)
-    else:
-        chosen = precision.choose(task.train.precision, dist.device, dist).precision
+    chosen = precision.for_scoring(task.train.precision,
+                                   getattr(model.config, "nlptrain_precision", None), dist.device, dist)
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
                     chosen, kind)
     return compute_metrics(found, names, kind)

@@ -55,6 +55,9 @@ def test_a_run_of_each_kind_reports_its_own_metrics(trained, kind):
                                       "regression": "regression"}[kind]
     if kind == "regression":
         assert config["id2label"] == {"0": "score"} and "confusion_matrix" not in results["test"]
+    if kind == "pair":  # how `predict` reads its input by default: as the run read its train file
+        assert config["nlptrain_columns"] == {"text": "premise", "text_pair": "hypothesis",
+                                              "header": True, "quoted": False}
     # Multi-label: the threshold is a setting the scores were computed at, said as such, never a
     # metric (the model card's table and the terminal's line list scores only).
     card = (run / "model" / "README.md").read_text()

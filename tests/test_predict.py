@@ -299,3 +299,34 @@ def test_a_column_to_keep_that_is_not_there_is_named(tmp_path: Path, content: st
     (tmp_path / name).write_text(content)
     with pytest.raises(DataError, match=says):
         read_texts(tmp_path / name, keep=["idx"])
+
+
+def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
+        tmp_path: Path, tiny_model_dir: Path, monkeypatch, capsys) -> None:
+    """A model trained on a TSV without a header row, its cells CSV-quoted (CoLA, GoEmotions):
+    predict reads its input the same way unless told otherwise (else row 1 is lost as a header
+    and the quotes stay in the texts), and scores in the run's precision."""
+    import shutil
+
+    model = shutil.copytree(tiny_model_dir, tmp_path / "model")
+    config = json.loads((model / "config.json").read_text())
+    config.update(nlptrain_columns={"text": 1, "text_pair": "", "header": False, "quoted": True},
+                  nlptrain_precision="bf16")
+    (model / "config.json").write_text(json.dumps(config))
+    monkeypatch.chdir(tmp_path)
+    Path("in.tsv").write_text('a1\t"great, ""really"" great"\nb2\tawful\n')
+    assert main(["predict", "--model", "model", "--input", "in.tsv", "--keep-columns", "0",
+                 "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [(r["line"], r["0"], r["text"]) for r in rows] == [(1, "a1", 'great, "really" great'),
+                                                            (2, "b2", "awful")]
+    assert "in.tsv: read without a header row, as the model's training file was" in err
+    assert "precision auto: bf16 (the model was trained and tested in it)" in err
+    # Each given option wins over the run's: a header row, its column by name, unquoted cells.
+    Path("named.tsv").write_text('id\tsentence\nc3\t"as is"\n')
+    assert main(["predict", "--model", "model", "--input", "named.tsv", "--header", "--no-quoted",
+                 "--text-column", "sentence", "--precision", "fp32", "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert [(r["line"], r["text"]) for r in map(json.loads, out.splitlines())] == [(2, '"as is"')]
+    assert "precision auto" not in err and "without a header row" not in err

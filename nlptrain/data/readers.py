@@ -150,7 +150,7 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
 Roles = list[tuple[str, str | int]]
 
 
-def _roles(spec: FileSpec, labelled: bool, keep: Sequence[str] = ()) -> Roles:
+def _roles(spec: FileSpec, labelled: bool, keep: Sequence[str | int] = ()) -> Roles:
     """(role, column) of what a record holds: the text, the pair's second text, the label, and
     the columns to keep."""
     roles: Roles = [("text", spec.text_column)]
@@ -158,7 +158,7 @@ def _roles(spec: FileSpec, labelled: bool, keep: Sequence[str] = ()) -> Roles:
         roles.append(("pair", spec.text_pair_column))
     if labelled:
         roles.append(("label", spec.label_column))
-    return roles + [(KEEP + name, name) for name in keep]
+    return roles + [(KEEP + str(name), name) for name in keep]
 
 
 def role_text(role: str) -> str:
@@ -288,7 +288,7 @@ def column_fix(fix: str, role: str) -> str:
 
 def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
               what: str = "data", labelled: bool = True, fix: str = TASK_FIX,
-              empty_label_ok: bool = False, keep: Sequence[str] = ()) -> Iterator[Row]:
+              empty_label_ok: bool = False, keep: Sequence[str | int] = ()) -> Iterator[Row]:
     """Every row of one [data] entry in file order, read lazily; errors name file and line.
     For format 'lines' (a path with {label}), one file per label value, one text a line.
     `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row). `keep`:
@@ -365,11 +365,12 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
 
 
 def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
-               text_pair_column: str | int = "", keep: Sequence[str] = ()) -> Examples:
-    """Texts without labels, in file order (for `predict`): TSV/CSV with a header row, JSONL
-    objects, Parquet, or plain text with one text per line ('lines', also any unknown suffix). With
-    `text_pair_column`, each row is a pair; with `keep`, each row carries those columns too
-    (not 'lines')."""
+               text_pair_column: str | int = "", keep: Sequence[str | int] = (), header: bool = True,
+               quoted: bool = False) -> Examples:
+    """Texts without labels, in file order (for `predict`): TSV/CSV (`header`, `quoted` as in a
+    task's [data]), JSONL objects, Parquet, or plain text with one text per line ('lines', also
+    any unknown suffix). With `text_pair_column`, each row is a pair; with `keep`, each row
+    carries those columns too (not 'lines')."""
     path = Path(path)
     if fmt == "auto":
         fmt = FORMATS_BY_SUFFIX.get(path.suffix.lower(), "lines")
@@ -389,8 +390,8 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
         if not out:
             raise DataError(f"{path}: input file holds no texts")
         return out
-    spec = FileSpec(path=str(path), format=fmt, header=True, text_column=text_column,
-                    text_pair_column=text_pair_column)
+    spec = FileSpec(path=str(path), format=fmt, header=header, quoted=quoted,
+                    text_column=text_column, text_pair_column=text_pair_column)
     fix = ("name the {role} column with --{flag}-column (a file of one text a line, no header: "
            "--input-format lines)")
     for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep):
