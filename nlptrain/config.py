@@ -336,7 +336,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
                           "batch " + ("a stream ([data] streaming)" if task.data.streaming else
                                       "per-rank files ([data] train_shards)") + ": use batch_size")
     if not 0 < task.data.threshold < 1:  # a probability: 0 predicts every label, 1 none
-        raise ConfigError(f"{source}: [data] threshold must be between 0 and 1 (a probability)")
+        raise ConfigError(f"{source}: [data] threshold {task.data.threshold:g} must be strictly "
+                          "between 0 and 1 (a probability: 0 predicts every label, 1 none)")
     for key in ("threshold", "label_separator"):  # set away from its default: meant to act
         if task.data.kind != "multi_label" and getattr(task.data, key) != getattr(DataConfig, key):
             raise ConfigError(f"{source}: [data] {key} is for multi_label tasks; this one is "

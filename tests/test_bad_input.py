@@ -391,7 +391,8 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
 @pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
 def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
     code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
-    assert code == 1 and "[data] threshold must be between 0 and 1 (a probability)" in err, err
+    assert code == 1 and f"[data] threshold {float(value):g} must be strictly between 0 and 1 " \
+        "(a probability: 0 predicts every label, 1 none)" in err, err
     assert not (tmp_path / "run").exists()
 
 
