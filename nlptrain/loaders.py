@@ -53,7 +53,8 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
     if not isinstance(data, IterableDataset):
         sampler = ShardedSampler(data, world_size, rank, shuffle=True, seed=config.seed,
                                  lengths=lengths if config.group_by_length else None,
-                                 group_size=64 * config.batch_size)
+                                 group_size=64 * config.batch_size,
+                                 block_size=8 * config.batch_size)
     return DataLoader(data, batch_size=config.batch_size, sampler=sampler,
                       drop_last=config.drop_last, **common)
 

@@ -8,8 +8,9 @@
   global sample count and works with any world size, without reading the skipped batches.
 - optional length grouping: the order is cut into chunks of `group_size` samples and each chunk is
   sorted by length, so a batch (and the batches of all ranks in the same step) holds texts of
-  similar length and dynamic padding has little to pad. Chunks are random, so every epoch is still
-  one shuffled pass over the data.
+  similar length and dynamic padding has little to pad. Chunks are random, and so is the order
+  of a chunk's blocks of `block_size` samples after its longest, so every epoch is still one
+  shuffled pass over the data, not longest to shortest (a set of one chunk would be, each epoch).
 
 `TokenBudgetSampler` builds batches by a token budget instead of a row count (`max_tokens`).
 `EvalBatches` gives each rank a disjoint share of batches that are the same for any world size.
@@ -36,11 +37,15 @@ class ShardedSampler(DistributedSampler):
         seed: int = 0,
         lengths: np.ndarray | None = None,
         group_size: int = 1024,
+        block_size: int | None = None,
     ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle,
                          seed=seed, drop_last=False)
         self.lengths = None if lengths is None else np.asarray(lengths)
         self.group_size = group_size
+        # The loader's 8 batches: whole steps of 1, 2, 4 or 8 ranks, and not a function of the
+        # world size, so a resume under another one finds the same global order.
+        self.block_size = block_size
         self.start = 0  # global samples of this epoch already consumed (resume)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
@@ -58,10 +63,20 @@ class ShardedSampler(DistributedSampler):
         if self.lengths is not None:
             for begin in range(0, n, self.group_size):
                 chunk = order[begin : begin + self.group_size]
-                # Longest first: a too-long batch fails at the first step, not hours later.
-                order[begin : begin + self.group_size] = chunk[
-                    np.argsort(-self.lengths[chunk], kind="stable")]
+                chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
+                order[begin : begin + self.group_size] = self._steps_shuffled(chunk, generator)
         return order
+
+    def _steps_shuffled(self, chunk: np.ndarray, generator: torch.Generator) -> np.ndarray:
+        """The length-sorted `chunk`'s whole blocks in random order, its longest first (a batch
+        too long for memory fails at the first step, not hours later), a part block last."""
+        size = self.block_size
+        whole = len(chunk) // size if size else 0
+        if whole <= 2:
+            return chunk
+        blocks = [chunk[i * size : (i + 1) * size] for i in range(whole)]
+        rest = torch.randperm(whole - 1, generator=generator).tolist()
+        return np.concatenate([blocks[0], *(blocks[1 + i] for i in rest), chunk[whole * size :]])
 
     def _remaining(self) -> np.ndarray:
         # The rows after the resume offset, padded like DistributedSampler (the epoch's first

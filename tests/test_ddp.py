@@ -80,7 +80,8 @@ def test_ranks_share_each_epoch_and_stay_in_sync(tmp_path, tiny_model_dir, world
     # seed gives the same order in every run, and another seed another order.
     def order(seed: int, rank: int, epoch: int) -> list[int]:
         sampler = ShardedSampler(range(rows), world, rank, seed=seed,
-                                 lengths=np.array(results[0]["lengths"]), group_size=64 * 4)
+                                 lengths=np.array(results[0]["lengths"]), group_size=64 * 4,
+                                 block_size=8 * 4)
         sampler.set_epoch(epoch)
         return list(sampler)
 
@@ -123,6 +124,46 @@ def test_a_sampler_resumed_under_another_world_size_deals_each_remaining_row_onc
         rest = [row for share in shares(after, len(done)) for row in share]
         assert sorted(set(done + rest)) == list(range(rows))
         assert len(done) + len(rest) - rows == -(rows - len(done)) % after, (steps, rest)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_length_grouped_steps_come_in_a_new_order_each_epoch(world):
+    """A set under one length-sorted chunk (64 batches) is not read longest to shortest in the
+    same steps every epoch: the chunk's blocks of 8 batches come in random order after its
+    longest one, each step still of rows of similar length, every row once, one global order
+    under any world size, and a resume deals the rest of the epoch."""
+    rows, batch = 264, 4  # 8 blocks of 8 batches, the last a part one
+    lengths = np.random.default_rng(0).integers(5, 120, size=rows)
+
+    def steps(epoch: int, start: int = 0) -> list[list[int]]:
+        shares = []
+        for rank in range(world):
+            sampler = ShardedSampler(range(rows), world, rank, seed=3, lengths=lengths,
+                                     group_size=64 * batch, block_size=8 * batch)
+            sampler.set_epoch(epoch, start=start)
+            shares.append(list(sampler))
+        return [[row for share in shares for row in share[i : i + batch]]
+                for i in range(0, len(shares[0]), batch)]
+
+    first, second = steps(0), steps(1)
+    for epoch in (first, second):
+        assert sorted({row for step in epoch for row in step}) == list(range(rows))
+        assert max(lengths[epoch[0]]) == lengths.max()  # a too-long batch fails at once
+        spread = np.mean([np.ptp(lengths[step]) for step in epoch])
+        assert spread < (0.1 if world != 3 else 0.2) * np.ptp(lengths)  # similar lengths
+        longest = [max(lengths[step]) for step in epoch[1:-1]]
+        assert not np.all(np.diff(longest) <= 0)  # not longest to shortest
+    one_process = ShardedSampler(range(rows), seed=3, lengths=lengths, group_size=64 * batch,
+                                 block_size=8 * batch).global_order()
+    size = world * batch  # each step takes the rows one process would: a resume may change world
+    assert [sorted(step) for step in first] == \
+        [sorted(one_process[i : i + size]) for i in range(0, rows, size)]
+    # Each epoch its own steps, at other places: ranked by where each row comes, the two epochs
+    # barely agree (a sort by length alone: 0.98).
+    place = [np.argsort([i for step in epoch for i in step])[:rows] for epoch in (first, second)]
+    assert abs(np.corrcoef(*place)[0, 1]) < 0.5
+    done = sum(len(step) for step in first[:5])
+    assert steps(0, start=done) == first[5:]  # (264 rows: no padding on 1, 2 or 3 ranks)
 
 
 def test_ddp_broadcasts_buffers_each_step_only_for_running_statistics(tiny_model_dir):
