@@ -33,6 +33,7 @@ from nlptrain.runs import (
     RunDirLock,
     began_in_this_launch,
     disk_use_line,
+    forget_unstarted_run,
     launch_run_dir,
     new_run_dir,
     prepare_run_dir,
@@ -163,6 +164,7 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
                 log.warning("%s without --output-dir: a new run starts in %s; give --output-dir "
                             "to continue or replace a run", "--resume" if opts.resume
                             else "--overwrite", folder)
+        made_here = not folder.exists()
         lock.acquire(folder)
         found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                 overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
@@ -170,13 +172,21 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
             cleared = clear_leftovers(folder) + clear_leftovers(folder / "checkpoints")
             if cleared:
                 log.info("%s: cleared what a crash left half-written: %s", folder, ", ".join(cleared))
+        else:
+            new_run.append((folder, made_here))
         return str(folder), found
 
     lock = RunDirLock()
+    new_run: list[tuple[Path, bool]] = []  # (folder, made by this run), where this process made it
     try:
         folder, has_run = dist.on_main(make)
         log.info("run directory: %s", folder)
         yield Path(folder), has_run
+    except BaseException:
+        if new_run and forget_unstarted_run(*new_run[0]):  # the lock is still held
+            log.info("%s: the run failed before it wrote anything: removed, so that the same "
+                     "command may start there", new_run[0][0])
+        raise
     finally:
         lock.release()
 

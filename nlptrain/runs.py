@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -196,6 +197,21 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
 
 def _contents(folder: Path) -> list[Path]:
     return [p for p in folder.iterdir() if p.name != LOCK_FILE] if folder.is_dir() else []
+
+
+def forget_unstarted_run(folder: Path, made_here: bool) -> bool:
+    """A new run that failed with nothing written but its config.json (a bad row found as
+    training starts, e.g. in a per-rank file) has nothing to resume: its config.json goes, so
+    the corrected command may start in `folder` ("already holds a run" otherwise), and the
+    folder too where this run made it. Whether it went."""
+    if [p.name for p in _contents(folder)] != [CONFIG_FILE]:
+        return False
+    (folder / CONFIG_FILE).unlink()
+    if made_here:
+        (folder / LOCK_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (something else appeared there: it stays)
+            folder.rmdir()
+    return True
 
 
 def check_free(folder: Path) -> None:

@@ -141,6 +141,26 @@ def test_cli_uneven_files_end_and_report(tmp_path, toy_task):
     assert json.loads((tmp_path / "run" / "results.json").read_text())["test"]["rows"] == 40
 
 
+def test_a_bad_row_in_one_ranks_file_leaves_no_run_that_refuses_the_fixed_command(tmp_path,
+                                                                                  toy_task):
+    """Rank 1's file is read as training starts, after the run directory was made: the error
+    names its file and line, and the run, which wrote nothing else, does not stay behind as one
+    that the same command, once the row is fixed, would refuse ("already holds a run")."""
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 40, seed=1)
+    part = write_parts(tmp_path / "parts", source, [20, 20]) / part_name(1, 2)
+    good = part.read_text()
+    part.write_text(good.replace(good.splitlines()[4], '{"text": "no label"}'))
+    command = ["train", "--task", str(toy_task), "--train-shards", "parts", "--epochs", "1",
+               "--output-dir", "run"]
+    failed = run_cli(command, cwd=tmp_path, nproc=2, timeout=180)
+    assert failed.returncode != 0
+    assert f"{part}:5: no 'label' field (label)" in failed.stderr
+    assert not (tmp_path / "run").exists()
+    part.write_text(good)
+    fixed = run_cli(command, cwd=tmp_path, nproc=2, timeout=180)
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+
+
 def test_sampler_and_plan():
     sampler = EpochSampler(5, shuffle=True, seed=1, length=12)
     sampler.set_epoch(0)

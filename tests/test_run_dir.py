@@ -270,3 +270,20 @@ def test_a_run_shorter_than_log_every_without_evaluation_ends_well(toy_task: Pat
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r["step"], r["closing"]) for r in rows] == [("train", 3, True)]
     assert (run / "plots" / "training.png").is_file() and (run / "report.md").is_file()
+
+
+def test_only_a_run_that_wrote_nothing_but_its_config_is_forgotten(tmp_path: Path) -> None:
+    from nlptrain.runs import forget_unstarted_run
+
+    for name in ("made", "given", "trained"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / ".lock").write_text("pid 1")
+    (tmp_path / "trained" / "metrics.jsonl").write_text("{}\n")  # it trained: what it logged stays
+    assert forget_unstarted_run(tmp_path / "made", made_here=True)
+    assert not (tmp_path / "made").exists()
+    assert forget_unstarted_run(tmp_path / "given", made_here=False)  # the user's folder stays
+    assert [p.name for p in (tmp_path / "given").iterdir()] == [".lock"]
+    assert not forget_unstarted_run(tmp_path / "trained", made_here=True)
+    assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == [".lock", "config.json",
+                                                                         "metrics.jsonl"]
