@@ -13,7 +13,8 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from nlptrain import environments
 from nlptrain.environments import Environment
-from nlptrain.errors import RemoteRankError
+from nlptrain.errors import ConfigError, RemoteRankError
 
 log = logging.getLogger(__name__)
 FAILED_TEARDOWN_S = 5.0  # how long a teardown after an error may take
@@ -153,17 +154,8 @@ class Distributed(Backend):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            timeout = timedelta(seconds=timeout_s)
-            store = _attempt_store(self.environment, timeout)
-            if store is None:  # rank 0 hosts the store at the environment's master address
-                host = self.environment.master_addr
-                host = f"[{host}]" if ":" in host else host
-                dist.init_process_group(backend, init_method=f"tcp://{host}:"
-                                        f"{self.environment.master_port}", rank=self.rank,
-                                        world_size=self.world_size, timeout=timeout)
-            else:
-                dist.init_process_group(backend, store=store, rank=self.rank,
-                                        world_size=self.world_size, timeout=timeout)
+            with _port_taken_said(self.environment):
+                self._join(backend, timedelta(seconds=timeout_s))
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) \
             if self.device.type == "cuda" else None  # (new_group's own default: 30 minutes)
@@ -172,6 +164,18 @@ class Distributed(Backend):
         # meant to catch hangs.
         self.main_work_group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=max(timeout_s, MAIN_WORK_TIMEOUT_S)))
+
+    def _join(self, backend: str, timeout: timedelta) -> None:
+        store = _attempt_store(self.environment, timeout)
+        if store is None:  # rank 0 hosts the store at the environment's master address
+            host = self.environment.master_addr
+            host = f"[{host}]" if ":" in host else host
+            dist.init_process_group(backend, init_method=f"tcp://{host}:"
+                                    f"{self.environment.master_port}", rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=self.rank,
+                                    world_size=self.world_size, timeout=timeout)
 
     def _flags(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
@@ -280,6 +284,22 @@ def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store |
 
 
 _groups_made = 0  # process groups this process made through the launcher's store
+
+
+@contextmanager
+def _port_taken_said(environment: Environment) -> Iterator[None]:
+    """The rendezvous port in use by another program (often another job's rendezvous): said as
+    this rank's own error, with the fix, not taken for a peer's failure (a DistError)."""
+    try:
+        yield
+    except dist.DistNetworkError as err:
+        if "EADDRINUSE" not in str(err) and "address already in use" not in str(err):
+            raise
+        raise ConfigError(
+            f"rank {environment.rank} cannot host the job's rendezvous at "
+            f"{environment.master_addr}:{environment.master_port}: the port is in use (another "
+            "job's?); give this job a free one (MASTER_PORT; torchrun's --master_port or "
+            "--rdzv-endpoint HOST:PORT)") from None
 
 
 def timed_out(error: BaseException) -> bool:

@@ -96,3 +96,22 @@ def test_a_failed_worker_under_nproc_is_said_by_nlptrain_alone(toy_folder, tmp_p
     assert re.search(r"^error: rank \d of 2 failed \(exit code 1\); its error is above$",
                      out.stderr, flags=re.MULTILINE), out.stderr[-3000:]
     assert not re.search(r"^[IWE]\d{4} ", out.stderr, flags=re.MULTILINE), out.stderr[-3000:]
+
+
+@pytest.mark.distributed
+def test_a_rendezvous_port_in_use_is_this_ranks_own_error_with_its_fix(toy_task, tmp_path):
+    """Rank 0 cannot listen on MASTER_PORT (another job's rendezvous holds it): its error says
+    so, not "another rank failed" (a DistError, read as a peer's failure before)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli(["train", "--task", str(toy_task), "--output-dir", "run"], cwd=tmp_path,
+                       timeout=120, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    assert done.returncode == 1
+    assert f"error: rank 0 cannot host the job's rendezvous at 127.0.0.1:{port}: the port is " \
+           "in use (another job's?); give this job a free one (MASTER_PORT" in done.stderr
+    assert "another rank failed" not in done.stderr and "Traceback" not in done.stderr
