@@ -32,6 +32,7 @@ class MetricLogger(Callback):
         self.log_every = log_every
         self.handle: Any = None
         self.step_lr = 0.0
+        self.step_epoch = 1  # the epoch (from 1) of the last step counted
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -66,6 +67,7 @@ class MetricLogger(Callback):
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
         self.rows_sum = self.rows_sum + trainer.step_rows
         self.batches += 1
+        self.step_epoch = trainer.epoch + 1  # (at the run's end, trainer.epoch is past the last)
         if trainer.global_step % self.log_every == 0:
             self._log_window(trainer)
 
@@ -75,7 +77,7 @@ class MetricLogger(Callback):
         a checkpoint of that step drops it (the resumed run goes on with its window)."""
         now = time.perf_counter()
         samples = float(self.rows_sum)
-        row = {"kind": "train", "step": trainer.global_step, "epoch": trainer.epoch + 1,
+        row = {"kind": "train", "step": trainer.global_step, "epoch": self.step_epoch,
                "loss": float(self.loss_sum) / self.batches,
                "lr": self.step_lr,
                "samples_per_s": samples / max(now - self.window_start, 1e-9),

@@ -91,6 +91,7 @@ def test_the_runs_end_is_logged_and_a_resume_drops_a_stopped_runs_closing_row(tm
     whole = rows(tmp_path / "whole.jsonl")
     assert [(r["kind"], r["step"], r.get("closing")) for r in whole] == [
         ("train", 4, None), ("eval", 6, None), ("train", 6, True)]
+    assert {r["epoch"] for r in whole} == {1}  # the end's row too: its steps' epoch, not the next
 
     folder = tmp_path / "checkpoints"
     make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "run.jsonl", 4), StopAtStep(2),
