@@ -296,13 +296,19 @@ def detect(environ: Mapping[str, str] | None = None, local_rank: int | None = No
 
 
 def _refuse_half_env(environ: Mapping[str, str]) -> None:
-    """WORLD_SIZE without RANK (or RANK without WORLD_SIZE): no launcher sets one alone, and as
-    one process each of the N started would train a job of its own."""
+    """WORLD_SIZE without RANK (or RANK without WORLD_SIZE), or a SLURM task rank outside an
+    srun step: no launcher sets one alone, and as one process each of the N started would train
+    a job of its own."""
     for given, lacking, alone_ok in (("WORLD_SIZE", "RANK", "1"), ("RANK", "WORLD_SIZE", "0")):
         if environ.get(given, alone_ok) != alone_ok and lacking not in environ:
             raise ConfigError(f"${given}={environ[given]} is set but ${lacking} is not: a launcher "
                               f"of the env:// convention (torchrun) sets both; set ${lacking} too, "
                               f"or unset ${given} to run one process")
+    # srun sets the step id with the task's rank; a batch script is task 0 of no step.
+    if environ.get("SLURM_PROCID", "0") != "0" and "SLURM_STEP_ID" not in environ:
+        raise ConfigError(f"$SLURM_PROCID={environ['SLURM_PROCID']} without $SLURM_STEP_ID: not "
+                          "a task of an srun step, and as one process each task would train a "
+                          "job of its own; start the tasks with srun")
 
 
 def first_host(nodelist: str) -> str:

@@ -119,6 +119,8 @@ def test_a_bad_value_names_the_variable():
 @pytest.mark.parametrize(("environ", "told"), [
     ({"WORLD_SIZE": "2"}, r"\$WORLD_SIZE=2 is set but \$RANK is not"),
     ({"RANK": "1"}, r"\$RANK=1 is set but \$WORLD_SIZE is not"),
+    ({"SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
+     r"\$SLURM_PROCID=1 without \$SLURM_STEP_ID: not a task of an srun step"),
     ({"RANK": "2", "WORLD_SIZE": "2"},
      r"rank 2 in a world of 2 \(ranks run from 0 to 1\) \[\$RANK=2, \$WORLD_SIZE=2\]"),
     ({"RANK": "0", "WORLD_SIZE": "0"}, r"a world size of 0 \(it must be at least 1\)"),
@@ -132,6 +134,7 @@ def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
     with pytest.raises(ConfigError, match=told):
         detect(environ)
     assert detect({"WORLD_SIZE": "1"}).world_size == detect({"RANK": "0"}).world_size == 1
+    assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}).world_size == 1  # a batch script
 
 
 def test_cli_says_a_bad_launch_environment_in_one_line(monkeypatch, capsys):
