@@ -330,3 +330,22 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
     out, err = capsys.readouterr()
     assert [(r["line"], r["text"]) for r in map(json.loads, out.splitlines())] == [(2, '"as is"')]
     assert "precision auto" not in err and "without a header row" not in err
+
+
+@pytest.mark.parametrize("name, content, pair, says, not_says", [
+    ("in.txt", "a\tb\n", "b", r"pairs need columns; .* \(a file of tab-separated columns: "
+                              r"--input-format tsv\)", None),
+    ("in.jsonl", '{"text": "a"}\n', "hypothesis", r"in\.jsonl:1: no 'hypothesis' field \(pair\); "
+                                                  r"name the text_pair column", "lines"),
+    ("in.tsv", "sentence\na\n", "", r"no text column 'text' in the header \['sentence'\]; name "
+     r"the text column with --text-column \(a file of one text a line, no header: "
+     r"--input-format lines\)", None),
+])
+def test_an_input_error_suggests_what_fits_the_file(tmp_path: Path, name: str, content: str,
+                                                   pair: str, says: str, not_says: str | None):
+    """Each hint fits its file: a .txt of columns may be read as TSV, and a file of lines is no
+    fix for a JSON object without its pair's field."""
+    (tmp_path / name).write_text(content)
+    with pytest.raises(DataError, match=says) as raised:
+        read_texts(tmp_path / name, text_pair_column=pair)
+    assert not_says is None or not_says not in str(raised.value)

@@ -382,7 +382,7 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
         if text_pair_column != "" or keep:
             need = "pairs need" if text_pair_column != "" else "--keep-columns needs"
             raise DataError(f"{path}: {need} columns; give a .tsv, .csv, .jsonl or .parquet "
-                            "input")
+                            "input (a file of tab-separated columns: --input-format tsv)")
         open_checked(path, "input")
         for line, text in decoded_lines(path):
             if text.strip():
@@ -392,8 +392,9 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
         return out
     spec = FileSpec(path=str(path), format=fmt, header=header, quoted=quoted,
                     text_column=text_column, text_pair_column=text_pair_column)
-    fix = ("name the {role} column with --{flag}-column (a file of one text a line, no header: "
-           "--input-format lines)")
+    fix = "name the {role} column with --{flag}-column"
+    if fmt in ("tsv", "csv") and text_pair_column == "":  # (no pairs in a file of lines)
+        fix += " (a file of one text a line, no header: --input-format lines)"
     for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep):
         out.add(row)
     return out
