@@ -311,7 +311,8 @@ class Regression(TaskKind):
         out = np.empty(len(cells), dtype=np.float32)
         for i, cell in enumerate(cells):
             try:
-                out[i] = float(cell) if isinstance(cell, str) else float("nan")
+                # (Python reads "1_000" as 1000: a data file's number holds no underscore)
+                out[i] = float(cell) if isinstance(cell, str) and "_" not in cell else float("nan")
             except ValueError:
                 out[i] = float("nan")
             if not math.isfinite(out[i]):

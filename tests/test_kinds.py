@@ -87,6 +87,10 @@ def test_regression_targets_are_floats_and_a_bad_score_names_the_line(tmp_path):
     (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"s.tsv:5: score 'high' is not a number"):
         LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
+    lines[4] = lines[4].rsplit("\t", 1)[0] + "\t3_5"  # Python's float() would read 35
+    (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"s.tsv:5: score '3_5' is not a number"):
+        LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
 
 
 def test_pairs_are_encoded_as_real_pairs_with_type_ids(tiny_model_dir):
