@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             tell_launcher(f"error: {err}")
         return err.exit_code
     except RuntimeError as err:
-        from nlptrain.distributed import is_peer_failure, timeout_message
+        from nlptrain.distributed import PeerFailed, is_peer_failure, timeout_message
 
         message = timeout_message(err)  # no rank reported an error: this one is the first to know
         if message:
@@ -348,8 +348,9 @@ def main(argv: list[str] | None = None) -> int:
         if not is_peer_failure(err):
             tell_launcher(None)
             raise
-        print(f"{_rank_prefix()}stopping: another rank failed (see its error); "
-              f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+        said = str(err) if isinstance(err, PeerFailed) else \
+            f"another rank failed (see its error); {str(err).splitlines()[0][:160]}"
+        print(f"{_rank_prefix()}stopping: {said}", file=sys.stderr)
         tell_launcher("stopped: another rank failed (see its error)", follows=True)
         return 1
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback

@@ -322,10 +322,25 @@ def timeout_message(error: BaseException) -> str | None:
             "[train] timeout sets how long ranks wait for each other")
 
 
+class PeerFailed(RuntimeError):
+    """A collective of this rank failed because another rank ended, whose own error is reported
+    there: said in one line (`as_peer_failure`), not as the transport's traceback."""
+
+
 def is_peer_failure(error: BaseException) -> bool:
     """Did a collective fail because another rank died (its own error is reported there)?"""
     text = str(error)
-    return isinstance(error, dist.DistError) or "closed by peer" in text or "reset by peer" in text
+    return isinstance(error, (PeerFailed, dist.DistError)) or "closed by peer" in text or \
+        "reset by peer" in text
+
+
+def as_peer_failure(error: BaseException, rank: int, step: int) -> PeerFailed | None:
+    """`error` as a PeerFailed, where it is another rank's failure seen here (not a timeout,
+    which `timeout_message` says)."""
+    if isinstance(error, PeerFailed) or not is_peer_failure(error) or timed_out(error):
+        return None
+    return PeerFailed(f"another rank failed (see its error); rank {rank} stopped at step {step} "
+                      f"({str(error).splitlines()[0][:160]})")
 
 
 def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -> Backend:

@@ -155,6 +155,9 @@ class Trainer(ProgressCounters):
             except BaseException as error:
                 self._failed = True
                 self.callbacks.fire("on_exception", self, error, failing=True)
+                said = distributed.as_peer_failure(error, self.dist.rank, self.global_step)
+                if said is not None:  # not the transport's traceback, under any launcher
+                    raise said from None
                 raise
             finally:
                 self.callbacks.fire("on_train_end", self, failing=self._failed)

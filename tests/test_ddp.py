@@ -305,6 +305,38 @@ def main_alone_worker(rank: int, world: int) -> list[str]:
     return notes
 
 
+class CrashOnRank1(Callback):
+    def on_step_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == 2:
+            raise ValueError("boom on rank 1")
+
+
+def peer_failure_worker(rank: int, world: int, folder: str, model_dir: str) -> tuple[str, str]:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=40, test_rows=4)
+    trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), train, callbacks=[CrashOnRank1()],
+                          config=TrainConfig(epochs=1, batch_size=4, timeout=60))
+    try:
+        trainer.fit()
+    except Exception as err:  # each rank returns what it raised (rank 1 then leaves the group)
+        return type(err).__name__, str(err)
+    finally:
+        trainer.close()
+    return "", ""
+
+
+@pytest.mark.distributed
+def test_a_peers_failure_is_one_line_through_the_python_api(tmp_path, tiny_model_dir):
+    """Rank 1's own error is its own; rank 0's collective then fails, and says so in one line
+    naming where it stopped, not as gloo's traceback (which only the CLI used to turn into one)."""
+    (kind0, said0), (kind1, said1) = run_ranks(peer_failure_worker, 2, tmp_path, str(tmp_path),
+                                               str(tiny_model_dir))
+    assert (kind1, said1) == ("ValueError", "boom on rank 1")
+    assert kind0 == "PeerFailed"
+    assert said0.startswith("another rank failed (see its error); rank 0 stopped at step ")
+
+
 @pytest.mark.distributed
 def test_on_main_called_by_rank0_alone_says_to_call_it_on_every_rank(tmp_path):
     notes, nothing = run_ranks(main_alone_worker, 2, tmp_path)
