@@ -64,10 +64,10 @@ class ShardedSampler(DistributedSampler):
             for begin in range(0, n, self.group_size):
                 chunk = order[begin : begin + self.group_size]
                 chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
-                order[begin : begin + self.group_size] = self._steps_shuffled(chunk, generator)
+                order[begin : begin + self.group_size] = self._blocks_shuffled(chunk, generator)
         return order
 
-    def _steps_shuffled(self, chunk: np.ndarray, generator: torch.Generator) -> np.ndarray:
+    def _blocks_shuffled(self, chunk: np.ndarray, generator: torch.Generator) -> np.ndarray:
         """The length-sorted `chunk`'s whole blocks in random order, its longest first (a batch
         too long for memory fails at the first step, not hours later), a part block last."""
         size = self.block_size
