@@ -205,6 +205,8 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
     """How to read --input: each option as given, else as the run that trained the model read
     its training file (its config.json), else text (and text_pair for a model of pairs), a
     header row, no quoting."""
+    from nlptrain.data.readers import FORMATS_BY_SUFFIX
+
     try:
         config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -220,7 +222,9 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
                          if args.text_pair_column is not None or pairs else "",
                          given_or_trained(args.header, "header", True),
                          given_or_trained(args.quoted, "quoted", False))
-    if args.header is None and not layout.header:
+    fmt = args.input_format if args.input_format != "auto" else \
+        FORMATS_BY_SUFFIX.get(Path(args.input).suffix.lower())
+    if args.header is None and not layout.header and fmt in ("tsv", "csv"):  # (a header's files)
         log.info("%s: read without a header row, as the model's training file was (--header "
                  "if it has one)", args.input)
     return layout
