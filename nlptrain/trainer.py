@@ -147,7 +147,8 @@ class Trainer(ProgressCounters):
         return math.nan if self.step_loss is None else float(self.step_loss)
 
     def fit(self) -> dict[str, Any]:
-        """Train for `config.epochs` (or until a callback stops it); returns the latest metrics."""
+        """Train for `config.epochs` (or until a callback stops it); returns the latest
+        evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
@@ -161,7 +162,7 @@ class Trainer(ProgressCounters):
                 raise
             finally:
                 self.callbacks.fire("on_train_end", self, failing=self._failed)
-        return self.metrics
+        return self.metrics or {"epoch": self.epoch, "step": self.global_step, "train_loss": self.last_loss}
 
     def _train_epochs(self) -> None:
         while not self._agree_on_stop() and self.epoch < self.config.epochs:

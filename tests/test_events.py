@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -9,10 +10,11 @@ import signal
 import pytest
 from conftest import REPO
 from log_capture import nlptrain_messages
-from toy_trainer import Recorder, make_trainer
+from toy_trainer import Recorder, make_trainer, toy_datasets
 
-from nlptrain import EVENTS, Callback
+from nlptrain import EVENTS, Callback, TrainConfig, Trainer
 from nlptrain.errors import ConfigError, Interrupted
+from nlptrain.models import load_model
 
 STEP = ["on_batch_start", "on_loss", "on_backward_start", "on_backward_end", "on_step_end",
         "on_batch_end"]
@@ -62,6 +64,15 @@ def test_a_callback_stops_training_cleanly(tmp_path, tiny_model_dir):
     assert recorder.events.count("on_step_end") == 3 and recorder.events.count("on_batch_end") == 3
     assert recorder.events[-4:] == ["on_valid_start", "on_valid_end", "on_epoch_end", "on_train_end"]
     assert recorder.events.count("on_epoch_start") == 1
+
+
+def test_fit_without_eval_data_returns_the_epochs_steps_and_last_loss(tmp_path, tiny_model_dir):
+    train, _ = toy_datasets(tmp_path, tiny_model_dir)  # 24 rows / 8 = 3 steps an epoch
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, None,
+                      config=TrainConfig(epochs=2, batch_size=8, lr=1e-3))
+    result = trainer.fit()
+    assert result == {"epoch": 2, "step": 6, "train_loss": trainer.last_loss}
+    assert math.isfinite(result["train_loss"]) and result["train_loss"] > 0
 
 
 def test_an_error_fires_on_exception_then_on_train_end(tmp_path, tiny_model_dir):
