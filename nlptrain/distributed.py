@@ -166,7 +166,7 @@ class Distributed(Backend):
             seconds=max(timeout_s, MAIN_WORK_TIMEOUT_S)))
 
     def _join(self, backend: str, timeout: timedelta) -> None:
-        store = _attempt_store(self.environment, timeout)
+        store = _attempt_store(self.environment, timeout) or _job_store(self.environment, timeout)
         if store is None:  # rank 0 hosts the store at the environment's master address
             host = self.environment.master_addr
             host = f"[{host}]" if ":" in host else host
@@ -283,7 +283,33 @@ def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store |
                             store)
 
 
-_groups_made = 0  # process groups this process made through the launcher's store
+_groups_made = 0  # process groups this process made through the launcher's store or a job's
+OWNER_KEY = "nlptrain/rendezvous-of"
+
+
+def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
+    """Rank 0 hosts the rendezvous at a port that another job may have been given too (two srun
+    steps of one allocation share its job id's port; a MASTER_PORT exported for both). A rank
+    that reached the other job's store would join its rendezvous and wait there, silent, for
+    the rest of the timeout. So rank 0 writes whose store it is and the other ranks read it
+    before joining: a rank of another job is refused at once. The job's own key prefix keeps
+    it off the other job's keys meanwhile."""
+    global _groups_made
+    job = environment.rendezvous_id
+    if job is None:  # no launcher's id to tell jobs apart: torch's own tcp:// rendezvous
+        return None
+    host, port = environment.master_addr, environment.master_port
+    store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
+                          timeout=timeout, multi_tenant=True)
+    if environment.rank == 0:
+        store.set(OWNER_KEY, job)
+    elif (owner := store.get(OWNER_KEY).decode()) != job:
+        raise ConfigError(
+            f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
+            f"({owner}'s); give each job a port of its own (MASTER_PORT; two srun steps of one "
+            "allocation running at once need one each)")
+    _groups_made += 1
+    return dist.PrefixStore(f"nlptrain/{job}/group-{_groups_made}", store)
 
 
 @contextmanager

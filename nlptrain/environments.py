@@ -85,6 +85,12 @@ class Environment:
         return None
 
     @property
+    def rendezvous_id(self) -> str | None:
+        """What tells this job's ranks from another job's given the same rendezvous port (the
+        launch's id; under SLURM, with the step's); None where the launcher gives none."""
+        return self.run_id
+
+    @property
     def uses_agent_store(self) -> bool:
         """Join the launcher's TCPStore as a client (torchrun's agent hosts it)."""
         return False
@@ -233,6 +239,12 @@ class Slurm(Environment):
         job = self.environ.get("SLURM_ARRAY_JOB_ID") or self.environ.get("SLURM_JOB_ID")
         task = self.environ.get("SLURM_ARRAY_TASK_ID")
         return f"slurm-{job}" + (f"_{task}" if task else "") if job else None
+
+    @property
+    def rendezvous_id(self) -> str | None:
+        # Two srun steps of one allocation share its job id, hence its port (master_port).
+        job = self.run_id
+        return f"{job}.{self.environ['SLURM_STEP_ID']}" if job else None
 
     @property
     def master_addr(self) -> str:

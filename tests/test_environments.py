@@ -46,6 +46,15 @@ def test_srun_tasks_are_ranks_of_one_job():
     assert env.describe().startswith("launched by SLURM, 2 ranks on 1 node")
 
 
+def test_each_launch_tells_its_rendezvous_from_another_jobs():
+    """Two srun steps of one allocation share the job id's port: the step id tells them apart."""
+    assert detect(SRUN).rendezvous_id == "slurm-2.0"
+    assert detect({**SRUN, "SLURM_STEP_ID": "1"}).rendezvous_id == "slurm-2.1"
+    assert detect(MPIRUN).rendezvous_id == "1953169409"
+    assert detect(TORCHRUN).rendezvous_id == "abc"
+    assert detect({"RANK": "1", "WORLD_SIZE": "2"}).rendezvous_id is None  # env:// by hand
+
+
 def test_slurm_on_many_nodes_meets_on_the_first_host():
     env = detect({**SRUN, "SLURM_JOB_ID": "123456", "SLURM_STEP_NUM_TASKS": "8",
                   "SLURM_NTASKS": "8", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TWO_RANK_TRAIN, child_env, run_cli
+from conftest import REPO, TWO_RANK_TRAIN, child_env, free_port, run_cli
 
 from nlptrain.checkpoint import step_folders
 from nlptrain.launch import failure_summary
@@ -115,3 +115,42 @@ def test_a_rendezvous_port_in_use_is_this_ranks_own_error_with_its_fix(toy_task,
     assert f"error: rank 0 cannot host the job's rendezvous at 127.0.0.1:{port}: the port is " \
            "in use (another job's?); give this job a free one (MASTER_PORT" in done.stderr
     assert "another rank failed" not in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.distributed
+def test_a_rank_of_another_job_at_the_same_port_is_refused_at_once(toy_folder, tmp_path):
+    """Two srun steps of one allocation running at once share the job id's port. Rank 1 of the
+    second step reached the first step's rendezvous and waited there, silent, for its whole
+    timeout; it is now refused in seconds, and the first step trains on unharmed."""
+    slurm = {"SLURM_JOB_ID": "100", "SLURM_NTASKS": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port())}
+
+    started: list[subprocess.Popen] = []
+
+    def task(step: int, rank: int, out: Path) -> subprocess.Popen:
+        command = [sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--epochs", "30",
+                   "--output-dir", str(out)]
+        env = child_env(**slurm, SLURM_STEP_ID=str(step), SLURM_PROCID=str(rank),
+                        SLURM_LOCALID=str(rank))
+        started.append(subprocess.Popen(command, cwd=toy_folder, env=env, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True))
+        return started[-1]
+
+    first = [task(0, rank, tmp_path / "first") for rank in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120  # the first step's store is up once it trains
+        while not (tmp_path / "first" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stray = task(1, 1, tmp_path / "second")
+        _, said = stray.communicate(timeout=90)  # before: until the collective timeout (600 s)
+        assert stray.returncode == 1, said[-3000:]
+        assert (f"error: rank 1 of slurm-100.1 reached another job's rendezvous at "
+                f"127.0.0.1:{slurm['MASTER_PORT']} (slurm-100.0's); give each job a port of its own"
+                in said), said[-3000:]
+        for process in first:
+            _, log = process.communicate(timeout=240)
+            assert process.returncode == 0, log[-3000:]
+    finally:
+        for process in started:
+            process.kill()
+    assert (tmp_path / "first" / "results.json").is_file()
