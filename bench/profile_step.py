@@ -74,7 +74,7 @@ def main() -> None:
         step(precision)  # warm-up: kernels, allocator
         times[precision] = timed(precision)
         # The profiler's own cost is not even across ops (on one EPYC it made the 47 MB zero-fill
-        # of the word embedding's gradient 85 ms instead of 1): the step is timed without it too.
+        # of the word embedding's gradient 60-85 ms instead of 1): the step is timed without it too.
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             profiled = timed(precision)
         print(f"\n### {precision}: {times[precision] * 1e3:.0f} ms per step "

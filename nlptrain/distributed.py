@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -300,14 +301,15 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
         return None
     host, port = environment.master_addr, environment.master_port
     store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
-                          timeout=timeout, multi_tenant=True)
+                          timeout=timeout, multi_tenant=True,  # as torch's tcp:// makes it
+                          use_libuv=os.environ.get("USE_LIBUV", "1") == "1")
     if environment.rank == 0:
         store.set(OWNER_KEY, job)
     elif (owner := store.get(OWNER_KEY).decode()) != job:
         raise ConfigError(
             f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
-            f"({owner}'s); give each job a port of its own (MASTER_PORT; two srun steps of one "
-            "allocation running at once need one each)")
+            f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
+            "of one allocation running at once need one each)")
     _groups_made += 1
     return dist.PrefixStore(f"nlptrain/{job}/group-{_groups_made}", store)
 
@@ -332,11 +334,13 @@ def timed_out(error: BaseException) -> bool:
     """Did a collective or the rendezvous give up waiting for another rank (stuck, or never
     started), rather than hear of its failure? gloo says "Timed out waiting 600000ms for recv"
     (or, from a collective in a DDP comm hook, "Application timeout caused pair closure"), the
-    store "Timed out after 601 seconds waiting for clients" or "has timed out after"."""
+    store "Timed out after 601 seconds waiting for clients", "has timed out after" or, for a key
+    never written, "wait timeout after 600000ms, keys: ..."."""
     text = str(error)
     if "Application timeout caused pair closure" in text:
         return True
-    return "timed out" in text.lower() and (isinstance(error, dist.DistError) or "gloo" in text)
+    waited = "timed out" in text.lower() or "wait timeout after" in text
+    return waited and (isinstance(error, dist.DistError) or "gloo" in text)
 
 
 def timeout_message(error: BaseException) -> str | None:

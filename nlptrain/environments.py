@@ -118,7 +118,9 @@ class Environment:
         problem = (f"a world size of {world} (it must be at least 1)" if world < 1 else
                    f"rank {rank} in a world of {world} (ranks run from 0 to {world - 1})"
                    if not 0 <= rank < world else
-                   f"local rank {local} (it must be 0 or more)" if local < 0 else None)
+                   f"local rank {local} (it must be 0 or more)" if local < 0 else
+                   f"a rendezvous port of {self.master_port} (it must be 1 to 65535; MASTER_PORT)"
+                   if world > 1 and not 0 < self.master_port < 65536 else None)
         if problem:
             told = ", ".join(f"${k}={self.environ[k]}" for k in self.variables if k in self.environ)
             raise ConfigError(f"{self.name}: {problem}"

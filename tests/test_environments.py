@@ -136,6 +136,7 @@ def test_a_bad_value_names_the_variable():
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, r"local rank -1 \(it must be 0 or more\)"),
     ({**SRUN, "SLURM_PROCID": "2"}, r"SLURM: rank 2 in a world of 2 .*\$SLURM_PROCID=2"),
     ({**MPIRUN, "OMPI_COMM_WORLD_RANK": "-1"}, r"Open MPI: rank -1 in a world of 2"),
+    ({**SRUN, "MASTER_PORT": "70000"}, r"SLURM: a rendezvous port of 70000 \(it must be 1 to 65535"),
 ])
 def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
     """Else one rank waits out the timeout for a rendezvous that never completes, or N
@@ -221,6 +222,22 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
     closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
                           "by peer [127.0.0.1]:41892")
     assert timed_out(recv) and not timed_out(closed) and is_peer_failure(closed)
+
+
+def test_a_rank_at_a_store_no_job_claims_says_it_waited_in_vain(monkeypatch, capsys):
+    """SLURM rank 1 reaches a store that no nlptrain rank 0 claims (another program's, or an
+    older nlptrain's): after --timeout it says that no rank answered, not that one failed."""
+    import torch.distributed as dist
+    from conftest import free_port
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, wait_for_workers=False)
+    for name, value in {**SRUN, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["train", "--timeout", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "error: no answer from the other rank(s) in time (wait timeout after 1000ms" in err, err
+    del store
 
 
 def test_a_restart_resumes_only_a_run_its_own_launch_began_or_resumed(tmp_path):
