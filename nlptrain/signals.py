@@ -24,9 +24,15 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
     after it). Outside the main thread, signals are left alone. `say`: warn of it (the main
     rank; a Ctrl-C reaches every rank, and one line says it for all)."""
 
+    said: set[int] = set()
+
     def handle(signum: int, frame: Any) -> None:
-        (log.warning if say else log.info)("%s: every rank stops after the step under way (the "
-                                           "next, between steps)", signal.Signals(signum).name)
+        # Said once a signal: a launcher killed with SIGKILL sends its workers the parent-death
+        # SIGTERM once per thread of it that the kernel hands them over to.
+        if signum not in said:
+            said.add(signum)
+            (log.warning if say else log.info)("%s: every rank stops after the step under way "
+                                               "(the next, between steps)", signal.Signals(signum).name)
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 

@@ -124,6 +124,21 @@ def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_mo
     assert trainer.metrics["step"] == 3 and trainer.epoch == 1
 
 
+def test_a_signal_sent_again_is_said_once(tmp_path, tiny_model_dir):
+    """A launcher killed with SIGKILL: the kernel sends a worker the parent-death SIGTERM once
+    per thread of the launcher it passes through (two lines said the same stop)."""
+    class ThreeSigterms(Callback):
+        def on_batch_start(self, trainer, batch):
+            if trainer.global_step == 1:
+                for _ in range(3):
+                    os.kill(os.getpid(), signal.SIGTERM)
+
+    with nlptrain_messages() as said, pytest.raises(Interrupted, match="after step 2"):
+        make_trainer(tmp_path, tiny_model_dir, [ThreeSigterms()]).fit()
+    assert [m for m in said if m.startswith("SIGTERM")] == [
+        "SIGTERM: every rank stops after the step under way (the next, between steps)"]
+
+
 class BrokenCleanup(Callback):
     def on_exception(self, trainer, error):
         raise OSError("notifier down")
