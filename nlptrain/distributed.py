@@ -274,17 +274,22 @@ def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store |
     (pytorch #135712). The same holds for a second process group made in one attempt (two
     trainers one after the other). Each attempt, and each group in it, gets its own key prefix:
     every rank makes its groups in the same order, so the numbers agree."""
-    global _groups_made
     if not environment.uses_agent_store:
         return None
     store = dist.TCPStore(environment.master_addr, environment.master_port,
                           environment.world_size, is_master=False, timeout=timeout)
-    _groups_made += 1
-    return dist.PrefixStore(f"nlptrain/attempt-{environment.restart_count}/group-{_groups_made}",
-                            store)
+    return _group_keys(store, f"attempt-{environment.restart_count}")
 
 
 _groups_made = 0  # process groups this process made through the launcher's store or a job's
+
+
+def _group_keys(store: dist.Store, scope: str) -> dist.Store:
+    """`store` under a key prefix of this process group's own, within `scope`."""
+    global _groups_made
+    _groups_made += 1
+    return dist.PrefixStore(f"nlptrain/{scope}/group-{_groups_made}", store)
+
 OWNER_KEY = "nlptrain/rendezvous-of"
 
 
@@ -295,7 +300,6 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
     the rest of the timeout. So rank 0 writes whose store it is and the other ranks read it
     before joining: a rank of another job is refused at once. The job's own key prefix keeps
     it off the other job's keys meanwhile."""
-    global _groups_made
     job = environment.rendezvous_id
     if job is None:  # no launcher's id to tell jobs apart: torch's own tcp:// rendezvous
         return None
@@ -310,8 +314,7 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
             f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
             f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
             "of one allocation running at once need one each)")
-    _groups_made += 1
-    return dist.PrefixStore(f"nlptrain/{job}/group-{_groups_made}", store)
+    return _group_keys(store, job)
 
 
 @contextmanager
