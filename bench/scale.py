@@ -91,8 +91,10 @@ def worker(args: argparse.Namespace) -> None:
                 profiled["step"] = {k: [v[0] / 2, v[1] / 2] for k, v in collectives(self.prof).items()}
                 trainer.should_stop = True
 
+    # The collectives as between hosts: gloo's, not one host's shared-memory sums.
     config = TrainConfig(epochs=1, batch_size=2, lr=1e-4, strategy=args.strategy, precision="fp32",
-                         eval_batch_size=64, warmup_ratio=0.0, timeout=600)
+                         eval_batch_size=64, warmup_ratio=0.0, timeout=600,
+                         shared_memory_all_reduce=False)
     trainer = DistTrainer(model, train, None, config=config, callbacks=[ProfileSteps()], dist=dist)
     trainer.fit()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:

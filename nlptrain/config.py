@@ -117,9 +117,11 @@ class TrainConfig:
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "
                                   "large buffers (glibc; no page faults each step); false: give it "
                                   "back to the system")
-    sync_touched_rows: bool = opt(True, "ddp on a CPU: all-reduce only the word-embedding rows "
-                                  "some rank's batch touched (the same result; the others are "
-                                  "zero); false: all of them")
+    sync_touched_rows: bool = opt(True, "ddp on a CPU over gloo's sockets: all-reduce only the "
+                                  "word-embedding rows some rank's batch touched (the same "
+                                  "result; the others are zero); false: all of them")
+    shared_memory_all_reduce: bool = opt(True, "ddp on a CPU, ranks on one host: sum gradients "
+                                         "in /dev/shm, not gloo's sockets (the same sums)")
     drop_last: bool = opt(False, "drop each process's last batch of an epoch when it is short of "
                           "batch_size (no effect under max_tokens: its batches are cut by tokens)")
     seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")

@@ -26,8 +26,8 @@ from safetensors.torch import load_model, save_model
 from torch.nn.parallel import DistributedDataParallel
 
 from nlptrain.checkpoint import export_model
+from nlptrain.cpu_gradient_sync import CpuGradientSync, register_cpu_gradient_sync
 from nlptrain.distributed import Backend
-from nlptrain.embedding_sync import TouchedRows, sync_touched_rows
 from nlptrain.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -148,10 +148,12 @@ class DDP(SingleDevice):
 
     name = "ddp"
 
-    def __init__(self, dist: Backend, sync_touched_rows: bool = True) -> None:
+    def __init__(self, dist: Backend, sync_touched_rows: bool = True,
+                 shared_memory_all_reduce: bool = True) -> None:
         super().__init__(dist)
         self.sync_touched_rows = sync_touched_rows
-        self.touched_rows: TouchedRows | None = None  # the hook, once training began (CPU)
+        self.shared_memory_all_reduce = shared_memory_all_reduce
+        self.gradient_sync: CpuGradientSync | None = None  # the hook, once training began (CPU)
         self._hooked: torch.nn.Module | None = None
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -167,13 +169,14 @@ class DDP(SingleDevice):
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
-        if self.sync_touched_rows and self._hooked is not model:
+        if self._hooked is not model:
             # At the first micro-batch, after on_train_start: a comm hook a callback registered
-            # there is the one DDP keeps (it takes one); else the word embedding's zero rows
-            # are not sent (CPU only).
+            # there is the one DDP keeps (it takes one); else, on a CPU, the word embedding's
+            # zero rows are not sent, and ranks on one host sum through shared memory.
             self._hooked = model
             if not getattr(model, "_comm_hooks", None):
-                self.touched_rows = sync_touched_rows(model)
+                self.gradient_sync = register_cpu_gradient_sync(
+                    model, self.sync_touched_rows, self.shared_memory_all_reduce)
         # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
         with model.no_sync() if skip_sync else contextlib.nullcontext():
             yield
@@ -290,5 +293,5 @@ def make_strategy(config: Any, dist: Backend) -> Strategy:
     if config.strategy == "fsdp":
         log.info("strategy fsdp on one process: nothing to shard, running on one device")
     if dist.world_size > 1:
-        return DDP(dist, config.sync_touched_rows)
+        return DDP(dist, config.sync_touched_rows, config.shared_memory_all_reduce)
     return SingleDevice(dist)

@@ -1,5 +1,5 @@
 """DDP on a CPU all-reduces only the word-embedding rows some rank touched, and trains exactly
-as the dense all-reduce does (`nlptrain.embedding_sync`)."""
+as the dense all-reduce does (`nlptrain.cpu_gradient_sync`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ddp import run_ranks
 from toy_trainer import toy_datasets
 
 from nlptrain import Callback, DistTrainer, TrainConfig
-from nlptrain.embedding_sync import input_embedding_weight
+from nlptrain.cpu_gradient_sync import input_embedding_weight
 from nlptrain.models import load_model
 
 pytestmark = pytest.mark.distributed
@@ -24,7 +24,7 @@ class RowsSent(Callback):
         self.rows: list[int] = []
 
     def on_step_end(self, trainer) -> None:
-        self.rows.append(trainer.strategy.touched_rows.rows_sent)
+        self.rows.append(trainer.strategy.gradient_sync.rows_sent)
 
 
 def train_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
@@ -37,7 +37,8 @@ def train_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
             torch.manual_seed(0)
             model = load_model(model_dir, ["neg", "pos"])  # dropout on: masks from the seed
             config = TrainConfig(epochs=1, batch_size=4, lr=1e-3, seed=5, timeout=60,
-                                 grad_accum=grad_accum, sync_touched_rows=touched)
+                                 grad_accum=grad_accum, sync_touched_rows=touched,
+                                 shared_memory_all_reduce=False)  # gloo: rows alone
             rows = RowsSent()
             trainer = DistTrainer(model, train, None, config=config,
                                   callbacks=[rows] if touched else [])

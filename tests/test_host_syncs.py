@@ -89,7 +89,8 @@ def _count(rank, world_size, model_dir):
         trainer = DistTrainer(model, train, callbacks=[AtEachStep(), *more], optimizer=optimizer,
                               config=TrainConfig(epochs=2, batch_size=4, log_every=1000,
                                                  grad_accum=grad_accum,
-                                                 sync_touched_rows=name == "touched"))
+                                                 sync_touched_rows=name == "touched",
+                                                 shared_memory_all_reduce=False))
         trainer.fit()
         trainer.close()
         found[name, grad_accum] = per_step = []

@@ -1,0 +1,124 @@
+"""A sum all-reduce through shared memory, for ranks on one host (DDP on a CPU).
+
+gloo moves every byte through loopback TCP sockets and a thread of its own: on 2 ranks x 1
+thread its all-reduce of 11M float32 gradients took 26 ms (1.7 GB/s), while one copy of those
+44 MB took 1.8 ms. Ranks on one host can instead map one file in /dev/shm. Each rank copies the
+parts that the other ranks sum into its own slot; each sums its own part from the others' slots
+and publishes it; each copies the others' sums back. gloo barriers (about 0.1 ms) order the
+phases. One rank sums each element, so every rank gets the same values. On 2 ranks these equal
+gloo's to the bit (a + b); on more ranks only the order of the additions can differ.
+
+`attach` falls back (returns None) when any rank cannot map the file (another host, another
+/dev/shm, no room), so a job that spans hosts keeps gloo. The file is unlinked as soon as every
+rank has mapped it: a crash leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+SHM = Path("/dev/shm")
+BYTES_PER_RANK = 16 << 20  # one chunk a rank: 32 MiB in all on 2 ranks...
+MOST_BYTES = 256 << 20  # ...and smaller chunks on many ranks
+
+
+class SharedMemoryAllReduce:
+    """Sums a tensor in place over the ranks of `group`, through one mapped file."""
+
+    def __init__(self, slots: torch.Tensor, group: dist.ProcessGroup | None = None) -> None:
+        self.slots = slots  # uint8 [world, bytes per rank]: one slot per rank
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+
+    @classmethod
+    def attach(cls, group: dist.ProcessGroup | None = None, bytes_per_rank: int = 0,
+               directory: Path = SHM) -> SharedMemoryAllReduce | None:
+        """Map one file for every rank of `group` (a collective); None, on every rank, where
+        some rank cannot. `bytes_per_rank`: one slot's size, a multiple of 8 (0: the default)."""
+        world = dist.get_world_size(group)
+        bytes_per_rank = bytes_per_rank or min(BYTES_PER_RANK, MOST_BYTES // world >> 3 << 3)
+        size = world * bytes_per_rank
+        name: list[str | None] = [None]  # the file's name in `directory`, on every rank
+        if dist.get_rank(group) == 0:
+            name[0] = _create(Path(directory), size)
+        dist.broadcast_object_list(name, group=group, group_src=0)
+        path = Path(directory) / name[0] if name[0] else None
+        slots = _map(path, size) if path else None
+        mapped = torch.tensor([int(slots is not None)], dtype=torch.int32)
+        dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
+        dist.barrier(group=group)  # every rank has tried: the name is no longer needed
+        if path and dist.get_rank(group) == 0:
+            path.unlink()
+        if not mapped.item() or slots is None:
+            log.debug("ddp: a rank could not map %s: gradients all-reduced by gloo", path)
+            return None
+        log.debug("ddp: gradients all-reduced through shared memory (%s, %d x %d MiB)",
+                  directory, world, bytes_per_rank >> 20)
+        return cls(slots.view(world, bytes_per_rank), group)
+
+    def __call__(self, tensor: torch.Tensor) -> None:
+        """`dist.all_reduce(tensor)` (a sum), in chunks of one slot; `tensor` is contiguous."""
+        flat = tensor.view(-1)
+        per_chunk = self.slots.shape[1] // flat.element_size()
+        for start in range(0, flat.numel(), per_chunk):
+            self._sum(flat[start:start + per_chunk])
+
+    def _sum(self, part: torch.Tensor) -> None:
+        slot = [s[:part.numel() * part.element_size()].view(part.dtype) for s in self.slots]
+        share = -(-part.numel() // self.world)
+        spans = [(k, k * share, min(part.numel(), (k + 1) * share)) for k in range(self.world)]
+        others = [(k, a, b) for k, a, b in spans if k != self.rank and a < b]
+        _, a, b = spans[self.rank]
+        for _k, lo, hi in others:  # what the others sum, from this rank
+            slot[self.rank][lo:hi].copy_(part[lo:hi])
+        dist.barrier(group=self.group)
+        if a < b:  # this rank's share: its own values plus every other rank's
+            for k in range(self.world):
+                if k != self.rank:
+                    part[a:b].add_(slot[k][a:b])
+            slot[self.rank][a:b].copy_(part[a:b])
+        dist.barrier(group=self.group)
+        for k, lo, hi in others:  # the others' sums
+            part[lo:hi].copy_(slot[k][lo:hi])
+        # No rank may write its slot again (the next chunk or call) while one still reads it.
+        dist.barrier(group=self.group)
+
+
+def _create(directory: Path, size: int) -> str | None:
+    """The name of a new file of `size` bytes in `directory`, its pages reserved; None where
+    there is no room (Docker gives /dev/shm 64 MiB) or no such directory."""
+    path = directory / f"nlptrain-allreduce-{uuid.uuid4().hex}"
+    try:
+        room = os.statvfs(directory)
+        if room.f_bavail * room.f_frsize < 2 * size:  # leave the rest to others
+            return None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return None
+    try:  # reserved now, so that a full /dev/shm is ENOSPC here, not SIGBUS mid-step
+        os.posix_fallocate(fd, 0, size)
+        return path.name
+    except OSError as err:  # ENOSPC, or a file system without fallocate: no file at all
+        log.debug("ddp: no shared memory for the all-reduce (%s)", err)
+        path.unlink()
+        return None
+    finally:
+        os.close(fd)
+
+
+def _map(path: Path, size: int) -> torch.Tensor | None:
+    try:
+        if path.stat().st_size != size:  # not the file rank 0 made for this job
+            return None
+        return torch.from_file(str(path), shared=True, size=size, dtype=torch.uint8)
+    except (OSError, RuntimeError):
+        return None

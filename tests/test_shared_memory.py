@@ -1,0 +1,103 @@
+"""Ranks on one host sum gradients through shared memory (`nlptrain.shared_memory`): gloo's
+sums, on 2 and 3 real ranks; a fallback to gloo where a rank cannot map the file; and DDP
+training that ends with the weights of gloo's all-reduce, to the bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from ddp import run_ranks
+from toy_trainer import toy_datasets
+
+from nlptrain import DistTrainer, TrainConfig
+from nlptrain.models import load_model
+
+pytestmark = pytest.mark.distributed
+
+SIZES = (1, 2, 7, 1000, 5003)  # the last spans several 4 KiB slots
+
+
+def sums_worker(rank: int, world: int, folder: str) -> dict:
+    import torch.distributed as dist
+
+    from nlptrain.shared_memory import SharedMemoryAllReduce
+
+    dist.init_process_group("gloo")
+    shared = SharedMemoryAllReduce.attach(bytes_per_rank=4096, directory=Path(folder))
+    dist.barrier()  # rank 0 has removed the file's name
+    out: dict = {"attached": shared is not None, "files_left": sorted(p.name for p in
+                                                                       Path(folder).iterdir())}
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in SIZES:
+            values = torch.randn(n, generator=torch.Generator().manual_seed(100 * rank + n)).to(dtype)
+            expected = values.clone()
+            dist.all_reduce(expected)
+            shared(values)
+            out[dtype, n] = (values.float().tolist(), expected.float().tolist())  # lists: no fds
+    # A rank that cannot see rank 0's file (here: another directory, as on another host) makes
+    # every rank fall back.
+    apart = Path(folder) / f"apart{rank}"
+    apart.mkdir()
+    out["apart"] = bool(SharedMemoryAllReduce.attach(directory=apart if rank else Path(folder)))
+    # No room for the slots: no file, and gloo on every rank.
+    out["no_room"] = bool(SharedMemoryAllReduce.attach(bytes_per_rank=1 << 60, directory=Path(folder)))
+    dist.barrier()
+    out["files_at_end"] = sorted(p.name for p in Path(folder).iterdir() if p.is_file())
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_shared_memory_sum_is_glooss_on_every_rank(tmp_path, world):
+    ranks = run_ranks(sums_worker, world, tmp_path, str(tmp_path))
+    for rank in ranks:
+        assert rank["attached"]
+        assert rank["files_left"] == []  # unlinked once every rank had mapped it
+        for dtype in (torch.float32, torch.bfloat16):
+            for n in SIZES:
+                got, expected = rank[dtype, n]
+                if world == 2:  # a + b either way
+                    assert got == expected, (dtype, n)
+                else:  # only the order of the additions differs from gloo's
+                    assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=0.05)
+                assert got == ranks[0][dtype, n][0]  # the same values on every rank
+        assert not rank["apart"] and not rank["no_room"]
+        assert rank["files_at_end"] == []
+
+
+def train_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=40)
+    out = {}
+    for touched in (False, True):
+        for shared in (False, True):
+            torch.manual_seed(0)
+            model = load_model(model_dir, ["neg", "pos"])  # dropout on: masks from the seed
+            config = TrainConfig(epochs=1, batch_size=4, lr=1e-3, seed=5, timeout=60, grad_accum=2,
+                                 sync_touched_rows=touched, shared_memory_all_reduce=shared)
+            trainer = DistTrainer(model, train, None, config=config)
+            trainer.fit()
+            sync = trainer.strategy.gradient_sync
+            out[touched, shared] = {
+                "through_shared_memory": sync is not None and sync.shared is not None,
+                "by_rows": sync is not None and sync.embedding is not None,
+                "params": {k: v.detach().clone() for k, v in
+                           trainer.unwrapped_model.state_dict().items()}}
+            trainer.close()
+    return out
+
+
+def test_ddp_through_shared_memory_trains_bit_for_bit_like_gloo(tmp_path, tiny_model_dir):
+    ranks = run_ranks(train_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    for rank in ranks:
+        gloo = rank[False, False]
+        assert not gloo["through_shared_memory"]
+        assert rank[True, False]["by_rows"]  # over gloo the untouched rows are left out...
+        assert not rank[True, True]["by_rows"]  # ...through shared memory every row is summed
+        for touched in (False, True):
+            assert rank[touched, True]["through_shared_memory"]
+            for name, value in gloo["params"].items():
+                assert torch.equal(rank[touched, True]["params"][name], value), (touched, name)
