@@ -26,8 +26,12 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
-BYTES_PER_RANK = 16 << 20  # one chunk a rank: 32 MiB in all on 2 ranks...
-MOST_BYTES = 256 << 20  # ...and smaller chunks on many ranks
+# A slot holds one DDP bucket of MiniLM's whole (25 MB; the embedding's 47 MB is one of its own):
+# each chunk costs three barriers, about 1 ms each while the other core is busy. 64 MiB slots
+# made a 2-rank bf16 step 158-161 ms against 167.5 with 16 MiB (bench/README.md).
+BYTES_PER_RANK = 64 << 20
+MOST_BYTES = 256 << 20  # smaller slots on many ranks
+LEAST_BYTES = 1 << 20  # below this, gloo: the barriers would cost more than the copies save
 
 
 class SharedMemoryAllReduce:
@@ -43,15 +47,15 @@ class SharedMemoryAllReduce:
     def attach(cls, group: dist.ProcessGroup | None = None, bytes_per_rank: int = 0,
                directory: Path = SHM) -> SharedMemoryAllReduce | None:
         """Map one file for every rank of `group` (a collective); None, on every rank, where
-        some rank cannot. `bytes_per_rank`: one slot's size, a multiple of 8 (0: the default)."""
+        some rank cannot. `bytes_per_rank`: one slot's size, a multiple of 8 (0: what fits in
+        `directory`, up to BYTES_PER_RANK)."""
         world = dist.get_world_size(group)
-        bytes_per_rank = bytes_per_rank or min(BYTES_PER_RANK, MOST_BYTES // world >> 3 << 3)
-        size = world * bytes_per_rank
-        name: list[str | None] = [None]  # the file's name in `directory`, on every rank
+        made: list[tuple[str, int] | None] = [None]  # the file's name in `directory`, its slots
         if dist.get_rank(group) == 0:
-            name[0] = _create(Path(directory), size)
-        dist.broadcast_object_list(name, group=group, group_src=0)
-        path = Path(directory) / name[0] if name[0] else None
+            made[0] = _create(Path(directory), world, bytes_per_rank)
+        dist.broadcast_object_list(made, group=group, group_src=0)
+        path, bytes_per_rank = (Path(directory) / made[0][0], made[0][1]) if made[0] else (None, 0)
+        size = world * bytes_per_rank
         slots = _map(path, size) if path else None
         mapped = torch.tensor([int(slots is not None)], dtype=torch.int32)
         dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
@@ -61,8 +65,8 @@ class SharedMemoryAllReduce:
         if not mapped.item() or slots is None:
             log.debug("ddp: a rank could not map %s: gradients all-reduced by gloo", path)
             return None
-        log.debug("ddp: gradients all-reduced through shared memory (%s, %d x %d MiB)",
-                  directory, world, bytes_per_rank >> 20)
+        log.debug("ddp: gradients all-reduced through shared memory (%s, %d x %.1f MiB)",
+                  directory, world, bytes_per_rank / 2**20)
         return cls(slots.view(world, bytes_per_rank), group)
 
     def __call__(self, tensor: torch.Tensor) -> None:
@@ -93,20 +97,31 @@ class SharedMemoryAllReduce:
         dist.barrier(group=self.group)
 
 
-def _create(directory: Path, size: int) -> str | None:
-    """The name of a new file of `size` bytes in `directory`, its pages reserved; None where
-    there is no room (Docker gives /dev/shm 64 MiB) or no such directory."""
+def slot_bytes(free: int, world: int) -> int:
+    """The slot each of `world` ranks gets in a file system with `free` bytes: at most half of
+    them in all (Docker gives /dev/shm 64 MiB), up to BYTES_PER_RANK; 0 below LEAST_BYTES."""
+    fits = min(BYTES_PER_RANK, MOST_BYTES // world, free // 2 // world) >> 12 << 12  # whole pages
+    return fits if fits >= LEAST_BYTES else 0
+
+
+def _create(directory: Path, world: int, bytes_per_rank: int) -> tuple[str, int] | None:
+    """A new file in `directory` of `world` slots, its pages reserved, and its slots' size
+    (`bytes_per_rank`, or what fits); None where there is no room or no such directory."""
     path = directory / f"nlptrain-allreduce-{uuid.uuid4().hex}"
     try:
         room = os.statvfs(directory)
-        if room.f_bavail * room.f_frsize < 2 * size:  # leave the rest to others
+        free = room.f_bavail * room.f_frsize
+        if bytes_per_rank and 2 * world * bytes_per_rank > free:  # leave the rest to others
+            return None
+        bytes_per_rank = bytes_per_rank or slot_bytes(free, world)
+        if not bytes_per_rank:
             return None
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError:
         return None
     try:  # reserved now, so that a full /dev/shm is ENOSPC here, not SIGBUS mid-step
-        os.posix_fallocate(fd, 0, size)
-        return path.name
+        os.posix_fallocate(fd, 0, world * bytes_per_rank)
+        return path.name, bytes_per_rank
     except OSError as err:  # ENOSPC, or a file system without fallocate: no file at all
         log.debug("ddp: no shared memory for the all-reduce (%s)", err)
         path.unlink()

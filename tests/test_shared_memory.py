@@ -13,8 +13,7 @@ from toy_trainer import toy_datasets
 
 from nlptrain import DistTrainer, TrainConfig
 from nlptrain.models import load_model
-
-pytestmark = pytest.mark.distributed
+from nlptrain.shared_memory import BYTES_PER_RANK, LEAST_BYTES, slot_bytes
 
 SIZES = (1, 2, 7, 1000, 5003)  # the last spans several 4 KiB slots
 
@@ -49,6 +48,7 @@ def sums_worker(rank: int, world: int, folder: str) -> dict:
     return out
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("world", [2, 3])
 def test_the_shared_memory_sum_is_glooss_on_every_rank(tmp_path, world):
     ranks = run_ranks(sums_worker, world, tmp_path, str(tmp_path))
@@ -90,6 +90,7 @@ def train_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
     return out
 
 
+@pytest.mark.distributed
 def test_ddp_through_shared_memory_trains_bit_for_bit_like_gloo(tmp_path, tiny_model_dir):
     ranks = run_ranks(train_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
     for rank in ranks:
@@ -101,3 +102,12 @@ def test_ddp_through_shared_memory_trains_bit_for_bit_like_gloo(tmp_path, tiny_m
             assert rank[touched, True]["through_shared_memory"]
             for name, value in gloo["params"].items():
                 assert torch.equal(rank[touched, True]["params"][name], value), (touched, name)
+
+
+def test_slots_fit_in_half_of_what_is_free():
+    mib = 1 << 20
+    assert slot_bytes(24 << 30, 2) == BYTES_PER_RANK  # a roomy /dev/shm: one bucket a slot
+    assert slot_bytes(64 * mib, 2) == 16 * mib  # Docker's default 64 MiB: half of it
+    assert slot_bytes(64 * mib, 3) % 4096 == 0 and 3 * slot_bytes(64 * mib, 3) <= 32 * mib
+    assert slot_bytes(64 * mib, 64) == 0 < LEAST_BYTES  # too little a slot: gloo instead
+    assert slot_bytes(24 << 30, 8) == 32 * mib  # many ranks: 256 MiB in all at most
