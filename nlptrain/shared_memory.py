@@ -4,9 +4,10 @@ gloo moves every byte through loopback TCP sockets and a thread of its own: on 2
 thread its all-reduce of 11M float32 gradients took 26 ms (1.7 GB/s), while one copy of those
 44 MB took 1.8 ms. Ranks on one host can instead map one file in /dev/shm. Each rank copies the
 parts that the other ranks sum into its own slot; each sums its own part from the others' slots
-and publishes it; each copies the others' sums back. gloo barriers (about 0.1 ms) order the
-phases. One rank sums each element, so every rank gets the same values. On 2 ranks these equal
-gloo's to the bit (a + b); on more ranks only the order of the additions can differ.
+and publishes it; each copies the others' sums back. gloo barriers order the phases (0.1 ms
+on idle cores, about 1 ms while the other cores compute). One rank sums each element, so every
+rank gets the same values. On 2 ranks these equal gloo's to the bit (a + b); on more ranks only
+the order of the additions can differ.
 
 `attach` falls back (returns None) when any rank cannot map the file (another host, another
 /dev/shm, no room), so a job that spans hosts keeps gloo. The file is unlinked as soon as every
@@ -26,9 +27,9 @@ import torch.distributed as dist
 log = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
-# A slot holds one DDP bucket of MiniLM's whole (25 MB; the embedding's 47 MB is one of its own):
-# each chunk costs three barriers, about 1 ms each while the other core is busy. 64 MiB slots
-# made a 2-rank bf16 step 158-161 ms against 167.5 with 16 MiB (bench/README.md).
+# A slot holds each of MiniLM's DDP buckets whole (0.7M, 7.1M and 14.9M floats, the last with
+# the 47 MB embedding), and each chunk costs three barriers: 64 MiB slots made a 2-rank bf16
+# step 158-161 ms against 167.5 with 16 MiB (bench/README.md).
 BYTES_PER_RANK = 64 << 20
 MOST_BYTES = 256 << 20  # smaller slots on many ranks
 LEAST_BYTES = 1 << 20  # below this, gloo: the barriers would cost more than the copies save
