@@ -84,8 +84,9 @@ def _count(rank, world_size, model_dir):
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
         seen.clear()
-        # The gradient sync as on a GPU (DDP's own all-reduce, which no spy sees), but for
-        # "touched": the CPU's row-sparse sync of the word embedding (nlptrain.embedding_sync).
+        # The gradient sync as on a GPU (DDP's own all-reduce, which no spy sees, not the CPU's
+        # shared-memory sum), but for "touched": the CPU's row-sparse sync of the word
+        # embedding over gloo (nlptrain.cpu_gradient_sync).
         trainer = DistTrainer(model, train, callbacks=[AtEachStep(), *more], optimizer=optimizer,
                               config=TrainConfig(epochs=2, batch_size=4, log_every=1000,
                                                  grad_accum=grad_accum,
