@@ -5,8 +5,10 @@ Each measurement is a fresh process (`python`, or torchrun with --nproc 2) runni
 the time of the first `on_batch_start` and exits there. Launch time is taken in this parent just
 before the process starts, so interpreter start and imports count. "cold": an empty temporary
 cache_dir (the train, dev and test files are read and tokenized); "warm": the same cache_dir
-again (memory-mapped token arrays). One untimed launch first warms the OS file cache for Python,
-torch and the model, so both sides see the same libraries in memory.
+again (memory-mapped token arrays); "warm, collector on": warm, with the libraries imported as
+before nlptrain/startup.py (the cyclic collector running through the imports, nothing frozen).
+One untimed launch first warms the OS file cache for Python, torch and the model, so every side
+sees the same libraries in memory.
 
     python bench/startup.py [--runs 3] [--nproc 1]
 Target (issue 6): warm <= 0.3 x cold.
@@ -31,9 +33,16 @@ from pathlib import Path  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+COLLECTOR_ON = "warm, collector on"
+KINDS = ("cold", "warm", COLLECTOR_ON)
+
 
 def child(args: argparse.Namespace) -> None:
     launched = float(os.environ["BENCH_LAUNCH_TIME"])
+    if not args.collector_on:  # as `nlptrain train` does before its imports
+        from nlptrain.startup import import_libraries
+
+        import_libraries()
     from nlptrain import Callback, cli, recipe
 
     imported = time.time()
@@ -71,10 +80,10 @@ def child(args: argparse.Namespace) -> None:
     raise SystemExit("training ended without a first step")
 
 
-def launch(cache_dir: Path, out: Path, args: argparse.Namespace) -> dict:
+def launch(cache_dir: Path, out: Path, args: argparse.Namespace, collector_on: bool = False) -> dict:
     me = str(Path(__file__).resolve())
     child_args = ["--child", "--out", str(out), "--data-dir", str(args.data_dir),
-                  "--cache-dir", str(cache_dir)]
+                  "--cache-dir", str(cache_dir)] + (["--collector-on"] if collector_on else [])
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc_per_node={args.nproc}", me] if args.nproc > 1 else [sys.executable, me])
     threads = max(1, args.cores // args.nproc)
@@ -96,6 +105,7 @@ def main() -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--collector-on", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--data-dir", type=Path, default=common.default_data_dir())
     p.add_argument("--runs", type=int, default=3, help="cold/warm pairs (median of each)")
     p.add_argument("--nproc", type=int, default=1, help="1: python; >1: torchrun ranks")
@@ -114,11 +124,12 @@ def main() -> int:
         if not args.no_prime:
             launch(scratch / "prime-cache", scratch / "prime", args)
             print("primed (untimed launch done)", flush=True)
-        found: dict[str, list[dict]] = {"cold": [], "warm": []}
+        found: dict[str, list[dict]] = {kind: [] for kind in KINDS}
         for i in range(args.runs):
             cache = scratch / f"cache-{i}"  # new and empty: cold; then the same: warm
-            for kind in ("cold", "warm"):
-                r = launch(cache, args.results_dir / f"{kind}-{i + 1}", args)
+            for kind in KINDS:
+                r = launch(cache, args.results_dir / f"{kind.replace(', ', '-')}-{i + 1}", args,
+                           collector_on=kind == COLLECTOR_ON)
                 found[kind].append(r)
                 print(f"run {i + 1} {kind}: {r['launch_to_first_step_s']:.2f} s to the first step "
                       f"(python {r['python_start_s']:.2f}, imports {r['imports_s']:.2f}, data+model "
@@ -134,13 +145,16 @@ def main() -> int:
     print("| cache | launch->first step s | python start | imports | data+model setup | "
           "train start->first step |")
     print("|---|---|---|---|---|---|")
-    for kind in ("cold", "warm"):
+    for kind in KINDS:
         m = med[kind]
         print(f"| {kind} | {m['launch_to_first_step_s']:.2f} | {m['python_start_s']:.2f} | "
               f"{m['imports_s']:.2f} | {m['data_model_setup_s']:.2f} | "
               f"{m['train_start_to_first_step_s']:.2f} |")
     ratio = med["warm"]["launch_to_first_step_s"] / med["cold"]["launch_to_first_step_s"]
     print(f"[{'PASS' if ratio <= 0.3 else 'FAIL'}] warm / cold: {ratio:.3f} (target <= 0.3)")
+    frozen = med[COLLECTOR_ON]["launch_to_first_step_s"] / med["warm"]["launch_to_first_step_s"]
+    print(f"[info] warm, collector on / warm (the imports frozen, as nlptrain does): {frozen:.2f}x "
+          f"({med[COLLECTOR_ON]['imports_s']:.2f} s vs {med['warm']['imports_s']:.2f} s of imports)")
     after = {k: med[k]["data_model_setup_s"] + med[k]["train_start_to_first_step_s"]
              for k in med}
     print(f"[info] after `import nlptrain...` (torch, transformers, sklearn): warm / cold "

@@ -20,6 +20,7 @@ from nlptrain.config import TaskConfig
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
+from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, apply_overrides, resolve_task
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
 
@@ -209,6 +210,7 @@ def run_options(args: argparse.Namespace) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    import_libraries()
     from nlptrain import recipe
 
     task = resolve_task(args)
@@ -222,6 +224,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
+
+    import_libraries()
 
     from nlptrain import recipe
     from nlptrain.report import metrics_text

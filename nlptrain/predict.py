@@ -28,6 +28,7 @@ from nlptrain.kinds import SingleLabel, TaskKind, from_model_config
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.models import usable_positions
+from nlptrain.startup import import_libraries
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not for --help
     from nlptrain.distributed import Backend
@@ -289,6 +290,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    import_libraries()
     from nlptrain import recipe
     from nlptrain.logs import setup_logging
 

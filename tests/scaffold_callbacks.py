@@ -1,8 +1,11 @@
 """Test scaffolding loaded with `--callback tests/scaffold_callbacks.py:NAME`: faults injected at a
-given optimizer step (env AT_STEP), so crash and resume paths run for real."""
+given optimizer step (env AT_STEP), so crash and resume paths run for real, and probes of the
+process a run trains in."""
 
 from __future__ import annotations
 
+import gc
+import json
 import math
 import os
 import signal
@@ -169,3 +172,11 @@ class StallRank1(Callback):
     def on_step_end(self, trainer) -> None:
         if trainer.dist.rank == 1 and trainer.global_step == at_step():
             time.sleep(float(os.environ.get("STALL_S", "60")))
+
+
+class CollectorState(Callback):
+    """Writes the cyclic collector's state at on_train_start to the file COLLECTOR_STATE (JSON)."""
+
+    def on_train_start(self, trainer) -> None:
+        with open(os.environ["COLLECTOR_STATE"], "w") as out:
+            json.dump({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count()}, out)
