@@ -162,15 +162,24 @@ class LoopClock:
         self.first_end: float | None = None
         self.last_end: float | None = None
         self.steps = 0
+        # The first step's kernel CPU time and page faults: it is the one that touches the
+        # optimizer state, DDP's rebuilt buckets and the longest batch's activations first.
+        self.first_usage: resource.struct_rusage | None = None
+        self.first_kernel: dict[str, float] = {}
 
     def step_start(self) -> None:
         if self.first_start is None:
             self.first_start = time.perf_counter()
+            self.first_usage = resource.getrusage(resource.RUSAGE_SELF)
 
     def step_end(self) -> None:
         now = time.perf_counter()
         if self.first_end is None:
             self.first_end = now
+            end, start = resource.getrusage(resource.RUSAGE_SELF), self.first_usage
+            if start is not None:
+                self.first_kernel = {"first_step_sys_s": end.ru_stime - start.ru_stime,
+                                     "first_step_faults": end.ru_minflt - start.ru_minflt}
         self.last_end = now
         self.steps += 1
 
@@ -182,7 +191,8 @@ class LoopClock:
 
     def as_dict(self) -> dict[str, Any]:
         first = (self.first_end - self.first_start) if self.first_end and self.first_start else None
-        return {"loop_s": self.seconds, "steps": self.steps, "first_step_s": first}
+        return {"loop_s": self.seconds, "steps": self.steps, "first_step_s": first,
+                **self.first_kernel}
 
 
 class Phases:

@@ -69,7 +69,9 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
              "precision": ok[0].get("precision") if ok else None,
              "precision_chosen": ok[0].get("precision_chosen") if ok else None,
              "compute_dtype": sorted({r.get("compute_dtype") or "?" for r in ok}),
-             "phases_ms": phase_medians([r.get("phases_ms") or {} for r in ok])}
+             "phases_ms": phase_medians([r.get("phases_ms") or {} for r in ok]),
+             "first_step": {key: median([r[key] for r in ok if r.get(key) is not None])
+                            for key in ("first_step_s", "first_step_sys_s", "first_step_faults")}}
         if s["accuracy"] is not None and acc_a is not None:
             s["d_acc_pt"] = 100 * (s["accuracy"] - acc_a)
         summary[k] = s
@@ -102,6 +104,12 @@ def summarize(records: list[dict], meta: dict) -> tuple[str, dict]:
     out += ["median ms per step, rank 0 (approximate): " + "; ".join(
         f"({k}) " + ", ".join(f"{n} {v:g}" for n, v in summary[k]["phases_ms"].items())
         for k in keys if summary[k].get("phases_ms"))]
+    firsts = [f"({k}) {fmt(first['first_step_s'])} s" + (
+        f", {first['first_step_sys_s']:.2f} s of it in the kernel, "
+        f"{first['first_step_faults']:,.0f} page faults" if first["first_step_faults"] is not None
+        else "") for k in keys if (first := summary[k]["first_step"])["first_step_s"] is not None]
+    if firsts:  # in loop s; the kernel zeroing the pages the step touches first (bench/README.md)
+        out += ["first step, rank 0, median: " + "; ".join(firsts)]
     if any(summary[k]["compute_dtype"] != ["?"] for k in keys):  # older results lack it
         out += ["matmuls computed in (first Linear's output in training): " + "; ".join(
             f"({k}) {'/'.join(summary[k]['compute_dtype'])}" for k in keys)]
