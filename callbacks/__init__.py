@@ -30,11 +30,14 @@ __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", 
            "config_callbacks"]
 
 
-def config_callbacks(config: TrainConfig) -> tuple[list[Callback], list[Callback]]:
-    """Callbacks that the config asks for, to run before the user's (lr schedule, clipping) and
-    after them (EMA: SaveBestModel saves the average before it is swapped out; early stopping
-    decides once every other callback has seen the evaluation, and says so after its line)."""
-    first: list[Callback] = [LRSchedule(config.scheduler, config.warmup_ratio, config.warmup_steps)]
+def config_callbacks(config: TrainConfig, progress: bool = False
+                     ) -> tuple[list[Callback], list[Callback]]:
+    """Callbacks that the config asks for, to run before the user's (progress, lr schedule,
+    clipping) and after them (EMA: SaveBestModel saves the average before it is swapped out;
+    early stopping decides once every other callback has seen the evaluation, and says so after
+    its line)."""
+    first: list[Callback] = [ProgressBar()] if progress else []
+    first.append(LRSchedule(config.scheduler, config.warmup_ratio, config.warmup_steps))
     if config.max_grad_norm > 0:
         first.append(GradClip(config.max_grad_norm))
     if config.max_steps > 0:

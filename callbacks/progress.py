@@ -19,10 +19,12 @@ if TYPE_CHECKING:
 class ProgressBar(Callback):
     main_process_only = True
 
-    def __init__(self, refresh_every: int = 5, log_every_s: float = 30.0,
+    def __init__(self, refresh_every: int | None = None, log_every_s: float = 30.0,
                  plain: bool | None = None, stream: IO[str] | None = None,
                  clock: Callable[[], float] = time.monotonic, eval_name: str = "eval",
                  marks_best: bool = True) -> None:
+        # Optimizer steps between the bar's loss and lr updates (None: the trainer's log_every):
+        # reading the loss is a device sync, so the bar reads it where the loop logs it anyway.
         self.refresh_every = refresh_every
         self.eval_name = eval_name  # the set the evaluations score: "validation", "test"
         self.marks_best = marks_best  # False where no best model is kept (scoring the test set)
@@ -62,7 +64,8 @@ class ProgressBar(Callback):
         lr = trainer.optimizer.param_groups[0]["lr"]
         if self.bar is not None:
             self.bar.update(1)
-            if trainer.batch_in_epoch % self.refresh_every == 0:
+            every = self.refresh_every or trainer.config.log_every
+            if trainer.is_update_step and trainer.global_step % every == 0:
                 self.bar.set_postfix(loss=f"{trainer.last_loss:.4f}", lr=f"{lr:.2e}",
                                      refresh=False)
             return

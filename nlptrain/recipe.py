@@ -122,7 +122,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         # goes on as the run began: weights, data position, "auto"'s precision.
         trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
                               tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
-                              kind=kind, resume_from=run_dir / "checkpoints" if has_run else None)
+                              kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
+                              progress=False)  # run_callbacks's, where the log level is info
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
         # In the exported config.json: `eval` under "auto" scores in it, as the run scored its test set.
         model.config.nlptrain_precision = trainer.config.precision

@@ -44,7 +44,9 @@ class Trainer(ProgressCounters):
     replace `loss_fn` or call `forward` again; the optimizer is `optimizer(param_groups(model,
     lr, config), config)`, both optional functions (default: AdamW, `nlptrain.optim`).
     `resume_from`: a checkpoint, or a `Checkpointer`'s folder (its newest whole checkpoint, if
-    any), loaded here: the trainer starts in its state and, under "auto", its precision."""
+    any), loaded here: the trainer starts in its state and, under "auto", its precision.
+    `progress`: a `ProgressBar` on the main process (plain lines where stderr is not a terminal)
+    unless `callbacks` holds one; False: none."""
 
     def __init__(
         self,
@@ -64,6 +66,7 @@ class Trainer(ProgressCounters):
         param_groups: optim.ParamGroupsFn | None = None,
         optimizer: optim.OptimizerFn | None = None,
         resume_from: str | Path | None = None,
+        progress: bool = True,
     ) -> None:
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
@@ -106,9 +109,9 @@ class Trainer(ProgressCounters):
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         from nlptrain.callbacks import config_callbacks  # a package of callbacks: imported late
 
-        given = {type(c) for c in callbacks}
+        given = {type(c) for c in callbacks}  # a user's own of a kind replaces the made one
         first, last = ([c for c in made if type(c) not in given]
-                       for made in config_callbacks(self.config))
+                       for made in config_callbacks(self.config, progress))
         self.callbacks = CallbackList([*first, *callbacks, *last], self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step

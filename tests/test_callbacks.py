@@ -1,4 +1,5 @@
-"""The built-in callbacks the trainer adds from its config: early stopping, clipping, schedule."""
+"""The built-in callbacks the trainer adds from its config (early stopping, clipping, schedule)
+and its progress bar."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import json
 import pytest
 import torch
 from nlptrain.callbacks import EarlyStopping, GradClip, MetricLogger, SaveBestModel
-from toy_trainer import Recorder, make_trainer
+from toy_trainer import Recorder, make_trainer, toy_datasets
 
-from nlptrain import Callback
+from nlptrain import Callback, TrainConfig, Trainer
+from nlptrain.models import load_model
 
 
 def test_early_stopping_stops_after_patience_evaluations_without_improvement(tmp_path, tiny_model_dir,
@@ -224,3 +226,41 @@ def test_a_callback_scales_the_lr_through_the_schedules_base_lrs(tmp_path, tiny_
 
     make_trainer(tmp_path, tiny_model_dir, [Plateau()], epochs=2, scheduler="constant").fit()
     assert seen[:3] == pytest.approx([1e-3] * 3) and seen[3:] == pytest.approx([1e-4] * 3)
+
+
+def test_a_python_trainer_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir, capsys):
+    from nlptrain.callbacks import ProgressBar
+
+    def bars(trainer) -> int:
+        return sum(isinstance(c, ProgressBar) for c in trainer.callbacks.callbacks)
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [], epochs=1, batch_size=4)
+    assert bars(trainer) == 1
+    trainer.fit()
+    err = capsys.readouterr().err  # not a terminal: plain lines
+    assert "epoch 1/1 done: 6 batches in" in err and "eval at step 6: accuracy " in err
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    quiet = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                    config=TrainConfig(epochs=1, batch_size=4), progress=False)
+    assert bars(quiet) == 0
+    quiet.fit()
+    assert "epoch 1/1" not in capsys.readouterr().err
+
+    own = ProgressBar(log_every_s=5)
+    assert bars(make_trainer(tmp_path, tiny_model_dir, [own], epochs=1)) == 1  # the user's, alone
+
+
+def test_the_bar_reads_the_loss_back_only_at_log_steps(tmp_path, tiny_model_dir, monkeypatch):
+    """Reading the loss is a device sync: the bar shows it where the loop logs it anyway."""
+    import io
+
+    from nlptrain.callbacks import ProgressBar
+
+    reads = []
+    loss = Trainer.last_loss
+    monkeypatch.setattr(Trainer, "last_loss", property(lambda t: reads.append(t.global_step)
+                                                       or loss.fget(t)))
+    bar = ProgressBar(plain=False, stream=io.StringIO())  # a bar, as on a terminal
+    make_trainer(tmp_path, tiny_model_dir, [bar], epochs=1, batch_size=4, log_every=3).fit()
+    assert reads == [3, 6]  # of 6 steps
