@@ -1,4 +1,5 @@
-"""Bad input: one clear error naming the file (and line), exit 1, nothing left in the run dir."""
+"""Bad input: one clear error naming the file (and line), exit 1, nothing left in the run dir.
+Bad options and overrides: test_bad_options.py."""
 
 from __future__ import annotations
 
@@ -7,23 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_errors import edit, train
 from transformers import RobertaConfig, RobertaForSequenceClassification
 
 from nlptrain.cli import main
 from nlptrain.errors import ConfigError
 from nlptrain.models import check_max_length
-
-
-def train(capsys, task: Path, run_dir: Path, *extra: str) -> tuple[int, str]:
-    code = main(["train", "--task", str(task), "--output-dir", str(run_dir), *extra])
-    return code, capsys.readouterr().err
-
-
-def edit(task: Path, old: str, new: str) -> Path:
-    text = task.read_text()
-    assert old in text
-    task.write_text(text.replace(old, new))
-    return task
 
 
 def too_few_to_hold_out(data: Path) -> None:
@@ -190,11 +180,6 @@ def test_resume_of_a_folder_with_no_run_says_a_new_run_starts(capsys, toy_task, 
     assert code == 0 and "typo: no run here to resume (no config.json); a new run starts" in err
 
 
-def test_unknown_override_key(capsys, toy_task, tmp_path):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
-    assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
-
-
 def test_a_metric_for_best_the_task_cannot_compute_is_refused_before_training(capsys, toy_task,
                                                                                tmp_path):
     """GLUE's binary F1 on three labels: refused from the task file's labels, and from the labels
@@ -266,92 +251,6 @@ def test_torchruns_summary_names_nlptrains_error_as_the_root_cause(toy_task, tmp
     assert "traceback : stopped: rank 0 failed (see the root cause)" in out.stderr  # rank 1's
 
 
-@pytest.mark.parametrize(("override", "message"), [
-    ("trian.lr=1e-5", "--set trian.lr=1e-5: unknown section 'trian'. Valid: data, model, train, "
-                      "data.train, data.valid, data.test;"),
-    ("data.tset.header=true", "unknown section 'data.tset'"),
-    ("data.test.heder=true", "--set data.test.heder=true: unknown key 'heder'. Valid keys: path,"),
-])
-def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_path, override, message):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--set", override)
-    assert code == 1 and message in err, err
-    assert err.count("error:") == 1 and "Traceback" not in err
-
-
-def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
-    with pytest.raises(SystemExit) as stop:
-        main(["train", "--task", str(toy_task), "--log-level", "verbose"])
-    assert stop.value.code == 2 and "invalid choice: 'verbose'" in capsys.readouterr().err
-    from nlptrain.cli import build_parser
-
-    assert build_parser().parse_args(["train", "--log-level", "INFO"]).log_level == "info"
-
-
-@pytest.mark.parametrize("order", [["--kind", "single_label", "--metric-for-best", "accuracy"],
-                                   ["--set", "train.metric_for_best=accuracy",
-                                    "--set", "data.kind=single_label"]])
-def test_overrides_are_checked_together_in_any_order(tmp_path, order):
-    """STS-B (regression, pearson) as a single_label task with accuracy: each override alone
-    contradicts the other key's value in the task file, together they fit."""
-    from nlptrain.cli import build_parser, resolve_task
-
-    args = build_parser().parse_args(["train", "--task", "stsb", "--data-dir", str(tmp_path), *order])
-    task = resolve_task(args)
-    assert (task.data.kind, task.train.metric_for_best) == ("single_label", "accuracy")
-
-
-def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_task, tmp_path):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--kind", "regression",
-                      "--metric-for-best", "accuracy")
-    assert code == 1 and "--kind, --metric-for-best: [train] metric_for_best = 'accuracy' is not " \
-        "a metric of regression tasks" in err, err
-
-
-def test_an_error_names_the_option_as_it_was_typed(capsys, toy_task, tmp_path):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--data-format", "xml")
-    assert code == 1 and "error: --data-format: [data] format = 'xml'" in err, err  # not --format
-
-
-def test_an_error_names_the_options_at_fault_not_every_one_given(capsys, toy_task, tmp_path):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--lr=-1",
-                      "--set", "train.batch_size=8")
-    assert code == 1 and "error: --lr: [train] lr must be at least 0" in err, err
-    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--max-tokens", "64",
-                      "--set", "data.streaming=true")
-    assert "error: --max-tokens, --set data.streaming=true: [train] max_tokens needs" in err, err
-
-
-@pytest.mark.parametrize(("flag", "value"), [("--threshold", "0.9"), ("--label-separator", "|")])
-def test_a_multi_label_option_on_another_kind_is_refused_not_ignored(capsys, toy_task, tmp_path,
-                                                                     flag, value):
-    code, err = train(capsys, toy_task, tmp_path / "run", flag, value)
-    key = flag[2:].replace("-", "_")
-    assert code == 1 and f"error: {flag}: [data] {key} is for multi_label tasks; this one is " \
-        "single_label ([data] kind)" in err, err
-    assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(("flag", "value"), [
-    ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
-    ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
-def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, tmp_path, flag,
-                                                              value):
-    code, err = train(capsys, toy_task, tmp_path / "run", f"{flag}={value}")  # -1e-5: not a flag
-    key = flag[2:].replace("-", "_")
-    assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
-    assert err.count("error:") == 1 and "Traceback" not in err
-    assert not (tmp_path / "run").exists()
-
-
-@pytest.mark.parametrize(("option", "message"), [
-    (["--nproc", "0"], "--nproc 0: give at least 1 process"),
-    (["--nproc", "-1"], "--nproc -1: give at least 1 process"),
-    (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: give 0 or more")])
-def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message):
-    code, err = train(capsys, toy_task, tmp_path / "run", *option)
-    assert code == 1 and f"error: {message}" in err, err
-
-
 def test_a_resume_the_run_cannot_take_is_one_error_before_any_worker_starts(capsys, toy_task,
                                                                            tmp_path):
     run = tmp_path / "run"
@@ -386,14 +285,6 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
     assert f"error: --callback {mine}:Notify: missing a required argument: 'url'; a --callback " \
            "class is made without arguments" in err
-
-
-@pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
-def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
-    code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
-    assert code == 1 and f"[data] threshold {float(value):g} must be strictly between 0 and 1 " \
-        "(a probability: 0 predicts every label, 1 none)" in err, err
-    assert not (tmp_path / "run").exists()
 
 
 def test_per_rank_files_with_a_label_the_task_lacks_are_refused_before_overwrite(capsys, toy_task,

@@ -1,0 +1,108 @@
+"""Bad options and overrides: one line naming the option as it was typed (or the --set), exit 1
+(argparse's usage errors: 2), nothing left in the run dir."""
+
+from __future__ import annotations
+
+import pytest
+from cli_errors import train
+
+from nlptrain.cli import main
+
+
+def test_unknown_override_key(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "train.lrr=0.1")
+    assert code == 1 and "unknown key 'lrr'" in err and "Valid keys:" in err
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("trian.lr=1e-5", "--set trian.lr=1e-5: unknown section 'trian'. Valid: data, model, train, "
+                      "data.train, data.valid, data.test;"),
+    ("data.tset.header=true", "unknown section 'data.tset'"),
+    ("data.test.heder=true", "--set data.test.heder=true: unknown key 'heder'. Valid keys: path,"),
+])
+def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_path, override, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", override)
+    assert code == 1 and message in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_an_unknown_log_level_is_a_usage_error(capsys, toy_task):
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--task", str(toy_task), "--log-level", "verbose"])
+    assert stop.value.code == 2 and "invalid choice: 'verbose'" in capsys.readouterr().err
+    from nlptrain.cli import build_parser
+
+    assert build_parser().parse_args(["train", "--log-level", "INFO"]).log_level == "info"
+
+
+@pytest.mark.parametrize("order", [["--kind", "single_label", "--metric-for-best", "accuracy"],
+                                   ["--set", "train.metric_for_best=accuracy",
+                                    "--set", "data.kind=single_label"]])
+def test_overrides_are_checked_together_in_any_order(tmp_path, order):
+    """STS-B (regression, pearson) as a single_label task with accuracy: each override alone
+    contradicts the other key's value in the task file, together they fit."""
+    from nlptrain.cli import build_parser, resolve_task
+
+    args = build_parser().parse_args(["train", "--task", "stsb", "--data-dir", str(tmp_path), *order])
+    task = resolve_task(args)
+    assert (task.data.kind, task.train.metric_for_best) == ("single_label", "accuracy")
+
+
+def test_overrides_that_do_not_fit_together_are_named_in_the_error(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--kind", "regression",
+                      "--metric-for-best", "accuracy")
+    assert code == 1 and "--kind, --metric-for-best: [train] metric_for_best = 'accuracy' is not " \
+        "a metric of regression tasks" in err, err
+
+
+def test_an_error_names_the_option_as_it_was_typed(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--data-format", "xml")
+    assert code == 1 and "error: --data-format: [data] format = 'xml'" in err, err  # not --format
+
+
+def test_an_error_names_the_options_at_fault_not_every_one_given(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--lr=-1",
+                      "--set", "train.batch_size=8")
+    assert code == 1 and "error: --lr: [train] lr must be at least 0" in err, err
+    code, err = train(capsys, toy_task, tmp_path / "run", "--epochs", "3", "--max-tokens", "64",
+                      "--set", "data.streaming=true")
+    assert "error: --max-tokens, --set data.streaming=true: [train] max_tokens needs" in err, err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--threshold", "0.9"), ("--label-separator", "|")])
+def test_a_multi_label_option_on_another_kind_is_refused_not_ignored(capsys, toy_task, tmp_path,
+                                                                     flag, value):
+    code, err = train(capsys, toy_task, tmp_path / "run", flag, value)
+    key = flag[2:].replace("-", "_")
+    assert code == 1 and f"error: {flag}: [data] {key} is for multi_label tasks; this one is " \
+        "single_label ([data] kind)" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
+    ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
+def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, tmp_path, flag,
+                                                              value):
+    code, err = train(capsys, toy_task, tmp_path / "run", f"{flag}={value}")  # -1e-5: not a flag
+    key = flag[2:].replace("-", "_")
+    assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--nproc", "0"], "--nproc 0: give at least 1 process"),
+    (["--nproc", "-1"], "--nproc -1: give at least 1 process"),
+    (["--nproc", "2", "--max-restarts", "-1"], "--max-restarts -1: give 0 or more")])
+def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message):
+    code, err = train(capsys, toy_task, tmp_path / "run", *option)
+    assert code == 1 and f"error: {message}" in err, err
+
+
+@pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
+def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
+    code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
+    assert code == 1 and f"[data] threshold {float(value):g} must be strictly between 0 and 1 " \
+        "(a probability: 0 predicts every label, 1 none)" in err, err
+    assert not (tmp_path / "run").exists()
