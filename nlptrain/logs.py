@@ -18,13 +18,15 @@ _NOISE = (
 
 
 class _TqdmHandler(logging.StreamHandler):
-    """Writes through tqdm, so log lines do not break a progress bar."""
+    """Writes through tqdm, so log lines do not break a progress bar. A line and its newline go
+    in one write: ranks share the launcher's stderr, and tqdm's own two writes let another
+    rank's line in between (`...64.0 MiB)ddp: gradients...`)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         from tqdm import tqdm
 
         try:
-            tqdm.write(self.format(record), file=self.stream)
+            tqdm.write(self.format(record) + "\n", file=self.stream, end="")
         except Exception:  # logging must never raise
             self.handleError(record)
 

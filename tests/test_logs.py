@@ -1,0 +1,39 @@
+"""Log lines (nlptrain/logs.py): each is one write, so the lines of ranks that share a stderr
+never cut into each other."""
+
+from __future__ import annotations
+
+import logging
+
+from nlptrain.logs import setup_logging
+
+
+class Writes:
+    """A stream that keeps every write it is given."""
+
+    def __init__(self) -> None:
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        if text:
+            self.writes.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_each_log_line_and_its_newline_are_one_write(monkeypatch):
+    stream = Writes()
+    monkeypatch.setattr("sys.stderr", stream)
+    loggers = [logging.getLogger(name) for name in ("nlptrain", "py.warnings")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in loggers]
+    try:
+        setup_logging(rank=1, level="warning")
+        loggers[0].warning("ddp: a rank could not map the file")
+        logging.getLogger("nlptrain.strategies").warning("second")
+    finally:
+        for logger, (handlers, level, propagate) in zip(loggers, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    assert stream.writes == ["[rank 1] WARNING nlptrain: ddp: a rank could not map the file\n",
+                             "[rank 1] WARNING nlptrain.strategies: second\n"]
