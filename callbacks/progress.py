@@ -3,6 +3,7 @@ every `log_every_s` seconds instead of a bar redrawn with carriage returns."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -23,9 +24,10 @@ class ProgressBar(Callback):
                  plain: bool | None = None, stream: IO[str] | None = None,
                  clock: Callable[[], float] = time.monotonic, eval_name: str = "eval",
                  marks_best: bool = True) -> None:
-        # Optimizer steps between the bar's loss and lr updates (None: the trainer's log_every):
-        # reading the loss is a device sync, so the bar reads it where the loop logs it anyway.
+        # Optimizer steps between reads of the loss for the bar and the plain lines (None: the
+        # trainer's log_every): a read is a device sync, so it comes where the loop logs anyway.
         self.refresh_every = refresh_every
+        self.loss = math.nan  # the latest loss read
         self.eval_name = eval_name  # the set the evaluations score: "validation", "test"
         self.marks_best = marks_best  # False where no best model is kept (scoring the test set)
         self.log_every_s = log_every_s
@@ -62,12 +64,13 @@ class ProgressBar(Callback):
 
     def on_batch_end(self, trainer: Trainer) -> None:
         lr = trainer.optimizer.param_groups[0]["lr"]
+        every = self.refresh_every or trainer.config.log_every
+        if trainer.is_update_step and trainer.global_step % every == 0:
+            self.loss = trainer.last_loss  # a device sync: only where the loop logs it anyway
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{self.loss:.4f}", lr=f"{lr:.2e}", refresh=False)
         if self.bar is not None:
             self.bar.update(1)
-            every = self.refresh_every or trainer.config.log_every
-            if trainer.is_update_step and trainer.global_step % every == 0:
-                self.bar.set_postfix(loss=f"{trainer.last_loss:.4f}", lr=f"{lr:.2e}",
-                                     refresh=False)
             return
         now = self.clock()
         if self._epoch_start is not None and now - self._last_line >= self.log_every_s:
@@ -75,9 +78,10 @@ class ProgressBar(Callback):
             done, total = trainer.batch_in_epoch, _batches_this_epoch(trainer)
             rate = (done - self._first_batch) / max(now - self._epoch_start, 1e-9)
             left = (total - done) / rate if rate > 0 else 0.0
+            loss = "" if math.isnan(self.loss) else f"loss {self.loss:.4f}, "  # none read yet
             self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs}: batch {done}/{total}"
-                       f" ({100 * done / max(total, 1):.0f}%), loss {trainer.last_loss:.4f}, "
-                       f"lr {lr:.2e}, {rate:.2f} batch/s, {_duration(left)} left in the epoch")
+                       f" ({100 * done / max(total, 1):.0f}%), {loss}lr {lr:.2e}, "
+                       f"{rate:.2f} batch/s, {_duration(left)} left in the epoch")
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         summary = trainer.kind.summary(metrics, trainer.metric_for_best)

@@ -251,8 +251,10 @@ def test_a_python_trainer_shows_progress_unless_told_not_to(tmp_path, tiny_model
     assert bars(make_trainer(tmp_path, tiny_model_dir, [own], epochs=1)) == 1  # the user's, alone
 
 
-def test_the_bar_reads_the_loss_back_only_at_log_steps(tmp_path, tiny_model_dir, monkeypatch):
-    """Reading the loss is a device sync: the bar shows it where the loop logs it anyway."""
+@pytest.mark.parametrize("plain", [False, True])
+def test_the_bar_reads_the_loss_back_only_at_log_steps(tmp_path, tiny_model_dir, monkeypatch, plain):
+    """Reading the loss is a device sync: the bar, or the plain lines (one each batch here),
+    show the loss read where the loop logs it anyway."""
     import io
 
     from nlptrain.callbacks import ProgressBar
@@ -261,6 +263,10 @@ def test_the_bar_reads_the_loss_back_only_at_log_steps(tmp_path, tiny_model_dir,
     loss = Trainer.last_loss
     monkeypatch.setattr(Trainer, "last_loss", property(lambda t: reads.append(t.global_step)
                                                        or loss.fget(t)))
-    bar = ProgressBar(plain=False, stream=io.StringIO())  # a bar, as on a terminal
+    out = io.StringIO()
+    bar = ProgressBar(plain=plain, stream=out, log_every_s=0)  # plain=False: as on a terminal
     make_trainer(tmp_path, tiny_model_dir, [bar], epochs=1, batch_size=4, log_every=3).fit()
     assert reads == [3, 6]  # of 6 steps
+    if plain:
+        lines = [line for line in out.getvalue().splitlines() if ": batch " in line]
+        assert [" loss " in line for line in lines] == [False, False, True, True, True, True]
