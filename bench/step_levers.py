@@ -9,7 +9,10 @@ hits them all), and each row is the median step time and its ratio to the defaul
 - `sdpa, no attention dropout`: attention-probability dropout 0 (the hidden dropout kept),
   the only way torch's fused CPU attention kernel (flash) is used in training: it takes no
   dropout, so with the model's 0.1 SDPA falls back to its unfused math path;
-- `--precisions ... bf16`: the default step under bf16 autocast;
+- `nlptrain's CPU dropout`: what a Trainer on a CPU runs by default (`[train] cpu_dropout`,
+  `nlptrain/cpu_dropout.py`): masks from 16 random bits an element, attention dropout outside
+  SDPA's math path;
+- `--precisions ... bf16`: the default step and nlptrain's CPU dropout under bf16 autocast;
 - `--seqs`: more lengths, e.g. `41 48` to see whether a multiple of 8 suits the kernels.
 
     python bench/step_levers.py [--threads 1] [--seqs 32 128] [--rounds 6] [--precisions fp32]
@@ -28,15 +31,18 @@ sys.path.insert(0, str(BENCH.parent))
 sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 
-# name -> (attention implementation, attention dropout: None keeps the model's)
+# name -> (attention implementation, attention dropout: None keeps the model's, nlptrain's CPU
+# dropout)
 LEVERS = {
-    "default (sdpa)": ("sdpa", None),
-    "eager attention": ("eager", None),
-    "sdpa, no attention dropout": ("sdpa", 0.0),
+    "default (sdpa)": ("sdpa", None, False),
+    "eager attention": ("eager", None, False),
+    "sdpa, no attention dropout": ("sdpa", 0.0, False),
+    "nlptrain's CPU dropout": ("sdpa", None, True),
 }
+EVERY_PRECISION = ("default (sdpa)", "nlptrain's CPU dropout")  # the others: fp32 only
 
 
-def build(attention: str, attention_dropout: float | None):
+def build(attention: str, attention_dropout: float | None, cpu_dropout: bool):
     import torch
 
     from nlptrain.models import load_model
@@ -48,6 +54,10 @@ def build(attention: str, attention_dropout: float | None):
         for module in model.modules():
             if type(module).__name__.endswith("SelfAttention"):
                 module.dropout.p = attention_dropout
+    if cpu_dropout:
+        from nlptrain.cpu_dropout import use_cpu_dropout
+
+        use_cpu_dropout(model)
     model.train()
     return model, torch.optim.AdamW(model.parameters(), lr=2e-5, fused=True)
 
@@ -70,9 +80,9 @@ def main() -> None:
           f"torch {torch.__version__}; median of {args.rounds - 1} rounds x 2 steps\n")
     cpu = torch.device("cpu")
     variants = [(name, precision) for precision in args.precisions for name in LEVERS
-                if precision == "fp32" or name == "default (sdpa)"]
+                if precision == "fp32" or name in EVERY_PRECISION]
     models = {name: build(*LEVERS[name]) for name in LEVERS}
-    print("| seq | lever | precision | ms per step | us per token | x default |")
+    print("| seq | lever | precision | ms per step | us per token | x default (same precision) |")
     print("|---|---|---|---|---|---|")
     for seq in args.seqs:
         batch = {"input_ids": torch.randint(1000, 20000, (args.batch_size, seq)),
@@ -91,11 +101,9 @@ def main() -> None:
                     optimizer.zero_grad(set_to_none=True)
                     if round_:
                         times[(name, precision)].append(time.perf_counter() - start)
-        default = statistics.median(times[("default (sdpa)", "fp32")]) if "fp32" in args.precisions \
-            else None
         for name, precision in variants:
             step = statistics.median(times[(name, precision)])
-            ratio = f"{default / step:.2f}" if default else "-"
+            ratio = f"{statistics.median(times[('default (sdpa)', precision)]) / step:.2f}"
             per_token = step * 1e6 / (args.batch_size * seq)
             print(f"| {seq} | {name} | {precision} | {step * 1e3:.0f} | {per_token:.0f} | {ratio} |",
                   flush=True)

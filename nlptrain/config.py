@@ -117,6 +117,10 @@ class TrainConfig:
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "
                                   "large buffers (glibc; no page faults each step); false: give it "
                                   "back to the system")
+    cpu_dropout: bool = opt(True, "CPU: draw dropout masks from 16 random bits an element (torch "
+                            "draws a bernoulli for each) and run attention dropout outside SDPA's "
+                            "fp32 math path: 1.15x a bf16 MiniLM step; other masks than torch's "
+                            "for a seed, at the same rate; false: torch's own")
     sync_touched_rows: bool = opt(True, "ddp on a CPU over gloo's sockets: all-reduce only the "
                                   "word-embedding rows some rank's batch touched (the same "
                                   "result; the others are zero); false: all of them")

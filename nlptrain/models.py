@@ -124,9 +124,14 @@ def record_how_rows_were_read(model: Any, train_data: Any) -> None:
         model_config.nlptrain_text_pair = bool(train_data.pairs)
 
 
-def prepare_for_training(model: Any, config: Any) -> None:
+def prepare_for_training(model: Any, config: Any, device: Any) -> None:
     """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
-    their names, for checkpoints and export): activation checkpointing, then torch.compile."""
+    their names, for checkpoints and export): the CPU's dropout, activation checkpointing, then
+    torch.compile."""
+    if config.cpu_dropout and device.type == "cpu":
+        from nlptrain.cpu_dropout import use_cpu_dropout
+
+        use_cpu_dropout(model)
     if config.activation_checkpointing:
         enable_activation_checkpointing(model)
     if config.compile:

@@ -100,7 +100,7 @@ class Trainer(ProgressCounters):
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         models.record_how_rows_were_read(model, train_data)  # for the export's predict
-        models.prepare_for_training(model, self.config)  # activation checkpointing, compile
+        models.prepare_for_training(model, self.config, self.device)  # dropout, checkpointing, compile
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.train_data, self.eval_data = train_data, eval_data
         self.optimizer = optim.make_optimizer(self.unwrapped_model, self.config, self.dist.world_size,

@@ -15,6 +15,7 @@ from nlptrain import TrainConfig, Trainer
 from nlptrain.checkpoint import load_checkpoint, save_checkpoint
 from nlptrain.cli import main
 from nlptrain.config import task_from_dict
+from nlptrain.cpu_dropout import use_cpu_dropout
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import model_inputs
 from nlptrain.kinds import MultiLabel, Regression, SingleLabel
@@ -306,6 +307,7 @@ def test_rdrop_loss_equals_a_hand_computation(tmp_path, tiny_model_dir):
     task_loss_fn = trainer.loss_fn
     trainer.fit()
     model = tiny_model(tiny_model_dir)
+    use_cpu_dropout(model)  # the dropout a CPU Trainer runs
     model.train()
     torch.set_rng_state(seen["rng"])  # the same two dropout masks
     first = model(**model_inputs(seen["batch"])).logits
