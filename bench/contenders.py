@@ -37,6 +37,8 @@ CONTENDERS = {c.key: c for c in [
                "--no-shared-memory-all-reduce")),
     Contender("e1", "(e) summing every gradient row (no touched-rows hook)", "nlptrain_bench.py",
               ("--config", "batching", "--precision", "bf16", "--", "--no-sync-touched-rows")),
+    Contender("e2", "(e) with torch's dropout (no cpu_dropout)", "nlptrain_bench.py",
+              ("--config", "batching", "--precision", "bf16", "--", "--no-cpu-dropout")),
     Contender("f", "nlptrain, every default (decay, clip)", "nlptrain_bench.py", ("--config", "defaults")),
     Contender("g", "(f) + precision auto (the default now)", "nlptrain_bench.py",
               ("--config", "defaults", "--precision", "auto")),

@@ -72,18 +72,27 @@ class Encoder(torch.nn.Module):
     is_causal = False  # what transformers' BERT attention says of itself
 
 
-def test_attention_in_training_is_eager_attention_with_these_masks():
-    query, key, value, attended = attention_inputs()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_in_training_is_eager_attention_with_these_masks(dtype):
+    query, key, value, attended = attention_inputs(dtype)
+    for t in (query, key, value):
+        t.requires_grad_(True)
     torch.manual_seed(3)
     out, _ = attention(Encoder(), query, key, value, attended, dropout=0.1, scaling=0.25)
     torch.manual_seed(3)
     scores = (query @ key.transpose(2, 3) * 0.25).masked_fill(~attended, float("-inf"))
-    weights = scores.softmax(-1)
+    weights = scores.softmax(-1, dtype=torch.float32).to(dtype)
     expected = ((weights * dropout_noise(weights, 0.1)) @ value).transpose(1, 2)
     torch.testing.assert_close(out, expected)
+    # the backward of the in-place steps is autograd's own: the same gradients
+    grads = torch.autograd.grad(out.float().square().sum(), (query, key, value))
+    expected_grads = torch.autograd.grad(expected.float().square().sum(), (query, key, value))
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
     # the padding's keys and values count for nothing
-    value[0, :, 3:] = 1e4
-    key[0, :, 3:] = -1e4
+    with torch.no_grad():
+        value[0, :, 3:] = 1e4
+        key[0, :, 3:] = -1e4
     torch.manual_seed(3)
     padded, _ = attention(Encoder(), query, key, value, attended, dropout=0.1, scaling=0.25)
     torch.testing.assert_close(padded, out)
