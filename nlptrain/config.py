@@ -113,6 +113,9 @@ class TrainConfig:
         "(transformers' gradient checkpointing): far less activation memory, for longer rows or "
         "bigger batches, at about one more forward of compute")
     padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
+    pad_to_multiple_of: int = opt(8, "dynamic padding: round each batch's length up to a multiple "
+                                  "of N, not past max_length (fewer shapes for the kernels' "
+                                  "per-shape caches; 1: the longest row exactly)")
     group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "
                                   "large buffers (glibc; no page faults each step); false: give it "
@@ -322,7 +325,7 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
                               f"of {', '.join(sorted(allowed))}")
     positive = [("train", "epochs"), ("train", "batch_size"), ("train", "eval_batch_size"),
                 ("train", "grad_accum"), ("train", "log_every"), ("model", "max_length"),
-                ("train", "timeout")]
+                ("train", "timeout"), ("train", "pad_to_multiple_of")]
     for section, key in positive:
         if section in sections and value(section, key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")

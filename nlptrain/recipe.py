@@ -79,7 +79,8 @@ def backend(timeout: float, environment: Environment | None = None
 
 def collator(tokenizer: Any, task: TaskConfig) -> Collator:
     pad_to = task.model.max_length if task.train.padding == "max_length" else None
-    return Collator(tokenizer.pad_token_id or 0, pad_to)
+    return Collator(tokenizer.pad_token_id or 0, pad_to, task.train.pad_to_multiple_of,
+                    task.model.max_length)
 
 
 def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict[str, Any]:

@@ -83,7 +83,8 @@ class Trainer(ProgressCounters):
         train_data, eval_data = (self._as_dataset(data, what) for data, what in
                                  ((train_data, "train"), (eval_data, "valid")))
         pad_id = getattr(model_config, "pad_token_id", None) or 0
-        self.collate = collate or Collator(pad_id)
+        self.collate = collate or Collator(pad_id, multiple=config.pad_to_multiple_of,
+                                           limit=models.usable_positions(model))
 
         def job_step() -> precision.JobStep | None:  # what "auto" times on a GPU
             batch = typical_batch(train_data, self.collate, config.batch_size)

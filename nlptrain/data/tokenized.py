@@ -154,15 +154,25 @@ def uses_type_ids(tokenizer: Any) -> bool:
 
 
 class Collator:
-    """Pads a list of rows into a batch: to the longest row (dynamic) or to `pad_to` tokens.
+    """Pads a list of rows into a batch: to `pad_to` tokens, or (dynamic) to the longest row
+    rounded up to a multiple of `multiple`, never past `limit` (max_length) for that rounding.
     Targets keep their type: class ids as int64, multi-hot rows and scores as float32."""
 
-    def __init__(self, pad_id: int, pad_to: int | None = None) -> None:
+    def __init__(self, pad_id: int, pad_to: int | None = None, multiple: int = 1,
+                 limit: int | None = None) -> None:
         self.pad_id = pad_id
         self.pad_to = pad_to
+        self.multiple, self.limit = max(multiple, 1), limit
+
+    def width(self, longest: np.ndarray | int) -> np.ndarray | int:
+        """A batch's padded length, given its longest row's (an array: each row's own batch)."""
+        if self.pad_to:
+            return np.maximum(longest, self.pad_to)
+        rounded = -(-longest // self.multiple) * self.multiple
+        return np.maximum(longest, np.minimum(rounded, self.limit)) if self.limit else rounded
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        width = self.pad_to or max(len(r["input_ids"]) for r in rows)
+        width = int(self.width(max(len(r["input_ids"]) for r in rows)))
         input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         pairs = "token_type_ids" in rows[0]
