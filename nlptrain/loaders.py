@@ -18,7 +18,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from nlptrain.config import TrainConfig
-from nlptrain.data.tokenized import Collator
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError
 from nlptrain.progress import Progress
@@ -40,8 +39,9 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         if isinstance(data, IterableDataset) or lengths is None:
             raise ConfigError("[train] max_tokens needs a dataset that knows its rows' lengths "
                               "(a TokenizedDataset; not a stream)")
-        if isinstance(collate, Collator):  # the lengths its batches pad to (max_length, multiple)
-            lengths = collate.width(np.asarray(lengths))
+        padded_width = getattr(collate, "width", None)  # a Collator's: max_length, the multiple
+        if callable(padded_width):
+            lengths = padded_width(np.asarray(lengths))
         longest = int(np.max(lengths, initial=0))
         if longest > config.max_tokens:  # a batch of that row alone would exceed the budget
             raise ConfigError(f"[train] max_tokens = {config.max_tokens} is less than the longest "
