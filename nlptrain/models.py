@@ -165,13 +165,16 @@ def load_config(name: str) -> Any:
 
 
 def usable_positions(model: Any) -> int | None:
-    """How many tokens fit the position embeddings of `model` (a model or its config). RoBERTa's
-    kin number positions from pad_token_id + 1 (roberta-base: 514 embeddings, 512 tokens), so
-    `max_position_embeddings` alone overstates them; the embedding layer says which kind it is."""
+    """How many tokens fit the position embeddings of `model` (a model or its config; None: not
+    known). RoBERTa's kin number positions from pad_token_id + 1 (roberta-base: 514 embeddings,
+    512 tokens), so `max_position_embeddings` alone overstates them; the embedding layer says
+    which kind it is. A user's own module without a config (e.g. a head around a `BertModel`) is
+    read from its position embedding layers too: the fewest positions any of them has."""
     config = getattr(model, "config", model)
-    if not isinstance(getattr(config, "max_position_embeddings", None), int):
-        return None
+    stated = getattr(config, "max_position_embeddings", None)
     if not hasattr(model, "named_modules"):  # a config: build the layers without memory
+        if not isinstance(stated, int):
+            return None
         import torch
         from transformers import AutoModelForSequenceClassification
 
@@ -179,12 +182,13 @@ def usable_positions(model: Any) -> int | None:
             with torch.device("meta"):
                 model = AutoModelForSequenceClassification.from_config(config)
         except Exception:  # a config transformers cannot build: loading the model will say why
-            return config.max_position_embeddings
-    for name, module in model.named_modules():
-        if name.endswith("position_embeddings") and hasattr(module, "num_embeddings"):
-            offset = module.padding_idx + 1 if module.padding_idx is not None else 0
-            return module.num_embeddings - offset
-    return config.max_position_embeddings
+            return stated
+    found = [module.num_embeddings - (module.padding_idx + 1 if module.padding_idx is not None else 0)
+             for name, module in model.named_modules()
+             if name.endswith("position_embeddings") and hasattr(module, "num_embeddings")]
+    if found:
+        return min(found)
+    return stated if isinstance(stated, int) else None
 
 
 def check_max_length(model: Any, max_length: int, source: str) -> None:

@@ -55,6 +55,22 @@ def test_a_trainer_pads_to_its_configs_multiple_within_the_models_positions(tiny
         train_config({"pad_to_multiple_of": 0})
 
 
+def test_a_users_own_model_without_a_config_rounds_within_its_encoders_positions(tiny_model_dir):
+    """A head of the user's own around a BertModel has no `config` of its own: the limit is read
+    from its position embeddings (128 here), so a batch of 125-token rows pads to 128, not to
+    144, the next multiple of 48 (past the table: an IndexError in the forward)."""
+    from own_model import MeanPoolClassifier
+
+    model = MeanPoolClassifier(tiny_model_dir, 2)
+    assert not hasattr(model, "config") and usable_positions(model) == 128
+    trainer = Trainer(model, rows(125, 3), config=TrainConfig(pad_to_multiple_of=48),
+                      label_names=["neg", "pos"], progress=False)
+    assert trainer.collate.limit == 128
+    assert trainer.collate(rows(125, 3))["input_ids"].shape == (2, 128)
+    trainer.close()
+    assert usable_positions(torch.nn.Linear(2, 2)) is None  # no position table: no limit known
+
+
 def test_padding_to_a_multiple_changes_no_real_tokens_output(tiny_model_dir):
     torch.manual_seed(0)
     model = load_model(str(tiny_model_dir), ["neg", "pos"]).eval()
