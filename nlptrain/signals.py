@@ -10,10 +10,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from nlptrain.trainer import Trainer
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +44,9 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
             signal.signal(signum, handler)
 
 
-def stopped_message(trainer: Trainer) -> str:
-    """What a run stopped by a signal says: how to go on, where a Checkpointer keeps its place."""
-    from nlptrain.callbacks import Checkpointer  # (a callback; it imports the trainer)
-
-    saved = bool(trainer.callbacks.find(Checkpointer))
-    return (f"stopped by a signal after step {trainer.global_step}; " +
+def stopped_message(step: int, checkpointed: bool) -> str:
+    """What a run stopped by a signal after `step` says: how to go on, where a Checkpointer
+    (`checkpointed`) keeps its place."""
+    return (f"stopped by a signal after step {step}; " +
             ("continue with --resume (from Python: resume_from= the Checkpointer's folder)"
-             if saved else "nothing was saved (no Checkpointer among the callbacks)"))
+             if checkpointed else "nothing was saved (no Checkpointer among the callbacks)"))

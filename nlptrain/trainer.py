@@ -189,7 +189,9 @@ class Trainer(ProgressCounters):
         stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
         self.should_stop = bool(stop)
         if interrupted and interrupt:
-            raise Interrupted(stopped_message(self))
+            from nlptrain.callbacks import Checkpointer  # a package of callbacks: imported late
+
+            raise Interrupted(stopped_message(self.global_step, bool(self.callbacks.find(Checkpointer))))
         return self.should_stop
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
