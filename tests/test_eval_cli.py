@@ -75,6 +75,21 @@ def test_eval_of_a_test_file_does_not_read_train(toy_task: Path, labelled_model:
     assert "train.tsv" in capsys.readouterr().err  # the held-out rows come from train
 
 
+def test_eval_of_one_split_reads_no_other_splits_file(toy_task: Path, labelled_model: Path,
+                                                      capsys) -> None:
+    """`--split train` scores train's rows (160 here) and reads no test file: a broken one does
+    not stop it. The test rows held out of train by test_size stay out of it, as in the run."""
+    args = ["eval", "--model", str(labelled_model), "--task", str(toy_task), "--json", "--no-cache",
+            "--split", "train"]
+    (toy_task.parent / "test.tsv").write_text("text\tlabel\nfine\tnot-a-label\n")
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 160
+    assert main([*args, "--set", "data.test=", "--set", "data.test_size=0.25"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 120
+    assert main([*args[:-2], "--split", "test"]) == 1
+    assert "test.tsv:2" in capsys.readouterr().err  # the split asked for is read, and checked
+
+
 def test_eval_of_a_file_elsewhere_caches_its_tokens_next_to_that_file(
         tmp_path: Path, tiny_model_dir: Path, labelled_model: Path, capsys) -> None:
     from conftest import write_toy_task

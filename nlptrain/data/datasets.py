@@ -183,8 +183,9 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
 def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None,
                    use_cache: bool = True, only: str | None = None) -> Datasets:
     """The task's train/valid/test sets, with held-out splits made from train where asked.
-    `only` ('valid' or 'test'): the one set wanted (`eval --split`); when it has a file of its
-    own and the task names its labels (or has none: regression), train is not read at all."""
+    `only` ('train', 'valid' or 'test'): the one set wanted (`eval --split`). The others' own
+    files are not read; when it has a file of its own and the task names its labels (or has
+    none: regression), train is not read either."""
     dist = dist or SingleProcess()
     data_dir = Path(task.data_dir or ".")
     specs = {which: file_spec(task, which) for which in ("train", "valid", "test")}
@@ -222,7 +223,7 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         kind, share=share)
     loaded = {"train": train}
     for which in ("valid", "test"):
-        if specs[which] is not None:
+        if specs[which] is not None and only in (None, which):
             loaded[which], _ = load_file(specs[which], data_dir, labels, tokenizer,
                                          task.model.max_length, cache_dir, which, kind, share=share)
     sets = Datasets(loaded["train"], loaded.get("valid"), loaded.get("test"), labels)
@@ -237,13 +238,13 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     where = str(data_dir / specs["train"].path)  # the file the held-out rows come from
     if dist.is_main:  # the same on every rank: said once
         check_class_rows(sets.train.label_ids, sets.vocab, not task.data.labels, where)
-    if sets.test is None and task.data.test_size > 0:
+    if specs["test"] is None and task.data.test_size > 0:  # (a test file not read: `only`)
         how = "stratified" if can_stratify(sets.train.label_ids) else "at random"
         kept, held = stratified_split(sets.train.label_ids, task.data.test_size, seed, where,
                                       "test")
         sets.train, sets.test = sets.train.select(kept), sets.train.select(held)
         sets.sources["test"] = f"{task.data.test_size:.0%} of train ({how}, seed {seed})"
-    if sets.valid is None and task.data.valid_size > 0:
+    if specs["valid"] is None and task.data.valid_size > 0:
         how = "stratified" if can_stratify(sets.train.label_ids) else "at random"
         kept, held = stratified_split(sets.train.label_ids, task.data.valid_size, seed, where,
                                       "valid")
