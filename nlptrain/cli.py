@@ -360,10 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         _drop_stdout()
         return 141  # as a shell counts a process ended by SIGPIPE
-    except KeyboardInterrupt:  # a second Ctrl-C (the first finishes the step and checkpoints)
-        print(f"{_rank_prefix()}interrupted: stopped at once, without waiting for the step under "
-              "way; a run goes on from its last whole checkpoint with train --resume",
-              file=sys.stderr)
+    except KeyboardInterrupt:  # train: a second Ctrl-C (the first finishes the step and checkpoints)
+        said = ("stopped at once, without waiting for the step under way; a run goes on from its "
+                "last whole checkpoint with train --resume") if args.command == "train" else \
+            f"{args.command} stopped before it finished; run it again for its results"
+        print(f"{_rank_prefix()}interrupted: {said}", file=sys.stderr)
         return 130
     except Exception:
         tell_launcher(None)

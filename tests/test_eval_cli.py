@@ -172,3 +172,15 @@ def test_eval_of_a_model_out_of_its_run_without_task_says_it_scores_the_default(
     main(["eval", "--model", str(labelled_model)])  # (then refused: other label names)
     assert f"warning: no --task, and no run's config.json beside {labelled_model}: scoring on " \
            "the default task" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_eval_says_it_stopped_not_how_to_resume_a_training_run(monkeypatch, capsys) -> None:
+    from nlptrain import cli
+
+    def interrupted(args) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_eval", interrupted)
+    assert main(["eval", "--model", "any"]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted: eval stopped before it finished" in err and "resume" not in err
