@@ -310,7 +310,7 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         raise ConfigError(f"{model_dir}: the model was trained for {trained.name}, the task is "
                           f"{kind.name}")
     if getattr(kind, "threshold", None) != getattr(trained, "threshold", None) and dist.is_main:
-        log.warning("scoring at the task's threshold %g; the model was trained and tested at %g "
+        log.warning("scoring at threshold %g; the model was trained and tested at %g "
                     "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
                     trained.threshold)
     if task.data.labels and kind.has_classes:  # before any row is read

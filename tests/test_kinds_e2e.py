@@ -120,9 +120,9 @@ def test_eval_at_another_threshold_than_the_models_says_so(trained, capsys):
     assert main([*args, "--threshold", "0.3"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out)["threshold"] == 0.3
-    assert "scoring at the task's threshold 0.3; the model was trained and tested at 0.5 " \
+    assert "scoring at threshold 0.3; the model was trained and tested at 0.5 " \
            "(--threshold 0.5 scores as its run did)" in err
-    assert main(args) == 0 and "scoring at the task's threshold" not in capsys.readouterr().err
+    assert main(args) == 0 and "scoring at threshold" not in capsys.readouterr().err
 
 
 def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
