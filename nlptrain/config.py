@@ -170,7 +170,7 @@ class TrainConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = opt("task", "task name, used for the run directory")
+    name: str = opt("task", "task name, used for the run directory (a task file without one: its file name)")
     description: str = opt("", "one line about the task")
     data_dir: str = opt("", "where data paths start; relative to the task file (--data-dir wins)")
     data: DataConfig = field(default_factory=DataConfig)
@@ -252,6 +252,8 @@ def load_task(path: str | Path) -> TaskConfig:
         raise ConfigError(f"{path}:{line}: byte {err.object[err.start]:#04x} is not UTF-8 (a TOML "
                           "file must be UTF-8); save it as UTF-8") from None
     task = task_from_dict(raw, str(path))
+    if "name" not in raw:  # runs/<file's stem>-<time>, not runs/task-<time> for every such file
+        task.name = path.stem
     if task.data_dir and not Path(task.data_dir).is_absolute():
         task.data_dir = str((path.parent / task.data_dir).resolve())
     return task

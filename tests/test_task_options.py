@@ -59,3 +59,11 @@ def test_a_file_flag_naming_a_file_here_reads_it_from_here(toy_task, tmp_path, m
                                                    "./mine.tsv", "--valid-file", "valid.tsv"]))
     assert file_spec(task, "test").path == str(tmp_path / "here" / "mine.tsv")
     assert file_spec(task, "valid").path == "valid.tsv"  # read in the data folder
+
+
+def test_a_task_file_without_a_name_is_named_after_the_file(toy_task):
+    """runs/<task>-<time>: a file without `name =` gives its stem, not "task" for every such file."""
+    nameless = toy_task.with_name("reviews-2026.toml")
+    nameless.write_text(toy_task.read_text().replace('name = "toy"', ""))
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(nameless)])).name == "reviews-2026"
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(toy_task)])).name == "toy"
