@@ -178,7 +178,11 @@ def readable_input(name: str) -> Iterator[Path]:
             else:
                 with open(path, "rb") as source:
                     shutil.copyfileobj(source, out)
-        yield copy
+        try:
+            yield copy
+        except NlptrainError as err:  # name what the user gave, not a copy gone once we exit
+            err.args = (str(err).replace(str(copy), "stdin" if name == "-" else name),)
+            raise
 
 
 def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -> None:

@@ -30,6 +30,18 @@ def test_texts_come_from_standard_input_with_dash(tiny_model_dir: Path, monkeypa
     assert "--input -: a stream is read by one process; drop --nproc" in capsys.readouterr().err
 
 
+def test_a_bad_row_on_standard_input_is_named_stdin_and_its_line(tiny_model_dir: Path, monkeypatch,
+                                                                 capsys) -> None:
+    """Standard input is read from a temporary copy: errors name stdin, not that copy's path."""
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"text": "ok"}\n{bad\n')))
+    assert main(predict(tiny_model_dir, "--input", "-", "--input-format", "jsonl")) == 1
+    err = capsys.readouterr().err
+    assert "error: stdin:2: not valid JSON" in err and "nlptrain-input-" not in err
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"")))
+    assert main(predict(tiny_model_dir, "--input", "-")) == 1
+    assert "error: stdin: " in capsys.readouterr().err
+
+
 def test_an_output_link_keeps_pointing_at_its_file_which_gets_the_predictions(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "in.txt").write_text("good\nbad\n")
