@@ -108,6 +108,11 @@ def test_a_file_named_from_the_working_folder_is_pointed_at(tmp_path, monkeypatc
     with pytest.raises(DataError, match=r"data/mine\.tsv: data file not found; check the path or "
                                         r"--data-dir; \./mine\.tsv is here, but .* give --data-dir \."):
         read_examples(FileSpec(path="mine.tsv"), tmp_path / "data", [])
+    # A name with a folder too many, from the data folder itself: only the folder is wrong, so
+    # no hint of --data-dir (it is given), though a file of that base name is here.
+    with pytest.raises(DataError, match=r"here/sub/mine\.tsv: data file not found; check the path "
+                                        r"or --data-dir$"):
+        read_examples(FileSpec(path="sub/mine.tsv"), tmp_path / "here", [])
 
 
 def test_unknown_label_names_the_row(tmp_path):

@@ -36,14 +36,16 @@ def format_of(spec: FileSpec) -> str:
     return FORMATS_BY_SUFFIX[suffix]
 
 
-def open_checked(path: Path, what: str) -> Path:
+def open_checked(path: Path, what: str, typed: str | None = None) -> Path:
+    """`path`, checked to be a file. `typed`: the name as the task gave it, relative to its data
+    folder; where it names a file from the working folder instead, the error says so."""
     # predict's input is a path of its own: no task, no --data-dir it could be relative to.
     fix = "check --input" if what == "input" else "check the path or --data-dir"
     if path.is_dir():
         article = "an" if what[:1] in "aeiou" else "a"
         raise DataError(f"{path}: a folder, not {article} {what} file; {fix}")
     if not path.is_file():
-        here = Path(path.name)  # where a user who typed a bare name may have meant
+        here = Path(typed or path.name)  # where a user who typed that name may have meant
         found = (f"; ./{here} is here, but a task's file names are relative to its data folder: "
                  "give --data-dir . or the file's absolute path"
                  if what != "input" and here.is_file() and here.resolve() != path.resolve() else "")
@@ -269,10 +271,11 @@ def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[st
         if spec.format == "lines":  # which file holds which label's lines is in the path alone
             raise DataError(f"{spec.path}: format 'lines' reads one file per label and needs "
                             "{label} in the path, e.g. 'train.{label}.txt'")
-        return [open_checked(base / spec.path, what)]
+        return [open_checked(base / spec.path, what, spec.path)]
     if not label_values:
         raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
-    return [open_checked(base / spec.path.format(label=v), what) for v in label_values]
+    return [open_checked(base / spec.path.format(label=v), what, spec.path.format(label=v))
+            for v in label_values]
 
 
 TASK_FIX = "set {role}_column in the task's [data] (or --{flag}-column)"
