@@ -15,7 +15,7 @@ from nlptrain.kinds import from_run_config, scalar_metrics
 from nlptrain.report import train_settings
 
 CARD_FILE = "README.md"
-SETTINGS = ("epochs", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",
+SETTINGS = ("epochs", "max_steps", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",
             "max_grad_norm", "grad_accum", "precision", "seed", "metric_for_best")
 
 

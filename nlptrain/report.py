@@ -12,7 +12,7 @@ from nlptrain.durable import write_text
 
 REPORT_FILE = "report.md"
 # The settings a reader needs to compare runs; every other key is in config.json.
-SETTINGS = ("epochs", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler", "warmup_ratio",
+SETTINGS = ("epochs", "max_steps", "batch_size", "grad_accum", "lr", "scale_lr", "scheduler", "warmup_ratio",
             "weight_decay", "max_grad_norm", "precision", "seed", "eval_every", "metric_for_best",
             "early_stopping")
 PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
@@ -23,12 +23,19 @@ PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
 
 
 def train_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """config.json's [train] settings, the precision as trained: what "auto" chose (recorded once
-    the run started), not "auto"."""
+    """config.json's [train] settings as they acted: the precision "auto" chose (recorded once
+    the run started), the metric that picked the best model when left to the kind, max_steps
+    only where it cut the run short."""
+    from nlptrain.kinds import from_run_config
+
     train = dict(config.get("task", {}).get("train", {}))
     chosen = config.get("precision", {}).get("chosen")
     if chosen and train.get("precision") == "auto":
         train["precision"] = f"{chosen} (auto)"
+    if "metric_for_best" in train and not train["metric_for_best"]:
+        train["metric_for_best"] = f"{from_run_config(config).default_metric} (the kind's)"
+    if not train.get("max_steps"):
+        train.pop("max_steps", None)
     return train
 
 

@@ -154,7 +154,20 @@ def test_model_card_follows_the_hub_convention_and_lists_every_metric(
         row = f"| {name} | {results['valid'][name]:.4f} | {results['test'][name]:.4f} |"
         assert row in body
     assert "`0`: neg, `1`: pos" in body and "| lr | 0.001 |" in body
+    assert "| metric_for_best | accuracy (the kind's) |" in body and "max_steps" not in body
     assert 'pipeline("text-classification", model=' in body
+
+
+def test_the_settings_say_the_metric_that_picked_the_model_and_a_max_steps_cut() -> None:
+    from nlptrain.report import train_settings
+
+    def run(kind: str, **train) -> dict:
+        return {"task": {"data": {"kind": kind}, "train": {"epochs": 3, **train}}}
+
+    settings = train_settings(run("regression", metric_for_best="", max_steps=0))
+    assert settings["metric_for_best"] == "pearson (the kind's)" and "max_steps" not in settings
+    settings = train_settings(run("single_label", metric_for_best="macro_f1", max_steps=320))
+    assert (settings["metric_for_best"], settings["max_steps"]) == ("macro_f1", 320)
 
 
 def test_model_card_metrics_table_takes_any_scalar_metric() -> None:
