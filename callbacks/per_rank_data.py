@@ -14,7 +14,7 @@ agrees with one all_reduce(MIN) that every rank takes the shortest rank's batch 
 longer ranks leave their surplus rows out of that epoch. Policy `wrap`: every rank's sampler runs
 to the longest file's row count, repeating its own rows from the start (or a fresh shuffle), so
 nothing is left out and short ranks see some rows twice. Either way rank 0 logs, each epoch the
-numbers change, what every rank trained on, dropped and repeated (also in `self.reports`).
+numbers change, what every rank takes, drops and repeats (also in `self.reports`).
 """
 
 from __future__ import annotations
@@ -138,6 +138,9 @@ class PerRankData(Callback):
                                                    for r in ranks)
         why = f"steps_per_epoch {cfg.steps_per_epoch}" if capped else \
             f"uneven shards policy: {self.uneven}"
+        steps_left = cfg.max_steps - trainer.global_step if cfg.max_steps else None
+        if steps_left is not None and steps_left * cfg.grad_accum < trainer.batches_per_epoch:
+            why += f"; max_steps {cfg.max_steps} ends the run {steps_left} optimizer step(s) in"
         report = {"epoch": trainer.epoch, "batches": trainer.batches_per_epoch, "ranks": ranks,
                   "why": why}
         changed = not self.reports or self.reports[-1]["ranks"] != ranks
@@ -151,7 +154,7 @@ class PerRankData(Callback):
                  f"{report['batches']} batches ({report['why']})"]
         for rank, info in enumerate(report["ranks"]):
             part = self.manifest.parts[rank]["file"] if self.manifest else f"rank {rank}"
-            line = f"  rank {rank}: {part}: {info['rows']} rows, trained on {info['trained']}"
+            line = f"  rank {rank}: {part}: {info['rows']} rows, takes {info['trained']}"
             if info["dropped"]:
                 line += f", dropped {info['dropped']} ({'the last ones' if not self.shuffle else order})"
             if info["repeated"]:

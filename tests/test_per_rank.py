@@ -136,9 +136,20 @@ def test_cli_uneven_files_end_and_report(tmp_path, toy_task):
     assert done.returncode == 0, done.stderr[-3000:]
     log = done.stderr
     assert "each rank takes 13 batches (uneven shards policy: drop)" in log
-    assert "rank 1: part-00001-of-00002.jsonl: 137 rows, trained on 104, dropped 33" in log
+    assert "rank 1: part-00001-of-00002.jsonl: 137 rows, takes 104, dropped 33" in log
     assert "rank 1: dropping 5 of its 18 batches" in log  # the trainer's own per-rank warning
     assert json.loads((tmp_path / "run" / "results.json").read_text())["test"]["rows"] == 40
+
+
+def test_the_epoch_plan_says_where_max_steps_ends_the_run_and_warnings_come_once(tmp_path, toy_task):
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 237, seed=1)
+    write_parts(tmp_path / "parts", source, [100, 137])
+    done = run_cli(["train", "--task", str(toy_task), "--train-shards", "parts", "--max-steps", "2",
+                    "--valid-size", "0.1", "--output-dir", "run"], cwd=tmp_path, nproc=2, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "each rank takes 13 batches (uneven shards policy: drop; max_steps 2 ends the run 2 " \
+           "optimizer step(s) in)" in done.stderr
+    assert done.stderr.count("no valid set; per-rank or streamed train data is not split") == 1
 
 
 def test_a_bad_row_in_one_ranks_file_leaves_no_run_that_refuses_the_fixed_command(tmp_path,

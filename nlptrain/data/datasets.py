@@ -231,7 +231,8 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     if per_rank:  # the train rows are read later, each rank its own: nothing to hold out here
         from nlptrain.data.streaming import StreamingDataset, warn_no_held_out
 
-        warn_no_held_out(task, sets)
+        if dist.is_main:  # the same on every rank: said once
+            warn_no_held_out(task, sets)
         sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \
             if task.data.streaming else None
         return sets
