@@ -240,9 +240,11 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
     saved = saved if saved is not None else read_config(folder)
     if saved is None:
         return
-    changed = [k for k in ("name", "data", "model") if task[k] != saved["task"].get(k)]
+    # Where the token cache lives changes no row: a resume may read it from elsewhere.
+    was = {**saved["task"], "data": {**saved["task"].get("data", {}), "cache_dir": None}}
+    task = {**task, "data": {**task["data"], "cache_dir": None}}
+    changed = [k for k in ("name", "data", "model") if task[k] != was.get(k)]
     if changed:
-        was = saved["task"]
         what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
                 and isinstance(was.get(k), dict) for key, value in task[k].items()
                 if value != was[k].get(key)] or [f"task {was.get('name')!r} -> {task['name']!r}"]

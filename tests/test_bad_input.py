@@ -231,6 +231,10 @@ def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, run, "--resume")
     assert code == 1 and "holds a run with another data ([data] labels ['neg', 'pos'] -> " \
         "['pos', 'neg'])" in err, err
+    edit(toy_task, 'labels = ["pos", "neg"]', 'labels = ["neg", "pos"]')
+    code, err = train(capsys, toy_task, run, "--resume", "--epochs", "1", "--set",
+                      f"data.cache_dir={tmp_path / 'elsewhere'}")
+    assert code == 0, err  # where the token cache lives changes no row: no other data
     assert train(capsys, toy_task, run, "--overwrite", "--epochs", "1")[0] == 0
 
 

@@ -224,3 +224,18 @@ def test_per_rank_key_follows_the_label_separator(tmp_path, tiny_model_dir):
     with pytest.raises(DataError, match=r"label '\w+(\|\w+)+' \(in '[\w|]+'\) is not one of the "
                                         r"task's labels"):
         load(",")
+
+
+def test_a_data_folder_marked_read_only_gets_no_cache_even_from_root(tmp_path, monkeypatch):
+    """No write bits: the cache goes to the user's cache folder, also for root (who could write:
+    a data set in a container is often root's, and marked read-only to stay as it is)."""
+    from nlptrain.data.tokenized import default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    (tmp_path / "data").mkdir()
+    assert default_cache_dir(tmp_path / "data") == tmp_path / "data" / ".nlptrain_cache"
+    (tmp_path / "data").chmod(0o555)
+    try:
+        assert default_cache_dir(tmp_path / "data") == tmp_path / "home-cache" / "nlptrain"
+    finally:
+        (tmp_path / "data").chmod(0o755)

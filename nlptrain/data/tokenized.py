@@ -234,11 +234,20 @@ def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dic
 
 
 def default_cache_dir(data_folder: Path) -> Path:
-    """Next to the data when that folder is writable, else the user's cache folder."""
-    if os.access(data_folder, os.W_OK):
+    """Next to the data when that folder is writable, else the user's cache folder. A folder
+    with no write permission bits counts as not writable for root too (who may write anyway):
+    a data set marked read-only is left as it is."""
+    if os.access(data_folder, os.W_OK) and _has_write_bits(data_folder):
         return data_folder / ".nlptrain_cache"
     home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(home) / "nlptrain"
+
+
+def _has_write_bits(folder: Path) -> bool:
+    try:
+        return bool(folder.stat().st_mode & 0o222)
+    except OSError:
+        return False
 
 
 def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDataset, dict]:
