@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "folder): --set data.test=FILE")
     evaluate.add_argument("--threshold", dest="set:data.threshold", metavar="FLOAT",
                           help="multi-label: score at this threshold (default: the task's)")
+    evaluate.add_argument("--cache-dir", dest="set:data.cache_dir", metavar="DIR",
+                          help="token cache folder (default: the task's, else next to the data "
+                          "if writable, else ~/.cache/nlptrain)")
     evaluate.set_defaults(handler=cmd_eval)
     add_split_command(commands)
     for module in MORE_COMMANDS:

@@ -59,6 +59,9 @@ def test_eval_no_cache_leaves_no_token_cache(toy_task: Path, labelled_model: Pat
     uncached = json.loads(capsys.readouterr().out)
     assert main(args) == 0 and any(cache.iterdir())  # the default writes it
     assert json.loads(capsys.readouterr().out) == uncached
+    elsewhere = toy_task.parent / "elsewhere"
+    assert main([*args, "--cache-dir", str(elsewhere)]) == 0 and any(elsewhere.iterdir())
+    assert json.loads(capsys.readouterr().out) == uncached
 
 
 def test_eval_of_a_test_file_does_not_read_train(toy_task: Path, labelled_model: Path,
