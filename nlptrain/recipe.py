@@ -32,6 +32,7 @@ from nlptrain.models import check_max_length, load_config, load_model, load_save
 from nlptrain.runs import (
     RunDirLock,
     began_in_this_launch,
+    check_resume,
     disk_use_line,
     forget_unstarted_run,
     launch_run_dir,
@@ -85,6 +86,8 @@ def collator(tokenizer: Any, task: TaskConfig) -> Collator:
 
 def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict[str, Any]:
     """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
+    if opts.resume and opts.output_dir:  # a resume that cannot fit is refused before any data is read
+        dist.on_main(lambda: check_resume(Path(opts.output_dir), task.to_dict()))
     tokenizer = load_tokenizer(task.model.name)
     check_max_length(load_config(task.model.name), task.model.max_length, f"task {task.name} [model]")
     train_file = file_spec(task, "train")

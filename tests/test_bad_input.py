@@ -225,8 +225,10 @@ def test_run_dir_holding_another_run_is_refused(capsys, toy_task, tmp_path):
         "changed: layer_lr_decay 1.0 -> 0.9; resume with the run's values, or start a new run" \
         in err, err
     assert err.count("error:") == 1 and "Traceback" not in err
+    cached = sorted(p.name for p in (tmp_path / "cache").iterdir())
     code, err = train(capsys, toy_task, run, "--resume", "--max-length", "24")
     assert code == 1 and "holds a run with another model ([model] max_length 32 -> 24)" in err, err
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == cached  # refused before reading
     edit(toy_task, 'labels = ["neg", "pos"]', 'labels = ["pos", "neg"]')
     code, err = train(capsys, toy_task, run, "--resume")
     assert code == 1 and "holds a run with another data ([data] labels ['neg', 'pos'] -> " \
