@@ -168,6 +168,9 @@ def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
     if path is None:
         return None
     path = Path(path)
+    if path.exists() and not path.is_dir():  # a file never becomes a checkpoint: a wrong path
+        raise CheckpointError(f"{path}: a file; resume_from takes a Checkpointer's folder or one "
+                              "step-N folder")
     if not re.fullmatch(rf"{PREFIX}\d+", path.name):
         found = latest_whole_checkpoint(path, dist)
         other = sorted(p.name for p in path.iterdir() if not p.name.startswith((PREFIX, "."))
@@ -179,8 +182,7 @@ def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
                                   "saved model, load it as the model")
         if found is None and dist.is_main:  # a first run: said, as a wrong path reads the same
             log.warning("%s: no checkpoint yet (%s), training starts from the beginning", path,
-                        "an empty folder" if path.is_dir() else
-                        "not a folder" if path.exists() else "no such folder")
+                        "an empty folder" if path.is_dir() else "no such folder")
         return found
     problem = dist.on_main(lambda: verify_checkpoint(path))
     if problem is not None:

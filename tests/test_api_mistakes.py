@@ -26,6 +26,8 @@ def rows(tokenizer, labels) -> TokenizedDataset:
     (lambda tok: rows(tok, []), DataError, r"^the train set holds no rows$"),
     (lambda tok: ["good film", "bad film"], DataError,
      r"^train data is a list of texts: tokenize it first, with TokenizedDataset\.from_texts\("),
+    (lambda tok: [rows(tok, [0, 1])[i] for i in range(2)], DataError,
+     r"^train data is a list of rows, each one text's input_ids: give them as a TokenizedDataset"),
     (lambda tok: rows(tok, [0, 1, 5, 1]), DataError,
      r"^train data: row index 2 has class id 5, but the model has 2 labels \(neg, pos\): ids 0 "
      r"to 1$"),
@@ -79,6 +81,10 @@ def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
     with pytest.raises(Exception, match=r"holds no checkpoint but other files \(config\.json, "
                                         r"model\.safetensors.*\): resume_from takes a"):
         Trainer(model, rows(tokenizer, [0, 1]), resume_from=tiny_model_dir)
+    (tmp_path / "model.safetensors").write_bytes(b"")  # a file: never a checkpoint
+    with pytest.raises(Exception, match=r"model\.safetensors: a file; resume_from takes a "
+                                        r"Checkpointer's folder or one step-N folder$"):
+        Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "model.safetensors")
     with caplog.at_level("WARNING", logger="nlptrain"):
         Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "typo")
     assert "typo: no checkpoint yet (no such folder), training starts from the beginning" in \

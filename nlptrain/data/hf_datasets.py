@@ -43,6 +43,12 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
         raise DataError(f"{what} data is a list of texts: tokenize it first, with "
                         "TokenizedDataset.from_texts(texts, labels, tokenizer, max_length) "
                         "(nlptrain.data), or give a datasets.Dataset and tokenizer=")
+    if isinstance(data, list | tuple) and data and isinstance(data[0], dict) \
+            and np.ndim(data[0].get("input_ids", [[]])) == 1:  # a batch's ids are 2-D
+        raise DataError(f"{what} data is a list of rows, each one text's input_ids: give them as "
+                        "a TokenizedDataset (nlptrain.data; TokenizedDataset.from_texts(texts, "
+                        "labels, tokenizer, max_length)), or give batches (a DataLoader, or a list "
+                        "of dicts whose input_ids are 2-D tensors)")
     scored = what in ("eval", "valid")  # an evaluation set (the trainer's, or one it is given)
     if scored and data is not None and not hasattr(data, "lengths"):
         raise DataError(f"the evaluation set is a {type(data).__name__}: give a TokenizedDataset "
