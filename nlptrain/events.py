@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.errors import ConfigError
@@ -107,6 +108,20 @@ class Callback:
 
     def on_train_end(self, trainer: Trainer) -> None:
         """Always, last: after the final epoch, an early stop, or an error."""
+
+
+def listed_callbacks(callbacks: Any) -> list[Callback]:
+    """`Trainer(callbacks=...)` as a list; one callback (or a function, a class) given alone is
+    refused with the cure, not as "object is not iterable"."""
+    if isinstance(callbacks, Callback):
+        raise ConfigError(f"callbacks= takes a list: callbacks=[{type(callbacks).__name__}(...)], "
+                          "not the callback alone")
+    if callable(callbacks) or not isinstance(callbacks, Iterable):
+        name = getattr(callbacks, "__name__", "")
+        raise ConfigError(f"callbacks= takes a list of Callback objects (subclasses of "
+                          f"nlptrain.Callback), not a {type(callbacks).__name__}"
+                          f"{f' ({name})' if name else ''}")
+    return list(callbacks)
 
 
 def check_callback(callback: Any) -> Callback:

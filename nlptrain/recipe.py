@@ -129,8 +129,6 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
                               kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
                               progress=False)  # run_callbacks's, where the log level is info
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
-        # In the exported config.json: `eval` under "auto" scores in it, as the run scored its test set.
-        model.config.nlptrain_precision = trainer.config.precision
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             trainer.fit()

@@ -25,7 +25,7 @@ from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
-from nlptrain.events import WRITTEN_BY, Callback, CallbackList
+from nlptrain.events import WRITTEN_BY, Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
@@ -95,6 +95,8 @@ class Trainer(ProgressCounters):
         self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from,
                                           job_step)
         self.config = replace(config, precision=self.precision.precision)
+        if model_config is not None:  # an export then scores as it trained (eval, predict: "auto")
+            model_config.nlptrain_precision = self.precision.precision
         if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
             host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
@@ -110,6 +112,7 @@ class Trainer(ProgressCounters):
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         from nlptrain.callbacks import config_callbacks  # a package of callbacks: imported late
 
+        callbacks = listed_callbacks(callbacks)
         given = {type(c) for c in callbacks}  # a user's own of a kind replaces the made one
         first, last = ([c for c in made if type(c) not in given]
                        for made in config_callbacks(self.config, progress))

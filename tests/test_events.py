@@ -187,6 +187,19 @@ def test_a_wrong_callback_is_refused_before_training_naming_it(tmp_path, tiny_mo
         make_trainer(tmp_path, tiny_model_dir, [wrong])
 
 
+def on_step_end(trainer) -> None:  # a function, not a Callback
+    pass
+
+
+@pytest.mark.parametrize("alone, message", [
+    (Recorder(), r"^callbacks= takes a list: callbacks=\[Recorder\(\.\.\.\)\], not the callback alone$"),
+    (on_step_end, r"^callbacks= takes a list of Callback objects \(subclasses of nlptrain\.Callback\), "
+                  r"not a function \(on_step_end\)$")])
+def test_one_callback_not_in_a_list_is_refused_with_the_cure(tmp_path, tiny_model_dir, alone, message):
+    with pytest.raises(ConfigError, match=message):
+        make_trainer(tmp_path, tiny_model_dir, alone)
+
+
 def test_a_misspelt_event_is_warned_of_with_the_event_it_is_near(tmp_path, tiny_model_dir, caplog):
     class Typo(Callback):
         def on_epoch_ended(self, trainer) -> None:  # never fired: no such event

@@ -48,6 +48,7 @@ def test_an_export_from_the_python_api_keeps_how_its_rows_were_read(tmp_path, ti
     trainer.strategy.export(trainer.model, tokenizer, tmp_path / "model")
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert (saved["nlptrain_max_length"], saved["nlptrain_text_pair"]) == (24, True)
+    assert saved["nlptrain_precision"] == trainer.precision.precision  # predict scores in it
     # pipeline(..., truncation=True) truncates at 24 too; the caller's tokenizer is left as it was
     assert AutoTokenizer.from_pretrained(str(tmp_path / "model")).model_max_length == 24
     assert tokenizer.model_max_length != 24
