@@ -8,7 +8,12 @@ Names are imported on first use, so `python -m nlptrain --help` does not wait fo
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker reads; at run time __getattr__ imports on first use
+    from nlptrain.config import DataConfig, ModelConfig, TaskConfig, TrainConfig, load_task
+    from nlptrain.events import EVENTS, Callback
+    from nlptrain.trainer import DistTrainer, Trainer
 
 __version__ = "0.1.0"
 
@@ -19,7 +24,9 @@ _EXPORTS = {
     "DataConfig": "nlptrain.config", "ModelConfig": "nlptrain.config",
     "load_task": "nlptrain.config",
 }
-__all__ = sorted(_EXPORTS)
+# _EXPORTS' names, and the TYPE_CHECKING imports' (tests/test_typing.py)
+__all__ = ["Callback", "DataConfig", "DistTrainer", "EVENTS", "ModelConfig", "TaskConfig",
+           "TrainConfig", "Trainer", "load_task"]
 
 
 def __getattr__(name: str) -> Any:
