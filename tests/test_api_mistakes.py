@@ -26,8 +26,10 @@ def rows(tokenizer, labels) -> TokenizedDataset:
     (lambda tok: rows(tok, []), DataError, r"^the train set holds no rows$"),
     (lambda tok: ["good film", "bad film"], DataError,
      r"^train data is a list of texts: tokenize it first, with TokenizedDataset\.from_texts\("),
-    (lambda tok: [rows(tok, [0, 1])[i] for i in range(2)], DataError,
-     r"^train data is a list of rows, each one text's input_ids: give them as a TokenizedDataset"),
+    (lambda tok: [{"input_ids": [5, 6]}], DataError,
+     r"^train data: row 0 of the list has no labels; each row needs input_ids and labels$"),
+    (lambda tok: [rows(tok, [0, 7])[i] for i in range(2)], DataError,
+     r"^train data: row index 1 has class id 7, but the model has 2 labels"),
     (lambda tok: rows(tok, [0, 1, 5, 1]), DataError,
      r"^train data: row index 2 has class id 5, but the model has 2 labels \(neg, pos\): ids 0 "
      r"to 1$"),
@@ -39,6 +41,24 @@ def test_bad_train_data_is_refused_when_the_trainer_is_built(tiny_model_dir, tok
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     with pytest.raises(error, match=message):
         Trainer(model, make_train(tokenizer), config=TrainConfig(epochs=1))
+
+
+def test_a_list_of_rows_trains_and_scores_as_the_dataset_they_came_from(tiny_model_dir, tokenizer):
+    """A list of `TokenizedDataset` rows is a dataset (it was taken as ready-made batches, and
+    the first step failed with "ndarray has no attribute to"): same batches, same weights."""
+    import torch
+
+    train, valid = rows(tokenizer, [0, 1, 1, 0] * 3), rows(tokenizer, [1, 0, 1])
+    found = []
+    for as_list in (False, True):
+        torch.manual_seed(0)
+        model = load_model(str(tiny_model_dir), ["neg", "pos"])
+        given = [[data[i] for i in range(len(data))] if as_list else data for data in (train, valid)]
+        trainer = Trainer(model, *given, config=TrainConfig(epochs=2, batch_size=4), progress=False)
+        metrics = trainer.fit()
+        found.append((trainer.global_step, metrics["loss"], next(model.parameters()).detach().clone()))
+        trainer.close()
+    assert found[0][:2] == found[1][:2] and torch.equal(found[0][2], found[1][2])
 
 
 @pytest.mark.parametrize("config, message", [

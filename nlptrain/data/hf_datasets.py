@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from torch.utils.data import Dataset
 
 from nlptrain.data.datasets import LabelVocab
 from nlptrain.data.readers import Examples, checked_row
@@ -45,10 +46,7 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
                         "(nlptrain.data), or give a datasets.Dataset and tokenizer=")
     if isinstance(data, list | tuple) and data and isinstance(data[0], dict) \
             and np.ndim(data[0].get("input_ids", [[]])) == 1:  # a batch's ids are 2-D
-        raise DataError(f"{what} data is a list of rows, each one text's input_ids: give them as "
-                        "a TokenizedDataset (nlptrain.data; TokenizedDataset.from_texts(texts, "
-                        "labels, tokenizer, max_length)), or give batches (a DataLoader, or a list "
-                        "of dicts whose input_ids are 2-D tensors)")
+        data = RowList(data, what)  # rows: a dataset, not ready-made batches
     scored = what in ("eval", "valid")  # an evaluation set (the trainer's, or one it is given)
     if scored and data is not None and not hasattr(data, "lengths"):
         raise DataError(f"the evaluation set is a {type(data).__name__}: give a TokenizedDataset "
@@ -57,9 +55,31 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
     if isinstance(data, TokenizedDataset | list | tuple) and len(data) == 0:
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
                         "(eval_data=None)" if scored else f"the {what} set holds no rows")
-    if isinstance(data, TokenizedDataset) and kind.has_classes and label_names:
+    if isinstance(data, TokenizedDataset | RowList) and kind.has_classes and label_names:
         check_class_targets(np.asarray(data.labels), label_names, what)
     return data
+
+
+class RowList(Dataset):
+    """A list of rows, each a dict as `TokenizedDataset[i]` gives it (input_ids, labels[,
+    token_type_ids]), as a dataset that knows its rows' lengths and labels: it batches, groups
+    by length and shards for evaluation like a TokenizedDataset."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], what: str = "train") -> None:
+        missing = [i for i, row in enumerate(rows) if "input_ids" not in row or "labels" not in row]
+        if missing:
+            raise DataError(f"{what} data: row {missing[0]} of the list has no "
+                            f"{'input_ids' if 'input_ids' not in rows[missing[0]] else 'labels'}; "
+                            "each row needs input_ids and labels")
+        self.rows = list(rows)
+        self.lengths = np.array([len(row["input_ids"]) for row in self.rows], dtype=np.int64)
+        self.labels = np.stack([np.asarray(row["labels"]) for row in self.rows])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.rows[i], "index": i}  # the row's place, which evaluation gathers by
 
 
 def check_class_targets(targets: np.ndarray, label_names: Sequence[str], what: str) -> None:
