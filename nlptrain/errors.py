@@ -8,6 +8,12 @@ class NlptrainError(Exception):
     raised_on_every_rank = False  # True: every rank raises it together; rank 0 alone reports it
 
 
+def every_rank(error: NlptrainError) -> NlptrainError:
+    """Mark `error` as raised alike by every rank (from agreed or shared facts): said once."""
+    error.raised_on_every_rank = True
+    return error
+
+
 class ConfigError(NlptrainError):
     """A task file or an option is wrong."""
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, every_rank
 from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
 
@@ -102,6 +102,8 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
         raise ConfigError("the training data has no length: set [train] steps_per_epoch")
     # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
     agreed = dist.agree_min(local)
+    if agreed == 0 and progress.batch_in_epoch == 0:  # else the run would "finish" untrained
+        raise every_rank(ConfigError(_no_batches(loader, config, dist.world_size)))
     if agreed < local:
         log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
                     "takes %d (the shortest shard's count)", dist.rank, local - agreed,
@@ -109,6 +111,18 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.batches_per_epoch = progress.batch_in_epoch + agreed
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     return itertools.islice(iter(loader), skip, skip + agreed)
+
+
+def _no_batches(loader: Any, config: TrainConfig, world_size: int) -> str:
+    text = "the training data makes no batch" + (" on some rank" if world_size > 1 else "")
+    sampler = getattr(loader, "sampler", None)
+    rows = len(sampler) if hasattr(sampler, "__len__") else None
+    if config.drop_last and not config.max_tokens and rows is not None:
+        has = "each rank gets" if world_size > 1 else "it has"
+        fewer = ", run fewer processes" if world_size > 1 else ""
+        return (f"{text}: drop_last drops every batch, as {has} {rows} row(s), fewer than "
+                f"batch_size {config.batch_size}; lower batch_size{fewer} or leave drop_last off")
+    return f"{text}: is the training set empty?"
 
 
 def typical_batch(data: Any, collate: Any, rows: int) -> dict[str, torch.Tensor] | None:

@@ -322,3 +322,18 @@ def test_a_missing_data_folder_says_how_to_give_one(tmp_path, monkeypatch):
         resolve_task(build_parser().parse_args(["train", "--task", str(own)]))
     with pytest.raises(ConfigError, match=r"pass --data-dir DIR \(e\.g\. the folder holding rt-pol"):
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
+
+
+@pytest.mark.distributed
+def test_drop_last_that_drops_every_batch_is_one_error_not_an_untrained_run(toy_task, tmp_path):
+    """160 train rows on 2 ranks in batches of 128 with drop_last: no rank has a whole batch. One
+    process trains 1 step on them, so the run must not pass for trained with 0 under --nproc."""
+    from conftest import run_cli
+
+    out = run_cli(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                   "--drop-last", "--batch-size", "128", "--nproc", "2"], tmp_path)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert out.stderr.count("the training data makes no batch on some rank: drop_last drops every "
+                            "batch, as each rank gets 80 row(s), fewer than batch_size 128; lower "
+                            "batch_size, run fewer processes or leave drop_last off") == 1, out.stderr
+    assert not (tmp_path / "run" / "model").exists()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from nlptrain.config import FileSpec
 from nlptrain.data import Collator
 from nlptrain.data.readers import iter_rows
 from nlptrain.data.streaming import StreamingDataset, batches_per_rank, prepare_stream
-from nlptrain.errors import DataError
+from nlptrain.errors import ConfigError, DataError
 from nlptrain.models import load_model, load_tokenizer
 
 LABELS = {"neg": 0, "pos": 1}
@@ -87,6 +88,18 @@ def test_batches_per_rank():
     assert batches_per_rank(150, 2, 2, 8) == [10, 10]
     assert batches_per_rank(150, 2, 2, 8, drop_last=True) == [8, 8]
     assert batches_per_rank(10, 3, 0, 4) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("batch_size, cure", [(2, "lower batch_size"), (1, "run fewer processes")])
+def test_too_few_rows_for_the_ranks_names_a_cure_that_is_left(tmp_path, tokenizer, batch_size, cure):
+    """2 rows on 3 ranks: a smaller batch cures it while there is one; at 1 row a batch, only
+    fewer ranks do. Every rank counts the same rows: the error is said once (rank 0)."""
+    write_toy_tsv(tmp_path / "two.tsv", 2)
+    data = stream(tmp_path / "two.tsv", tokenizer, 0, 3)
+    three_ranks = SimpleNamespace(world_size=3, is_main=True, on_main=lambda fn: fn())
+    with pytest.raises(ConfigError, match=f"2 rows are too few for 3 rank.*; {cure}$") as refused:
+        prepare_stream(data, TrainConfig(batch_size=batch_size), three_ranks)
+    assert refused.value.raised_on_every_rank
 
 
 class RecordIndex(Callback):

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.durable import replace_folder
-from nlptrain.errors import ConfigError, DataError
+from nlptrain.errors import ConfigError, DataError, every_rank
 
 MANIFEST = "manifest.json"
 FORMAT = "nlptrain-shards"
@@ -93,10 +93,10 @@ class Manifest:
     def check_world_size(self, world_size: int, folder: str | Path) -> None:
         """Refuse a job whose process count is not the one the files were made for."""
         if world_size != self.world_size:
-            raise ConfigError(
+            raise every_rank(ConfigError(
                 f"{Path(folder) / MANIFEST}: the per-rank files were made for {self.world_size} "
                 f"ranks, but this job runs {world_size}; launch {self.world_size} processes, or "
-                f"split again with --world-size {world_size}")
+                f"split again with --world-size {world_size}"))
 
     def part_path(self, folder: str | Path, rank: int) -> Path:
         path = Path(folder) / self.parts[rank]["file"]
@@ -171,6 +171,9 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
         parts.close()
     if not sum(parts.rows):
         raise DataError("the input holds no rows")
+    if not all(parts.rows):  # a rank with no rows could not train: refused now, not at the run
+        raise DataError(f"the input holds {sum(parts.rows)} row(s), too few for {world_size} "
+                        f"per-rank files (each needs one at least); split for fewer ranks")
     infos = [{"file": name, "rows": n, "bytes": (folder / name).stat().st_size,
               "checksum": file_digest([folder / name])} for name, n in zip(parts.names, parts.rows,
                                                                             strict=True)]

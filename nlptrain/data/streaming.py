@@ -30,7 +30,7 @@ from nlptrain.config import FileSpec, TrainConfig
 from nlptrain.data.readers import Row, iter_rows
 from nlptrain.data.tokenized import uses_type_ids
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, every_rank
 from nlptrain.kinds import SingleLabel, TaskKind
 
 log = logging.getLogger(__name__)
@@ -222,9 +222,12 @@ def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Backend
         return config
     steps = min(per_rank) // config.grad_accum
     if steps < 1:
-        raise ConfigError(f"{dataset.spec.path}: {rows} rows are too few for {dist.world_size} "
-                          f"rank(s) x {config.grad_accum} batches of {config.batch_size}; "
-                          "lower batch_size or grad_accum")
+        cures = [cure for cure, needed in (("batch_size", config.batch_size > 1),
+                                           ("grad_accum", config.grad_accum > 1)) if needed]
+        cure = f"lower {' or '.join(cures)}" if cures else "run fewer processes"
+        raise every_rank(ConfigError(
+            f"{dataset.spec.path}: {rows} rows are too few for {dist.world_size} rank(s) x "
+            f"{config.grad_accum} batches of {config.batch_size}; {cure}"))
     taken = steps * config.grad_accum
     if dist.is_main:
         spare = [n - taken for n in per_rank]
