@@ -184,6 +184,10 @@ def checkpoint_to_resume(path: str | Path | None, dist: Backend) -> Path | None:
             log.warning("%s: no checkpoint yet (%s), training starts from the beginning", path,
                         "an empty folder" if path.is_dir() else "no such folder")
         return found
+    if not path.is_dir():  # pruned (keep_checkpoints), or mistyped: not a damaged checkpoint
+        there = sorted(p.name for p in path.parent.glob(f"{PREFIX}*")) if path.parent.is_dir() else []
+        raise CheckpointError(f"{path}: no such checkpoint" + (
+            f"; {path.parent} holds {', '.join(there[-3:])}" if there else ""))
     problem = dist.on_main(lambda: verify_checkpoint(path))
     if problem is not None:
         raise CheckpointError(f"{problem}: cannot resume from {path}")

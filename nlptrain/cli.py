@@ -136,8 +136,8 @@ def check_train(args: argparse.Namespace) -> None:
 
     if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
         check_resume(Path(args.output_dir), task.to_dict())
-    elif args.output_dir and not args.overwrite:  # a refusal said once, and not restarted
-        check_free(Path(args.output_dir))
+    if args.output_dir:  # a refusal said once, and not restarted
+        check_free(Path(args.output_dir), run_allowed=args.resume or args.overwrite)
 
 
 def add_split_command(commands: Any) -> None:

@@ -14,6 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 META = "meta.json"
+SHARDS = "shards"  # the folder of a sharded (FSDP2) checkpoint's state: sharded_checkpoint.py
+
+
+def whole_weights_refusal(folder: Path, world_size: int) -> str | None:
+    """Why FSDP2 on `world_size` processes cannot resume checkpoint `folder`, or None: it loads
+    its shards alone, and a checkpoint written by one process or under DDP holds whole weights."""
+    if (folder / SHARDS).is_dir():
+        return None
+    return (f"{folder}: holds whole weights (written by one process, or under ddp), which fsdp on "
+            f"{world_size} processes cannot load; resume it with [train] strategy = ddp, or in "
+            "one process")
 
 
 def _sha256(path: Path) -> str:

@@ -169,8 +169,12 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
                             else "--overwrite", folder)
         made_here = not folder.exists()
         lock.acquire(folder)
-        found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
-                                overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
+        try:
+            found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
+                                    overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
+        except BaseException:
+            lock.release(refused=True)
+            raise
         if found:  # the lock says that no one writes there now: what is half-written is a crash's
             cleared = clear_leftovers(folder) + clear_leftovers(folder / "checkpoints")
             if cleared:

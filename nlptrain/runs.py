@@ -17,7 +17,8 @@ from typing import Any
 from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig, task_from_dict
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError
+from nlptrain.errors import CheckpointError, ConfigError
+from nlptrain.integrity import whole_weights_refusal
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
@@ -35,9 +36,11 @@ class RunDirLock:
     def __init__(self) -> None:
         self.folder: Path | None = None
         self._file: Any = None
+        self._made_file = False
 
     def acquire(self, folder: Path) -> None:
         self.folder, path = folder, folder / LOCK_FILE
+        self._made_file = not path.exists()
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             held = open(path, "a+")  # noqa: SIM115 (held open while the run runs)
@@ -65,8 +68,12 @@ class RunDirLock:
         held.flush()
         self._file = held
 
-    def release(self) -> None:
+    def release(self, refused: bool = False) -> None:
+        """`refused`: the folder was refused before anything was written there: the lock file
+        goes too where this job made it (a folder of someone else's files keeps none of ours)."""
         if self._file is not None:
+            if refused and self._made_file and self.folder is not None:
+                (self.folder / LOCK_FILE).unlink(missing_ok=True)
             self._file.close()  # closing the file drops the lock
             self._file = None
 
@@ -159,6 +166,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     saved = read_config(folder)
     if saved is not None and resume:
         check_resume(folder, task, saved)
+        check_strategy_fits(folder, task["train"], world_size)  # before config.json records it
         changed = changed_settings(saved["task"].get("train", {}), task["train"])
         if changed:  # said: a resume's command line may differ from the run's without meaning to
             log.info("resume with changed settings: %s", ", ".join(changed))
@@ -178,14 +186,13 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
             "launcher_run_id": launch.run_id if launch else None})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
-    if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen
-        log.warning("%s: no run here to resume (no %s); a new run starts", folder, CONFIG_FILE)
     contents = _contents(folder)
     if saved is not None or contents:
-        if not overwrite:
-            check_free(folder)
+        check_free(folder, run_allowed=overwrite)
         for path in contents:  # the lock stays: this run holds it
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    if resume and saved is None:  # a typo in --output-dir must not pass for a first run unseen
+        log.warning("%s: no run here to resume (no %s); a new run starts", folder, CONFIG_FILE)
     folder.mkdir(parents=True, exist_ok=True)
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -214,12 +221,22 @@ def forget_unstarted_run(folder: Path, made_here: bool) -> bool:
     return True
 
 
-def check_free(folder: Path) -> None:
-    """Refuse `folder` for a new run (no --resume, no --overwrite) when it holds anything; also
-    called before `--nproc` starts workers."""
-    if read_config(folder) is not None or _contents(folder):
-        raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
-                          "--overwrite to replace it, or another --output-dir")
+def check_free(folder: Path, run_allowed: bool = False) -> None:
+    """Refuse `folder` where it holds a run, unless `run_allowed` (--resume, --overwrite), and
+    always where it holds files and no run: they are not nlptrain's to write among or replace
+    (an --output-dir mistyped as a home or data folder). Also called before `--nproc` starts
+    workers."""
+    if read_config(folder) is not None:
+        if not run_allowed:
+            raise ConfigError(f"{folder}: already holds a run; use --resume to continue it, "
+                              "--overwrite to replace it, or another --output-dir")
+        return
+    found = sorted(p.name for p in _contents(folder))
+    if found:
+        listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise ConfigError(f"{folder}: holds {listed}, and no nlptrain run (no {CONFIG_FILE}): a "
+                          "run starts only in a new or empty folder (--overwrite replaces a run, "
+                          "nothing else); pick another --output-dir")
 
 
 def began_in_this_launch(folder: Path, launch: Environment) -> bool:
@@ -253,6 +270,17 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
                           "--output-dir")
     check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
     check_best_metric_kept(folder, task, saved["task"])
+
+
+def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) -> None:
+    """Refuse a resume under FSDP2 (fsdp on several processes) of a run whose newest checkpoint
+    holds whole weights, before anything is written: else the refused strategy would stay in
+    config.json, and the next plain --resume would be refused too."""
+    steps = sorted((folder / "checkpoints").glob("step-*[0-9]"))
+    if steps and train.get("strategy") == "fsdp" and world_size > 1:
+        refusal = whole_weights_refusal(steps[-1], world_size)
+        if refusal is not None:
+            raise CheckpointError(refusal)
 
 
 def changed_settings(before: dict[str, Any], after: dict[str, Any],

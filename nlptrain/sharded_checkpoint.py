@@ -19,8 +19,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError
-
-SHARDS = "shards"  # the folder inside a checkpoint
+from nlptrain.integrity import SHARDS
 
 
 def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path,

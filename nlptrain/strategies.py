@@ -29,6 +29,7 @@ from nlptrain.checkpoint import export_model
 from nlptrain.cpu_gradient_sync import CpuGradientSync, register_cpu_gradient_sync
 from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError, ConfigError
+from nlptrain.integrity import whole_weights_refusal
 
 log = logging.getLogger(__name__)
 
@@ -251,9 +252,9 @@ class FSDP2(SingleDevice):
                                 folder: Path, optimizer_state: dict | None) -> None:
         from nlptrain.sharded_checkpoint import SHARDS, load_shards
 
-        if not (folder / SHARDS).is_dir():
-            raise CheckpointError(f"{folder}: holds whole weights (strategy ddp); resume it with "
-                                  "[train] strategy = ddp")
+        refusal = whole_weights_refusal(folder, self.dist.world_size)
+        if refusal is not None:
+            raise CheckpointError(refusal)
         load_shards(model, optimizer, folder / SHARDS, self.dist)
 
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -109,6 +109,11 @@ def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
         Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "typo")
     assert "typo: no checkpoint yet (no such folder), training starts from the beginning" in \
         caplog.text
+    # One step-N folder that is not there (pruned by keep_checkpoints, mistyped): not "damaged".
+    (tmp_path / "checkpoints" / "step-00000004").mkdir(parents=True)
+    with pytest.raises(Exception, match=r"step-00000003: no such checkpoint; \S*checkpoints holds "
+                                        r"step-00000004$"):
+        Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "checkpoints" / "step-00000003")
 
 
 def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_save(

@@ -337,3 +337,16 @@ def test_drop_last_that_drops_every_batch_is_one_error_not_an_untrained_run(toy_
                             "batch, as each rank gets 80 row(s), fewer than batch_size 128; lower "
                             "batch_size, run fewer processes or leave drop_last off") == 1, out.stderr
     assert not (tmp_path / "run" / "model").exists()
+
+
+@pytest.mark.parametrize("option", [None, "--overwrite", "--resume"])
+def test_a_folder_of_other_files_is_never_trained_in_nor_replaced(capsys, toy_task, tmp_path, option):
+    """An --output-dir that names someone's folder (a typo, a home folder): it holds no run, so
+    "already holds a run; use --resume" would mislead, and --overwrite would delete their files."""
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "thesis.txt").write_text("years of work")
+    code, err = train(capsys, toy_task, mine, "--epochs", "1", *([option] if option else []))
+    assert code == 1 and f"{mine}: holds thesis.txt, and no nlptrain run (no config.json)" in err, err
+    assert "a new run starts" not in err and err.count("error:") == 1
+    assert [p.name for p in mine.iterdir()] == ["thesis.txt"]  # nor a lock file of ours left

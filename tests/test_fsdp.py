@@ -195,3 +195,23 @@ def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
     for rank in eight:
         for key in ("rows", "correct", "accuracy", "macro_f1", "confusion_matrix", "per_class"):
             assert rank["fsdp"]["eval"][key] == alone[key], key
+
+
+def test_a_resume_fsdp_cannot_load_is_refused_and_leaves_the_run_as_it_was(toy_task, tmp_path):
+    """A one-process run checkpoints whole weights; fsdp on 2 processes loads only shards. The
+    refusal must name the cure, and must not record fsdp in config.json: else the plain
+    `--resume` that follows would be refused as well."""
+    run = tmp_path / "run"
+    first = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--max-steps", "2"],
+                    tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    recorded = (run / "config.json").read_text()
+    refused = run_cli(["train", "--output-dir", str(run), "--resume", "--strategy", "fsdp",
+                       "--max-steps", "3"], tmp_path, nproc=2)
+    assert refused.returncode == 1
+    assert "step-00000002: holds whole weights (written by one process, or under ddp), which fsdp " \
+           "on 2 processes cannot load; resume it with [train] strategy = ddp, or in one process" \
+           in refused.stderr, refused.stderr[-3000:]
+    assert (run / "config.json").read_text() == recorded
+    again = run_cli(["train", "--output-dir", str(run), "--resume", "--max-steps", "3"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
