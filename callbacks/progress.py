@@ -89,9 +89,14 @@ class ProgressBar(Callback):
         self._line(f"{self.eval_name} at step {trainer.global_step}: {summary}{best}")
 
     def on_epoch_end(self, trainer: Trainer) -> None:
+        if self.bar is not None:  # the loop's count: a window begun after a stop was undone
+            self.bar.n = trainer.batch_in_epoch
+            self.bar.refresh()
         if self._is_plain() and self._epoch_start is not None:
             resumed = f" (resumed after batch {self._first_batch})" if self._first_batch else ""
-            self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs} done: "
+            done, total = trainer.batch_in_epoch, trainer.batches_per_epoch
+            ended = "done" if done >= total else f"stopped after batch {done} of {total}"
+            self._line(f"epoch {trainer.epoch + 1}/{trainer.config.epochs} {ended}: "
                        f"{trainer.batch_in_epoch - self._first_batch} batches in "
                        f"{_duration(self.clock() - self._epoch_start)}{resumed}, "
                        f"step {trainer.global_step}")

@@ -1,10 +1,11 @@
 """`[train] max_steps`: the run ends after that many optimizer steps in all, also inside an epoch.
 
-The stop is asked at the first micro-batch of the last step, so it travels with that step's
-flags and every rank ends after exactly that step (a stop asked after a step ends the run one
-step later: trainer.py, `_agree_on_step`). The epoch's end follows as after any stop: its
-evaluation, `on_epoch_end` (and its checkpoint). The lr schedule plans over at most max_steps
-(`LRSchedule.planned_total`), so it ends where the run does.
+The loop itself ends the run after step max_steps (`Trainer._train_batch`): every rank knows
+the step count, so no flag is agreed and no micro-batch is begun past it (a `should_stop` asked
+in a step event is read with the next step's flags: trainer.py, `_agree_on_step`). This callback
+stops a run resumed at or past its budget, and says where the run ends. The epoch's end follows
+as after any stop: its evaluation, `on_epoch_end` (and its checkpoint). The lr schedule plans
+over at most max_steps (`LRSchedule.planned_total`), so it ends where the run does.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ class StepBudget(Callback):
                          self.max_steps, trainer.global_step)
             trainer.should_stop = True
 
-    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-        if trainer.global_step + 1 >= self.max_steps:  # this micro-batch is of the last step
-            if not trainer.should_stop and trainer.is_main:
-                log.info("max_steps %d: step %d is the run's last", self.max_steps, self.max_steps)
-            trainer.should_stop = True
+    def on_step_end(self, trainer: Trainer) -> None:
+        if trainer.global_step == self.max_steps and trainer.is_main:
+            log.info("max_steps %d: the run ends at this step", self.max_steps)

@@ -273,7 +273,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                                              state["optimizer"])
     changed = optim.keep_group_settings(trainer.optimizer, configured)
     if changed:
-        warn("%s: the optimizer goes on with this run's %s, as asked", folder, ", ".join(changed))
+        warn("%s: the optimizer goes on with this run's settings: %s", folder, ", ".join(changed))
     if state["scaler"] or not trainer.scaler.is_enabled():
         trainer.scaler.load_state_dict(state["scaler"])
     else:  # trained without fp16's scaler (its state is {}): torch refuses to load that

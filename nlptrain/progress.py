@@ -99,6 +99,7 @@ class StepWindow:
         """[loss sum, non-finite count, rows, stop, save] summed over the ranks: the step's one
         collective, launched on the device; nothing is read back here. `steps_done`: the
         optimizer steps before this one (the requests sent now were made after the last)."""
+        self._flags[1].clamp_(max=1.0)  # this rank had a non-finite loss: the sum counts ranks
         self._flags[3], self._flags[4] = float(stop), float(save)
         sums = dist.all_sum_tensor(self._flags)
         return AgreedStep(sums, self.micro_batches * dist.world_size, where, steps_done)

@@ -221,6 +221,8 @@ class Trainer(ProgressCounters):
             self._optimizer_step()
             self.progress.global_step += 1
             self.callbacks.fire("on_step_end", self)
+            if self.global_step == cfg.max_steps:  # known alike on every rank: nothing to agree,
+                self.should_stop = self._stop_agreed = True  # so nothing is begun past it
             if cfg.eval_every and self.global_step % cfg.eval_every == 0:
                 self.validate()
         self.callbacks.fire("on_batch_end", self)  # the micro-batch is over, its evaluation too

@@ -183,9 +183,12 @@ def test_progress_counts_to_max_steps_where_it_ends_the_run_inside_the_epoch(
 
     bar = ProgressBar(log_every_s=0, plain=True)
     make_trainer(tmp_path, tiny_model_dir, [bar], epochs=2, batch_size=4, max_steps=4).fit()
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch 1/2:")]
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("epoch 1/2:")]
     assert [line.split(" (")[0] for line in lines] == [f"epoch 1/2: batch {n}/4" for n in range(1, 5)]
     assert "(100%)" in lines[-1] and "0 s left in the epoch" in lines[-1]
+    end = [line for line in err.splitlines() if line.startswith("epoch 1/2 ")]
+    assert end and end[0].startswith("epoch 1/2 stopped after batch 4 of 6: 4 batches in "), end
 
 
 def test_progress_names_the_set_it_scores_and_marks_best_only_where_a_best_is_kept(

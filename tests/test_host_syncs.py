@@ -168,3 +168,22 @@ def test_a_nan_on_one_rank_is_skipped_on_the_device_and_stops_both_before_the_ne
         # Step 3 was counted before its flags were read, but AdamW left weights and moments be.
         assert found["global_step"] == 3 and found["adam_steps"] == {2}
         assert found["step_3_skipped"] and found["unchanged_since_step_2"]
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_a_non_finite_step_counts_the_ranks_it_came_from_not_their_micro_batches(
+        tmp_path, tiny_model_dir, grad_accum):
+    import torch
+    from toy_trainer import make_trainer
+
+    from nlptrain.errors import TrainingError
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [], epochs=1, batch_size=4,
+                           grad_accum=grad_accum)
+    plain = trainer.loss_fn
+    trainer.loss_fn = lambda logits, labels: (  # every micro-batch of step 3: NaN
+        plain(logits, labels) * (torch.nan if trainer.global_step == 2 else 1.0))
+    batches = "3" if grad_accum == 1 else "5-6"
+    with pytest.raises(TrainingError, match=rf"at epoch 1, batch {batches} \(optimizer step 3\) "
+                                            r"on 1 rank\(s\);"):
+        trainer.fit()

@@ -64,8 +64,8 @@ def test_a_resume_with_a_lower_lr_goes_on_at_it_from_the_schedules_place(
     for step, lr in lower.lr.items():  # the same decay, a quarter as high
         assert lr == pytest.approx(whole[step] / 4, rel=1e-9), step
     assert lower.weight_decay == {"decay": 0.3, "no_decay": 0.0}
-    assert any("the optimizer goes on with this run's lr 0.001 -> 0.00025, weight_decay 0.01 -> "
-               "0.3, as asked" in m for m in messages), messages
+    assert any("the optimizer goes on with this run's settings: lr 0.001 -> 0.00025, "
+               "weight_decay 0.01 -> 0.3" in m for m in messages), messages
 
 
 def test_a_resume_with_another_schedule_follows_it_from_the_progress_reached(
@@ -98,7 +98,7 @@ def test_the_cli_resumes_with_a_lower_lr_and_refuses_other_parameter_groups(toy_
     assert main(["train", *options, "--resume", "--lr", "1e-3", "--epochs", "2"]) == 0
     err = capsys.readouterr().err
     assert "resume with changed settings: epochs 1 -> 2, lr 0.002 -> 0.001" in err, err
-    assert "the optimizer goes on with this run's lr 0.002 -> 0.001, as asked" in err, err
+    assert "the optimizer goes on with this run's settings: lr 0.002 -> 0.001" in err, err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
     lrs = {r["step"]: r["lr"] for r in rows if r["kind"] == "train"}
     # The second epoch's lr follows the 2-epoch schedule (the run was planned again when the

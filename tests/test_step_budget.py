@@ -20,8 +20,10 @@ class Steps(Callback):
     def __init__(self) -> None:
         self.lr: list[float] = []
         self.at_5: dict[str, torch.Tensor] = {}
+        self.begun = 0  # micro-batches begun
 
     def on_batch_start(self, trainer, batch) -> None:
+        self.begun += 1
         if trainer.batch_in_epoch % trainer.config.grad_accum == 0:
             self.lr.append(trainer.optimizer.param_groups[0]["lr"])
 
@@ -36,9 +38,10 @@ def weights(trainer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("grad_accum, fused", [(1, True), (2, True), (1, False)])
 def test_the_run_ends_after_max_steps_inside_an_epoch(tmp_path, tiny_model_dir, grad_accum, fused):
-    """24 rows in batches of 4: 6 micro-batches an epoch, 3 epochs; at most 5 steps. Fused AdamW
-    reads the flags a step late (the step after the last is begun, then undone); SGD cannot skip
-    a step on the device, so it reads them at once."""
+    """24 rows in batches of 4: 6 micro-batches an epoch, 3 epochs; at most 5 steps. Every rank
+    knows the step count, so no micro-batch is begun past the budget (with fused AdamW, which
+    reads the agreed flags a step late, a stop asked by a callback begins one more step and
+    undoes it: its events would fire for rows never trained)."""
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     torch.manual_seed(0)
     steps = Steps()
@@ -51,9 +54,9 @@ def test_the_run_ends_after_max_steps_inside_an_epoch(tmp_path, tiny_model_dir, 
     final = weights(trainer)
     for name, weight in steps.at_5.items():  # nothing trained past the budget
         assert torch.equal(weight, final[name]), name
-    # The linear decay ends at the budget: the 5 steps' lrs fall to 1/5 of the peak, then 0
-    # (fused: a 6th step was begun, then undone).
-    assert steps.lr[:5] == pytest.approx([1e-3 * (5 - i) / 5 for i in range(5)])
+    # The linear decay ends at the budget: the 5 steps' lrs fall to 1/5 of the peak, then 0.
+    assert steps.lr == pytest.approx([1e-3 * (5 - i) / 5 for i in range(5)])
+    assert steps.begun == 5 * grad_accum
     assert trainer.optimizer.param_groups[0]["lr"] == 0.0
 
 
