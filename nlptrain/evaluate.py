@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -116,18 +117,23 @@ def _output_width(model: torch.nn.Module, kind: TaskKind) -> int:
 
 def compute_metrics(predictions: Predictions, label_names: Sequence[str],
                     kind: TaskKind | None = None,
-                    metric_fns: Sequence[Callable[[Predictions], dict[str, Any]]] = ()
-                    ) -> dict[str, Any]:
+                    metric_fns: Sequence[Callable[[Predictions], dict[str, Any]]] = (),
+                    warn: bool = True) -> dict[str, Any]:
     """The kind's metrics (single-label by default: accuracy, macro-F1, MCC, per class, the
     confusion matrix) of gathered predictions, computed with scikit-learn / scipy, then those of
     a user's `metric_fns`, made plain Python values: a numpy or torch number (scikit-learn's
-    np.float64) in a checkpoint's state would be refused when it is loaded."""
+    np.float64) in a checkpoint's state would be refused when it is loaded. `warn=False` (every
+    rank but the main one): the libraries' warnings are the main rank's, on the same numbers."""
     if len(predictions.labels) == 0:  # on every rank alike: the predictions are gathered
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
                         "(eval_data=None)")
-    metrics = (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels, label_names)
-    for metric_fn in metric_fns:
-        metrics.update(_user_metrics(metric_fn, predictions, taken=metrics))
+    with warnings.catch_warnings():
+        if not warn:
+            warnings.simplefilter("ignore")
+        metrics = (kind or SingleLabel()).metrics(predictions.outputs, predictions.labels,
+                                                  label_names)
+        for metric_fn in metric_fns:
+            metrics.update(_user_metrics(metric_fn, predictions, taken=metrics))
     return metrics
 
 

@@ -344,7 +344,8 @@ def add_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a saved model folder (a run's model/)")
     parser.add_argument("--input", required=True, metavar="FILE",
-                        help="texts: .tsv/.csv with a header row, .jsonl, or one text per line; "
+                        help="texts: .tsv/.csv with a header row, .jsonl, .parquet, or one text "
+                        "per line; "
                         "'-': standard input (one text per line unless --input-format says)")
     parser.add_argument("--output", metavar="FILE",
                         help="where to write (.tsv, or .jsonl / .json: JSON Lines, one object a row; "
@@ -352,7 +353,7 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--format", choices=["tsv", "jsonl"],
                         help="output format (default: from --output's suffix, else tsv)")
     parser.add_argument("--input-format", default="auto", choices=["auto", "tsv", "csv", "jsonl",
-                                                                   "lines"],
+                                                                   "parquet", "lines"],
                         help="input format (default: from the suffix; unknown suffix: lines)")
     parser.add_argument("--text-column", type=column, default=None,
                         help="column (name, or 0-based index) or JSON field holding the text "

@@ -335,7 +335,7 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
                                    getattr(model.config, "nlptrain_precision", None), dist.device, dist)
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
                     chosen, kind)
-    return compute_metrics(found, names, kind)
+    return compute_metrics(found, names, kind, warn=dist.is_main)
 
 
 def _check_model_labels(model_dir: str, names: list[str], task_names: list[str]) -> None:

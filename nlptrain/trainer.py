@@ -270,7 +270,7 @@ class Trainer(ProgressCounters):
                         self.config.eval_batch_size, self.config.precision, self.kind,
                         equal_steps=self.strategy.eval_needs_equal_steps)
         self.predictions = found
-        return compute_metrics(found, self.label_names, self.kind, self.metric_fns)
+        return compute_metrics(found, self.label_names, self.kind, self.metric_fns, warn=self.is_main)
 
     # -- the pieces of the loop ------------------------------------------------------------
 

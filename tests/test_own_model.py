@@ -199,3 +199,20 @@ def test_a_metric_that_shadows_a_builtin_or_is_no_number_is_refused(returned, sa
     found = Predictions(np.array([[0.9, 0.1], [0.2, 0.8]]), np.array([0, 1]))
     with pytest.raises(ConfigError, match=says):
         compute_metrics(found, ["neg", "pos"], metric_fns=[mine])
+
+
+def test_the_libraries_metric_warnings_are_said_by_the_main_rank_alone():
+    """Every rank computes the same metrics from the gathered predictions, so scikit-learn's
+    warnings (one class in the set, say) would be said once a rank; the others pass warn=False."""
+    import warnings
+
+    import numpy as np
+
+    from nlptrain.evaluate import Predictions, compute_metrics
+
+    one_class = Predictions(np.array([[0.9, 0.1], [0.8, 0.2]], dtype=np.float32), np.array([0, 0]))
+    for warn in (True, False):
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            compute_metrics(one_class, ["neg", "pos"], warn=warn)
+        assert bool(said) == warn, [str(w.message) for w in said]

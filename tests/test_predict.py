@@ -287,6 +287,19 @@ def test_kept_columns_come_back_beside_each_prediction(tmp_path: Path, tiny_mode
     assert [json.loads(line)["id"] for line in capsys.readouterr().out.splitlines()] == [7, 9]
 
 
+def test_a_parquet_input_without_its_suffix_is_read_when_the_format_is_named(
+        tmp_path: Path, tiny_model_dir: Path, monkeypatch, capsys) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    monkeypatch.chdir(tmp_path)
+    pq.write_table(pa.table({"id": ["A7", "B9"], "text": ["great film", "awful"]}), "export.bin")
+    assert main(["predict", "--model", str(tiny_model_dir), "--input", "export.bin",
+                 "--input-format", "parquet", "--keep-columns", "id"]) == 0
+    assert [(r["id"], r["text"]) for r in parse_tsv(capsys.readouterr().out)] == [
+        ("A7", "great film"), ("B9", "awful")]
+
+
 @pytest.mark.parametrize("content, name, says", [
     ("id\ttext\nA7\tgreat\n", "in.tsv", r"in\.tsv:1: no kept column 'idx' in the header "
                                         r"\['id', 'text'\]; check --keep-columns"),
