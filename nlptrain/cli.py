@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "folder): --set data.test=FILE")
     evaluate.add_argument("--threshold", dest="set:data.threshold", metavar="FLOAT",
                           help="multi-label: score at this threshold (default: the task's)")
+    for key in ("text_column", "text_pair_column", "label_column"):  # as train: errors name them
+        evaluate.add_argument("--" + key.replace("_", "-"), dest=f"set:data.{key}", metavar="COLUMN",
+                              help=f"[data] {key}: name or 0-based index (default: the task's)")
     evaluate.add_argument("--cache-dir", dest="set:data.cache_dir", metavar="DIR",
                           help="token cache folder (default: the task's, else next to the data "
                           "if writable, else ~/.cache/nlptrain)")

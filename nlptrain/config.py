@@ -353,6 +353,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         if task.data.kind != "multi_label" and getattr(task.data, key) != getattr(DataConfig, key):
             raise ConfigError(f"{source}: [data] {key} is for multi_label tasks; this one is "
                               f"{task.data.kind} ([data] kind)")
+    if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
+        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 

@@ -79,6 +79,11 @@ def test_a_multi_label_option_on_another_kind_is_refused_not_ignored(capsys, toy
     assert not (tmp_path / "run").exists()
 
 
+def test_labels_on_a_regression_task_are_refused_not_dropped(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "data.kind=regression")
+    assert code == 1 and "[data] labels name classes; a regression task has none" in err, err
+
+
 @pytest.mark.parametrize(("flag", "value"), [
     ("--lr", "-1e-5"), ("--num-workers", "-1"), ("--eval-every", "-5"), ("--keep-checkpoints", "-1"),
     ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])

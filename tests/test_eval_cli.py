@@ -130,6 +130,19 @@ def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_
     assert "swapped: the model's labels ['pos', 'neg'] are not the task's ['neg', 'pos']" in err, err
 
 
+def test_a_file_of_other_column_names_is_scored_with_the_options_its_error_names(
+        toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
+    other = tmp_path / "other.tsv"
+    other.write_text("review\tverdict\ngreat film\tpos\nawful\tneg\n")
+    args = ["eval", "--model", str(labelled_model), "--task", str(toy_task), "--no-cache", "--json",
+            "--test-file", str(other)]
+    assert main(args) == 1
+    assert "no text column 'text' in the header ['review', 'verdict']; set text_column in the " \
+           "task's [data] (or --text-column)" in capsys.readouterr().err
+    assert main([*args, "--text-column", "review", "--label-column", "verdict"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 2
+
+
 def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Path, capsys) -> None:
     """Under precision "auto", eval takes the precision the model was trained and tested in (its
     config.json records it), not a new probe of this machine: its test metrics are the run's to

@@ -280,3 +280,18 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
     (tmp_path / "b.tsv").write_text("sentence\tlabel\ngood film\tpos\n")  # a real header: read
     assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
                               ["neg", "pos"]).texts) == ["good film"]
+
+
+def test_a_null_label_list_is_a_row_left_unlabelled_not_one_with_no_labels(tmp_path):
+    """Multi-label: an empty list or cell lists none of the labels; null is a value left out
+    (as in a single-label task), not a verdict of "none"."""
+    from nlptrain.config import FileSpec
+    from nlptrain.errors import DataError
+
+    path = tmp_path / "ml.jsonl"
+    path.write_text('{"text": "fine", "labels": []}\n{"text": "unread", "labels": null}\n')
+    spec = FileSpec(path=str(path), label_column="labels")
+    rows = iter_rows(spec, tmp_path, ["joy"], empty_label_ok=True)
+    assert next(rows).label == []
+    with pytest.raises(DataError, match=r"ml\.jsonl:2: the row has no label \(null; an empty list"):
+        next(rows)

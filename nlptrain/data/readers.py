@@ -143,9 +143,10 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
     if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
         return Row(str(text), [str(v) for v in label], str(path), line, pair)
     if label is None or not str(label).strip():
-        if empty_label_ok:
+        if empty_label_ok and label is not None:  # null is a value left out, not "no label"
             return Row(str(text), [], str(path), line, pair)
-        raise DataError(f"{path}:{line}: the row has no label")
+        raise DataError(f"{path}:{line}: the row has no label" + (
+            " (null; an empty list or cell lists none of the labels)" if empty_label_ok else ""))
     return Row(str(text), str(label).strip(), str(path), line, pair)
 
 
