@@ -285,9 +285,6 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
 def test_a_null_label_list_is_a_row_left_unlabelled_not_one_with_no_labels(tmp_path):
     """Multi-label: an empty list or cell lists none of the labels; null is a value left out
     (as in a single-label task), not a verdict of "none"."""
-    from nlptrain.config import FileSpec
-    from nlptrain.errors import DataError
-
     path = tmp_path / "ml.jsonl"
     path.write_text('{"text": "fine", "labels": []}\n{"text": "unread", "labels": null}\n')
     spec = FileSpec(path=str(path), label_column="labels")
