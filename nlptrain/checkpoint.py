@@ -71,12 +71,15 @@ def identity(trainer: Any) -> dict[str, Any]:
 def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
     trainer.settle()  # the latest step's flags first: nothing is saved after a non-finite step
-    rngs = trainer.dist.gather_objects(rng_state())
+    # Every rank's random state now, and where its epoch's batches began (`_read_past`).
+    rngs, epoch_rngs = zip(*trainer.dist.gather_objects((rng_state(), trainer.epoch_random)),
+                           strict=True)
     callbacks = trainer.callback_states()
     # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.
     weights = trainer.strategy.checkpoint_weights(trainer.model, trainer.optimizer, folder)
     state = {"progress": trainer.progress_state(), "optimizer": weights.optimizer_state,
-             "scaler": trainer.scaler.state_dict(), "rng": rngs, "callbacks": callbacks}
+             "scaler": trainer.scaler.state_dict(), "rng": list(rngs),
+             "epoch_rng": list(epoch_rngs), "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
             "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
             "metric_for_best": trainer.metric_for_best,
@@ -283,6 +286,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])
+        trainer.epoch_random = state.get("epoch_rng", [None] * len(rngs))[trainer.dist.rank]
     else:
         warn("%s was written by %d ranks, this job has %d: data order resumes exactly, dropout "
              "randomness does not", folder, meta["world_size"], trainer.dist.world_size)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from nlptrain.checkpoint import rng_state, set_rng_state
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, every_rank
@@ -70,10 +71,12 @@ def batched_as_is(data: Any, config: TrainConfig) -> Any:
 
 
 def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Backend,
-                  resumed: int) -> Iterator[dict[str, torch.Tensor]]:
+                  resumed: int, epoch_random: dict[str, Any] | None = None
+                  ) -> Iterator[dict[str, torch.Tensor]]:
     """The epoch's batches from `loader`: set_epoch on its samplers, the resume offset (`resumed`
     samples of the epoch already trained), and as many batches on every rank as the shortest
-    shard has (uneven shards would hang DDP), recorded in `progress`."""
+    shard has (uneven shards would hang DDP), recorded in `progress`. `epoch_random`: the random
+    state the epoch's batches were first drawn in, where a user's loader resumes by reading."""
     skip = 0
     batches = getattr(loader, "batch_sampler", None)
     candidates = (getattr(loader, "sampler", None), batches, getattr(batches, "sampler", None),
@@ -84,7 +87,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
             resumed = 0
         elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(progress.epoch)
-    if resumed:  # a user's sampler: skip by reading (slow, but exact when it is seeded)
+    if resumed:  # a user's sampler: skip by reading (slow, but exact: `_read_past`)
         skip = progress.batch_in_epoch
         (log.warning if dist.is_main else log.debug)(
             "resuming inside a user sampler: reading past %d batches", skip)
@@ -110,7 +113,22 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
                     local, agreed)
     progress.batches_per_epoch = progress.batch_in_epoch + agreed
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
+    if skip and epoch_random is not None:
+        return _read_past(loader, skip, agreed, epoch_random)
     return itertools.islice(iter(loader), skip, skip + agreed)
+
+
+def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]) -> Iterator:
+    """The batches after the first `skip`, read in the random state the epoch began in: an
+    unseeded DataLoader draws its base seed, and a RandomSampler without a generator its order,
+    from the global RNG, as the run first did; then the checkpoint's state again (dropout)."""
+    now = rng_state()
+    set_rng_state(epoch_random)
+    batches = iter(loader)
+    for _ in itertools.islice(batches, skip):
+        pass
+    set_rng_state(now)
+    return itertools.islice(batches, agreed)
 
 
 def _no_batches(loader: Any, config: TrainConfig, world_size: int) -> str:

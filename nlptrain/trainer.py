@@ -130,6 +130,7 @@ class Trainer(ProgressCounters):
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
         self.interrupted, self._resume_samples = False, 0
+        self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
         self._loader_for: tuple[Any, Any] = (None, None)
         self._failed, self._owns_dist = False, dist is None
         if self.resumed_from is not None:
@@ -280,8 +281,10 @@ class Trainer(ProgressCounters):
             raise ConfigError("no training data: pass train_data or set trainer.train_data "
                               "in a callback's on_train_start")
         resumed, self._resume_samples = self._resume_samples, 0
+        if not resumed:  # (a resume has the checkpoint's: a user's loader's skip draws from it)
+            self.epoch_random = checkpoint.rng_state()
         return epoch_batches(self._loader(self.train_data), self.config, self.progress, self.dist,
-                             resumed)
+                             resumed, self.epoch_random)
 
     def _loader(self, data: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+import pytest
+import torch
 from torch.utils.data import DataLoader, SequentialSampler
-from toy_trainer import make_trainer, toy_datasets
+from toy_trainer import crash_then_resume, make_trainer, toy_datasets
 
 from nlptrain import Callback
 
@@ -159,3 +161,37 @@ def test_a_list_of_batches_swapped_in_is_trained_as_is(tmp_path, tiny_model_dir)
     trainer.fit()
     assert trainer.global_step == 8 and trainer.steps_per_epoch == 4
     assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)
+
+
+class UnseededLoader(Callback):
+    """The README's CurriculumData, as users write it: a DataLoader made at each epoch's start
+    with no generator, so creating its iterator draws a seed from the global RNG (and a shuffled
+    one its order too)."""
+
+    def __init__(self, shuffle: bool) -> None:
+        self.shuffle = shuffle
+
+    def on_epoch_start(self, trainer) -> None:
+        data = trainer.train_data.dataset if isinstance(trainer.train_data, DataLoader) \
+            else trainer.train_data
+        trainer.train_data = DataLoader(data, batch_size=4, collate_fn=trainer.collate,
+                                        **({"shuffle": True} if self.shuffle else
+                                           {"sampler": SequentialSampler(data)}))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_users_unseeded_loader_resumed_mid_epoch_trains_the_weights_of_the_whole_run(
+        tmp_path, tiny_model_dir, shuffle):
+    """Resumed after step 9 (epoch 2, batch 3): the skipped batches are read in the random state
+    the epoch began in, so the loader's seed and order, and the dropout after, are the first
+    run's (before: the seed was drawn again from the checkpoint's state, shifting every later
+    dropout mask)."""
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [UnseededLoader(shuffle)], epochs=2)
+    whole.fit()
+    resumed = crash_then_resume(tmp_path, tiny_model_dir, lambda: [UnseededLoader(shuffle)],
+                                crash_after=10, every=9, epochs=2)
+    assert resumed.global_step == whole.global_step == 12
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in resumed.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
