@@ -7,7 +7,8 @@ same step (the schedule is a function of the step or epoch), and then wraps the 
 (`trainer.rewrap_model()`). Frozen parameters then get no gradient at all: the backward stops
 above them, DDP does not all-reduce them, and AdamW skips them (no update, no weight decay), so
 they stay bit-identical. The optimizer holds every parameter from the start; its state for a
-frozen one simply waits.
+frozen one simply waits. A parameter frozen before training (by your code) stays frozen: this
+callback unfreezes only what it froze.
 
 The schedule comes from the step (or epoch) alone, so a resume from any checkpoint freezes the
 same blocks again; the count frozen is also saved in checkpoints, for the record.
@@ -37,6 +38,7 @@ class Freeze(Callback):
             raise ValueError("Freeze(until >= 1, unit='steps' | 'epochs')")
         self.until, self.unit, self.gradual = until, unit, gradual
         self.frozen = -1  # blocks frozen now, counted from the bottom (-1: not applied yet)
+        self.kept_frozen: set[int] = set()  # ids of the parameters frozen before training
 
     def frozen_blocks(self, done: int, blocks: int) -> int:
         """How many blocks (from the embeddings up) are frozen after `done` steps or epochs."""
@@ -52,7 +54,7 @@ class Freeze(Callback):
             return
         for index, block in enumerate(blocks):
             for param in block.parameters():
-                param.requires_grad_(index >= frozen)
+                param.requires_grad_(index >= frozen and id(param) not in self.kept_frozen)
                 if index < frozen:
                     param.grad = None
         self.frozen = frozen
@@ -60,6 +62,7 @@ class Freeze(Callback):
 
     # Between steps only: gradients are zeroed, no backward is under way.
     def on_train_start(self, trainer: Trainer) -> None:
+        self.kept_frozen = {id(p) for p in trainer.unwrapped_model.parameters() if not p.requires_grad}
         self.apply(trainer)
 
     def on_epoch_start(self, trainer: Trainer) -> None:
@@ -70,8 +73,8 @@ class Freeze(Callback):
             self.apply(trainer)
 
     def on_train_end(self, trainer: Trainer) -> None:
-        for block in encoder_layout(trainer.unwrapped_model).blocks():  # exported: all trainable
-            block.requires_grad_(True)
+        for param in trainer.unwrapped_model.parameters():  # as it came: trainable but the kept
+            param.requires_grad_(id(param) not in self.kept_frozen)
         self.frozen = -1
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:

@@ -187,6 +187,11 @@ class CallbackList:
         if errors and not failing:
             raise errors[0]
 
+    def state_dict_to_fill(self) -> dict[str, Any]:
+        """The dict `on_save_checkpoint` fills: a key taken twice is refused, as the second
+        callback's state would replace the first's without a word (EMA keeps "ema", say)."""
+        return _KeysOnce({WRITTEN_BY: self.stateful()}, writers=self.stateful())
+
     def stateful(self) -> list[str]:
         """The callbacks that put state in a checkpoint, by class name (recorded with it)."""
         return [type(c).__name__ for c in self.callbacks
@@ -204,3 +209,25 @@ class CallbackList:
 
     def find(self, kind: type) -> list[Callback]:
         return [c for c in self.callbacks if isinstance(c, kind)]
+
+
+class _KeysOnce(dict):
+    def __init__(self, start: dict[str, Any], writers: list[str]) -> None:
+        super().__init__(start)
+        self.writers = writers
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self:
+            raise ConfigError(f"checkpoint state: key {key!r} is written twice, by two of this run's "
+                              f"callbacks ({', '.join(self.writers)}), the second replacing the "
+                              "first's state; give your state a key of its own (its class name)")
+        super().__setitem__(key, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]

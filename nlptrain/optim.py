@@ -69,7 +69,9 @@ def block_of(model: torch.nn.Module, layout: EncoderLayout) -> dict[int, int]:
 
 
 def param_groups(model: torch.nn.Module, lr: float, config: TrainConfig) -> list[dict[str, Any]]:
-    """Groups of the trainable parameters: decay / no decay, and one lr per layer under LLRD."""
+    """Groups of every parameter: decay / no decay, and one lr per layer under LLRD. A frozen
+    one is held too (AdamW skips a parameter without a gradient: no update, no state, no
+    decay), so one a callback unfreezes later trains."""
     decay_factor = config.layer_lr_decay
     depth: dict[int, int] = {}
     top = 0
@@ -81,8 +83,6 @@ def param_groups(model: torch.nn.Module, lr: float, config: TrainConfig) -> list
         key: {"name": key, "params": [], "lr": lr, "weight_decay": wd}
         for key, wd in (("decay", config.weight_decay), ("no_decay", 0.0))}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
         block = depth.get(id(param), top)  # the head is one step above the top layer
         where = "head" if block == top else "embeddings" if block == 0 else f"layer.{block - 1}"
         plain = no_decay(name, param)

@@ -25,7 +25,7 @@ from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
-from nlptrain.events import WRITTEN_BY, Callback, CallbackList, listed_callbacks
+from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
@@ -384,9 +384,9 @@ class Trainer(ProgressCounters):
 
     def callback_states(self) -> dict[str, Any]:
         """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
-        states: dict[str, Any] = {WRITTEN_BY: self.callbacks.stateful()}
+        states = self.callbacks.state_dict_to_fill()  # {WRITTEN_BY: ...}; a key taken twice: refused
         self.callbacks.fire("on_save_checkpoint", self, states)
-        return checkpoint.plain_state(states)  # numpy numbers made plain; the unloadable refused
+        return checkpoint.plain_state(dict(states))  # numpy numbers made plain; the unloadable refused
 
     def load_callback_states(self, states: dict[str, Any]) -> None:
         """Give the callbacks their state back from a loaded checkpoint (on_load_checkpoint)."""

@@ -116,6 +116,29 @@ def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
         Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "checkpoints" / "step-00000003")
 
 
+def test_a_callback_state_key_another_callback_writes_too_is_refused_not_overwritten(
+        tiny_model_dir, tokenizer, tmp_path):
+    """The EMA of ema_decay keeps its weights under "ema": a user's callback writing "ema" too
+    lost its state to it, found only at the resume (a dict where its float was)."""
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain import Callback
+    from nlptrain.errors import ConfigError
+
+    class LossEMA(Callback):
+        def on_save_checkpoint(self, trainer, state):
+            state["ema"] = 0.5
+
+    folder = tmp_path / "ckpt"
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+                      config=TrainConfig(epochs=1, batch_size=4, ema_decay=0.9),
+                      callbacks=[LossEMA(), Checkpointer(folder)])
+    with pytest.raises(ConfigError, match=r"key 'ema' is written twice, by two of this run's "
+                                          r"callbacks \(.*LossEMA, EMA\).*a key of its own"):
+        trainer.fit()
+    assert not list(folder.glob("step-*"))
+
+
 def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_save(
         tiny_model_dir, tokenizer, tmp_path):
     """np.float64 in a callback's state made every checkpoint of the run unloadable (refused by

@@ -174,6 +174,33 @@ def test_frozen_encoder_stays_bit_identical_then_trains(tmp_path, tiny_model_dir
     assert all(p.requires_grad for p in trainer.unwrapped_model.parameters())
 
 
+def test_what_you_froze_before_training_trains_once_you_unfreeze_it_and_freeze_keeps_it(
+        tmp_path, tiny_model_dir):
+    """The optimizer holds every parameter, so word embeddings frozen before the Trainer and
+    unfrozen by a callback in epoch 2 train from then on (before: never, without a word); and
+    Freeze, which freezes blocks for a while, leaves a parameter you froze frozen."""
+    from nlptrain import Callback
+
+    class UnfreezeInEpoch2(Callback):
+        def on_epoch_start(self, trainer) -> None:
+            if trainer.epoch == 1:
+                embeddings.requires_grad_(True)
+
+    train, test = toy_sets(tmp_path, tiny_model_dir)
+    for callback, trains in ((UnfreezeInEpoch2(), True), (Freeze(1, "steps"), False)):
+        model = tiny_model(tiny_model_dir)
+        embeddings = model.bert.embeddings.word_embeddings.weight
+        embeddings.requires_grad_(False)
+        before = embeddings.detach().clone()
+        record = RecordSteps()
+        Trainer(model, train, test, callbacks=[callback, record],
+                config=TrainConfig(epochs=2, batch_size=6, lr=1e-2, scheduler="constant")).fit()
+        name = "bert.embeddings.word_embeddings.weight"
+        assert torch.equal(record.weights[4][name], before)  # epoch 1: frozen
+        assert torch.equal(embeddings.detach(), before) is not trains, type(callback).__name__
+        assert embeddings.requires_grad is trains
+
+
 def test_fgm_steps_plainly_while_the_embeddings_are_frozen(tmp_path, tiny_model_dir):
     train, test = toy_sets(tmp_path, tiny_model_dir, rows=8)
     fgm = FGM(1.0)
