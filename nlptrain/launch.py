@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.environments import LAUNCHER_MARK
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, Interrupted
 
 log = logging.getLogger(__name__)
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -174,6 +174,9 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
 
 def failure_summary(rank: int, nproc: int, exitcode: int) -> str:
     """The launcher's line for the first worker that failed (a negative exit code: a signal)."""
+    if exitcode == Interrupted.exit_code:  # no failure: a SIGTERM/SIGINT to one worker stops all
+        return (f"the {nproc} workers stopped after the same step, on a signal sent to a worker "
+                "(not to this launcher); the line above says how to go on")
     if exitcode >= 0:
         return f"rank {rank} of {nproc} failed (exit code {exitcode}); its error is above"
     name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"

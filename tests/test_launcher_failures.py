@@ -65,6 +65,11 @@ def test_a_worker_killed_without_a_word_is_named_as_such():
     assert "out-of-memory" in killed and "its error is above" not in killed
     assert failure_summary(0, 2, -signal.SIGTERM) == ("rank 0 of 2 was ended by SIGTERM; any "
                                                       "error of its own is above")
+    # A signal to one worker (a scheduler's, a kill of one pid) stops every rank, checkpointed:
+    # exit code 130 is that, not a failure of the first rank the launcher hears of.
+    stopped = failure_summary(0, 2, 130)
+    assert stopped.startswith("the 2 workers stopped after the same step, on a signal sent to a "
+                              "worker") and "failed" not in stopped
 
 
 def test_more_processes_than_cores_is_said_before_they_start(monkeypatch, caplog):
