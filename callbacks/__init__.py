@@ -12,7 +12,7 @@ from nlptrain.callbacks.ema import EMA
 from nlptrain.callbacks.fgm import FGM
 from nlptrain.callbacks.freeze import Freeze
 from nlptrain.callbacks.grad_clip import GradClip
-from nlptrain.callbacks.lr_schedule import LRSchedule
+from nlptrain.callbacks.lr_schedule import LRSchedule, multiply_lr
 from nlptrain.callbacks.metric_logger import MetricLogger
 from nlptrain.callbacks.per_rank_data import PerRankData
 from nlptrain.callbacks.progress import ProgressBar
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", "LRSchedule",
            "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "StepBudget",
            "TensorBoardLogger",
-           "config_callbacks"]
+           "config_callbacks", "multiply_lr"]
 
 
 def config_callbacks(config: TrainConfig, progress: bool = False

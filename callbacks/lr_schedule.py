@@ -70,6 +70,15 @@ class LRSchedule(Callback):
         self.shape = schedule_shape(name, warmup_ratio)
         self.plan: Plan | None = None
         self._saved: dict | None = None
+        self.scaled = 1.0  # every `multiply` so far, multiplied: checkpoints keep it
+
+    def multiply(self, trainer: Trainer, factor: float) -> None:
+        """The lr times `factor` from the next step on, the schedule going on from the new base
+        (a plateau rule's, from `on_valid_end`); a resume goes on with it. Call it on every rank
+        alike (a decision on the gathered metrics is). `multiply_lr(trainer, factor)` finds this."""
+        self.scaled *= factor
+        if trainer.scheduler is not None:  # else `_make` applies `scaled`
+            _times(trainer.scheduler, factor)
 
     def planned_total(self, trainer: Trainer) -> int:
         cfg = trainer.config
@@ -97,6 +106,8 @@ class LRSchedule(Callback):
                                      lambda step: self.shape(self.plan.progress(step)))
         if saved is not None:
             restore(trainer.scheduler, saved.get("scheduler", saved))
+        if self.scaled != 1.0:
+            _times(trainer.scheduler, self.scaled)
         if self.plan.end_step != total:
             step = trainer.global_step
             if saved is not None and self.plan.progress(step) >= 1.0:  # ended: more epochs given
@@ -117,12 +128,13 @@ class LRSchedule(Callback):
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         if trainer.scheduler is not None:
-            state["lr_scheduler"] = {"plan": asdict(self.plan),
+            state["lr_scheduler"] = {"plan": asdict(self.plan), "scaled": self.scaled,
                                      "shape": {**self._shape_settings(), "warmup": self.warmup},
                                      "scheduler": trainer.scheduler.state_dict()}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         self._saved, self._kept_warmup = state.get("lr_scheduler"), None
+        self.scaled = (self._saved or {}).get("scaled", 1.0)
         if self._saved is not None and trainer.scheduler is not None:
             trainer.scheduler = None  # made again from the saved plan at the next batch
         shape = (self._saved or {}).get("shape")  # older checkpoints: not recorded
@@ -147,6 +159,22 @@ class LRSchedule(Callback):
         if fraction is None:
             fraction = min(self.warmup_steps / total, 1.0) if self.warmup_steps else self.warmup_ratio
         self.warmup, self.shape = fraction, schedule_shape(self.name, fraction)
+
+
+def multiply_lr(trainer: Trainer, factor: float) -> None:
+    """Multiply the run's lr by `factor` from the next step on, kept across resumes: e.g.
+    `multiply_lr(trainer, 0.1)` in `on_valid_end` when the metric stopped improving."""
+    schedules = trainer.callbacks.find(LRSchedule)
+    if not schedules:
+        raise ValueError("multiply_lr needs the trainer's LRSchedule callback (the [train] scheduler)")
+    schedules[0].multiply(trainer, factor)
+
+
+def _times(scheduler: Any, factor: float) -> None:
+    """The schedule's base lrs and the lr the next step uses, times `factor`."""
+    scheduler.base_lrs = [base * factor for base in scheduler.base_lrs]
+    for group in scheduler.optimizer.param_groups:
+        group["lr"] *= factor
 
 
 def _described(shape: dict[str, Any]) -> str:

@@ -231,6 +231,39 @@ def test_a_callback_scales_the_lr_through_the_schedules_base_lrs(tmp_path, tiny_
     assert seen[:3] == pytest.approx([1e-3] * 3) and seen[3:] == pytest.approx([1e-4] * 3)
 
 
+def test_multiply_lr_lowers_the_next_steps_lr_and_a_resume_keeps_it(tmp_path, tiny_model_dir):
+    """A plateau rule with `multiply_lr` in on_valid_end: the step right after the evaluation
+    already trains at the lower lr, and a run resumed after it goes on at that lr (before, the
+    README's recipe put one step back at the config's lr, 10x, after a resume)."""
+    from nlptrain.callbacks import multiply_lr
+    from toy_trainer import crash_then_resume
+
+    lrs: dict[int, float] = {}
+
+    class Plateau(Callback):
+        def on_batch_start(self, trainer, batch) -> None:
+            lrs[trainer.global_step + 1] = trainer.optimizer.param_groups[0]["lr"]
+
+        def on_valid_end(self, trainer, metrics, is_best) -> None:
+            if trainer.epoch == 0:
+                multiply_lr(trainer, 0.1)
+
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [Plateau()], epochs=3,
+                         scheduler="constant")
+    whole.fit()
+    uninterrupted = dict(lrs)
+    assert uninterrupted == pytest.approx({**{s: 1e-3 for s in (1, 2, 3)},
+                                           **{s: 1e-4 for s in range(4, 10)}})
+    lrs.clear()
+    resumed = crash_then_resume(tmp_path, tiny_model_dir, lambda: [Plateau()], crash_after=5,
+                                every=4, epochs=3, scheduler="constant")
+    assert {s: lrs[s] for s in range(5, 10)} == pytest.approx({s: 1e-4 for s in range(5, 10)})
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in resumed.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
 def test_a_python_trainer_shows_progress_unless_told_not_to(tmp_path, tiny_model_dir, capsys):
     from nlptrain.callbacks import ProgressBar
 
