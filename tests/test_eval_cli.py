@@ -141,6 +141,14 @@ def test_a_file_of_other_column_names_is_scored_with_the_options_its_error_names
            "task's [data] (or --text-column)" in capsys.readouterr().err
     assert main([*args, "--text-column", "review", "--label-column", "verdict"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 2
+    # A file of another format than the task's [data] format (the toy task's is tsv): its
+    # whole line is one header cell; the error says which format it looks like.
+    other.write_text('{"text": "great film", "label": "pos"}\n')
+    assert main([*args, "--set", "data.format=tsv"]) == 1
+    assert "the header is one cell: is the file jsonl? Say so in its own table (--set " \
+           "data.<train|valid|test>.format=jsonl)" in capsys.readouterr().err
+    assert main([*args[:-2], "--set", "data.format=tsv", "--set", f"data.test={{path='{other}', "
+                 "format='jsonl'}"]) == 0  # (args[:-2]: without its --test-file)
 
 
 def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Path, capsys) -> None:

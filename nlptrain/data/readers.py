@@ -90,6 +90,12 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
         raise DataError(f"{path}: {role} column '{name}' needs a header row; "
                         f"give a 0-based column index or set header = true")
     if name not in header:
+        one = header[0] if len(header) == 1 else ""
+        other = "jsonl" if one.lstrip().startswith("{") else "csv" if "," in one else \
+            "tsv" if "\t" in one else ""
+        if other:  # one cell holding a whole line: the file is read in another format than its own
+            fix = (f"the header is one cell: is the file {other}? Say so in its own table "
+                   f"(--set data.<train|valid|test>.format={other}); or {fix}")
         raise DataError(f"{path}:1: no {role} column '{name}' in the header {header}; {fix}")
     if header.count(name) > 1:  # which one is meant cannot be told
         raise DataError(f"{path}:1: the header names {header.count(name)} columns '{name}' "
