@@ -353,13 +353,13 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         if task.data.kind != "multi_label" and getattr(task.data, key) != getattr(DataConfig, key):
             raise ConfigError(f"{source}: [data] {key} is for multi_label tasks; this one is "
                               f"{task.data.kind} ([data] kind)")
-    if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
-        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
     validate_finetuning(task.train, task.data.kind, source)
+    if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
+        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none")
     for which in FILES:  # a file's own table: its keys now, not when the file is read
         entry = getattr(task.data, which)
         if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
