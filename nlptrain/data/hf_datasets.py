@@ -18,7 +18,8 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from nlptrain.data.datasets import LabelVocab
-from nlptrain.data.readers import Examples, checked_row
+from nlptrain.data.readers import Examples
+from nlptrain.data.rows import checked_row
 from nlptrain.data.tokenized import TokenizedDataset
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from nlptrain.data.readers import Roles, Row, checked_row, column_fix, role_text
+from nlptrain.data.rows import Roles, Row, checked_row, column_fix, role_text
 from nlptrain.errors import DataError
 
 

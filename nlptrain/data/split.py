@@ -134,7 +134,7 @@ class _Parts:
 def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "rows",
                shuffle: bool = False, seed: int = 0, input_bytes: int = 0,
                bucket_bytes: int = BUCKET_BYTES, kind: Any = None) -> Manifest:
-    """Write rows (readers.Row) to the part files in `folder`; memory stays flat. `kind` (a
+    """Write rows (rows.Row) to the part files in `folder`; memory stays flat. `kind` (a
     task kind) says which label values a row names: a multi-label row names several."""
     from nlptrain.data import LabelVocab
     from nlptrain.data.tokenized import file_digest

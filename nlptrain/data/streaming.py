@@ -27,7 +27,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from nlptrain.config import FileSpec, TrainConfig
-from nlptrain.data.readers import Row, iter_rows
+from nlptrain.data.readers import iter_rows
+from nlptrain.data.rows import Row
 from nlptrain.data.tokenized import uses_type_ids
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, every_rank

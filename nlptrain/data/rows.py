@@ -1,0 +1,95 @@
+"""One row of input, as every reader yields it, and the checks each row passes whatever its
+format: a text (and a pair's second text) that is a non-empty string, a label or a list of labels.
+The readers (TSV, CSV, JSONL, Parquet, 🤗 datasets) differ only in how they find the cells."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from nlptrain.config import FileSpec
+from nlptrain.errors import DataError
+
+
+class Row(NamedTuple):
+    text: str
+    label: str | list[str]  # as written in the file ('' when reading texts alone); a JSON list stays a list
+    path: str
+    line: int
+    pair: str | None = None  # the second text of a pair task
+    kept: dict[str, object] | None = None  # other columns, as read, that predict writes back
+
+
+KEEP = "keep:"  # the role of a column read only to be written back (predict --keep-columns)
+
+
+def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool = False) -> Row:
+    """A Row from the cells of one record (roles text, pair, label; kept columns), each checked.
+    With `empty_label_ok` (a multi-label task), an empty label cell is a row with none of the
+    labels, as a JSON `[]` is."""
+    row = _checked_row(cells, path, line, empty_label_ok)
+    kept = {role.removeprefix(KEEP): value for role, value in cells.items()
+            if role.startswith(KEEP)}
+    return row._replace(kept=kept) if kept else row
+
+
+def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool) -> Row:
+    text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
+    # JSONL and Parquet cells have types: a list or an object is no text, and str() of it
+    # would train on its Python repr (or make one label class of it).
+    for role, value in (("text", text), ("second text", pair), ("label", label)):
+        nested = isinstance(value, dict) or (isinstance(value, list) and (
+            role != "label" or any(isinstance(v, (list, dict)) for v in value)))
+        if nested:
+            raise DataError(f"{path}:{line}: the {role} is a {type(value).__name__} "
+                            f"({str(value)[:60]}), not " + ("a string" if role != "label" else
+                                                            "a label or a list of labels"))
+        if role != "label" and isinstance(value, bool):  # str() would train on "True"
+            raise DataError(f"{path}:{line}: the {role} is {str(value).lower()} (a boolean), "
+                            "not a string: is the column the right one?")
+    if text is None or not str(text).strip():
+        raise DataError(f"{path}:{line}: the row has no text")
+    if "pair" in cells and (pair is None or not str(pair).strip()):
+        raise DataError(f"{path}:{line}: the row has no second text (the pair's other side)")
+    pair = None if pair is None else str(pair)
+    if "label" not in cells:
+        return Row(str(text), "", str(path), line, pair)
+    if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
+        return Row(str(text), [str(v) for v in label], str(path), line, pair)
+    if label is None or not str(label).strip():
+        if empty_label_ok and label is not None:  # null is a value left out, not "no label"
+            return Row(str(text), [], str(path), line, pair)
+        raise DataError(f"{path}:{line}: the row has no label" + (
+            " (null; an empty list or cell lists none of the labels)" if empty_label_ok else ""))
+    return Row(str(text), str(label).strip(), str(path), line, pair)
+
+
+Roles = list[tuple[str, str | int]]
+
+
+def roles_of(spec: FileSpec, labelled: bool, keep: Sequence[str | int] = ()) -> Roles:
+    """(role, column) of what a record holds: the text, the pair's second text, the label, and
+    the columns to keep."""
+    roles: Roles = [("text", spec.text_column)]
+    if spec.text_pair_column != "":
+        roles.append(("pair", spec.text_pair_column))
+    if labelled:
+        roles.append(("label", spec.label_column))
+    return roles + [(KEEP + str(name), name) for name in keep]
+
+
+def role_text(role: str) -> str:
+    return "kept" if role.startswith(KEEP) else role
+
+
+TASK_FIX = "set {role}_column in the task's [data] (or --{flag}-column)"
+
+
+def column_fix(fix: str, role: str) -> str:
+    """`fix` (TASK_FIX, or a caller's) for a column role: a pair's key is text_pair_column."""
+    if role.startswith(KEEP):
+        return "check --keep-columns"
+    key = "text_pair" if role == "pair" else role
+    return fix.format(role=key, flag=key.replace("_", "-"))
+
