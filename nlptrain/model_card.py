@@ -58,8 +58,10 @@ def model_card(run_dir: Path) -> str:
            f"# {name}: a text classifier fine-tuned with nlptrain", ""]
     if task.get("description"):
         out += [task["description"], ""]
+    layers = task.get("model", {}).get("num_hidden_layers")  # a cut encoder is another model
     out += [f"Fine-tuned from `{base}` ({model_config.get('model_type', '?')}, "
-            f"max length {task.get('model', {}).get('max_length', '?')} tokens) on the "
+            + (f"its first {layers} encoder layers, " if layers else "")
+            + f"max length {task.get('model', {}).get('max_length', '?')} tokens) on the "
             f"`{name}` task, with {run.get('world_size', 1)} process(es); nlptrain "
             f"{versions.get('nlptrain', '?')}, torch {versions.get('torch', '?')}, transformers "
             f"{versions.get('transformers', '?')}.", "", "## Data", "",

@@ -170,6 +170,19 @@ def test_the_settings_say_the_metric_that_picked_the_model_and_a_max_steps_cut()
     assert (settings["metric_for_best"], settings["max_steps"]) == ("macro_f1", 320)
 
 
+def test_model_card_says_the_encoder_was_cut_to_its_first_layers(tmp_path: Path) -> None:
+    from nlptrain.model_card import model_card
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    task = {"name": "t", "model": {"name": "base", "max_length": 64, "num_hidden_layers": 3}}
+    (tmp_path / "config.json").write_text(json.dumps({"task": task}))
+    assert "(bert, its first 3 encoder layers, max length 64 tokens)" in model_card(tmp_path)
+    task["model"]["num_hidden_layers"] = 0  # all of them: nothing to say
+    (tmp_path / "config.json").write_text(json.dumps({"task": task}))
+    assert "(bert, max length 64 tokens)" in model_card(tmp_path)
+
+
 def test_model_card_metrics_table_takes_any_scalar_metric() -> None:
     from nlptrain.model_card import metrics_table
 
