@@ -359,7 +359,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
     validate_finetuning(task.train, task.data.kind, source)
     if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
-        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none")
+        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none: "
+                          "leave them out (data.labels=[])")
     for which in FILES:  # a file's own table: its keys now, not when the file is read
         entry = getattr(task.data, which)
         if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:

@@ -146,7 +146,17 @@ def recorded_task(folder: Path) -> TaskConfig | None:
     command line's options applied), or None where there is no run: a resume that names no task
     goes on with it, instead of the default task's settings."""
     saved = read_config(folder)
-    return None if saved is None else task_from_dict(saved["task"], str(folder / CONFIG_FILE))
+    return None if saved is None else task_from_dict(recorded_task_dict(saved),
+                                                     str(folder / CONFIG_FILE))
+
+
+def recorded_task_dict(saved: dict[str, Any]) -> dict[str, Any]:
+    """The task a run's config.json holds. A regression run recorded before labels on regression
+    were refused may hold the labels its training left out: left out here too, so it resumes."""
+    data = saved["task"].get("data", {})
+    if data.get("kind") == "regression" and data.get("labels"):
+        return {**saved["task"], "data": {**data, "labels": []}}
+    return saved["task"]
 
 
 def last_launch(folder: Path) -> tuple[int, str | None]:
@@ -258,7 +268,8 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
     if saved is None:
         return
     # Where the token cache lives changes no row: a resume may read it from elsewhere.
-    was = {**saved["task"], "data": {**saved["task"].get("data", {}), "cache_dir": None}}
+    was = recorded_task_dict(saved)
+    was = {**was, "data": {**was.get("data", {}), "cache_dir": None}}
     task = {**task, "data": {**task["data"], "cache_dir": None}}
     changed = [k for k in ("name", "data", "model") if task[k] != was.get(k)]
     if changed:

@@ -115,6 +115,7 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
     """Options named after task keys (`--lr`, ...), then each `--set section.key=value`; checked
     together once all are set (an error names the options whose keys it is about)."""
     given: list[tuple[str, str]] = []  # (the option as given, "[section] key")
+    kind_before = task.data.kind
     for key, value in vars(args).items():
         if key.startswith("set:") and value is not None:
             section, name = key[4:].split(".")
@@ -135,6 +136,10 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
             raise ConfigError(f"{twice[0]} and --set {item} both set [{section}] {name}; give one")
         given.append((f"--set {item}", f"[{section}] {name}"))
         apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
+    if task.data.kind == "regression" != kind_before and task.data.labels and \
+            "[data] labels" not in (key for _, key in given):  # the task's, for its classes
+        log.info("[data] labels of task %s left out: a regression task has none", task.name)
+        task.data.labels = []
     if given:  # the task file alone was checked when it was read
         try:
             validate(task, SOURCE)

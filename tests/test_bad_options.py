@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from cli_errors import train
 
@@ -80,8 +82,37 @@ def test_a_multi_label_option_on_another_kind_is_refused_not_ignored(capsys, toy
 
 
 def test_labels_on_a_regression_task_are_refused_not_dropped(capsys, toy_task, tmp_path):
-    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "data.kind=regression")
-    assert code == 1 and "[data] labels name classes; a regression task has none" in err, err
+    # Labels given with the kind (in one task file, or both on the command line) are refused.
+    code, err = train(capsys, toy_task, tmp_path / "run", "--set", "data.kind=regression",
+                      "--set", "data.labels=['neg', 'pos']")
+    assert code == 1 and "[data] labels name classes; a regression task has none: leave them " \
+        "out (data.labels=[])" in err, err
+    reg = tmp_path / "reg.toml"
+    reg.write_text(toy_task.read_text().replace('labels = ["neg", "pos"]',
+                                                'labels = ["neg", "pos"]\nkind = "regression"'))
+    code, err = train(capsys, reg, tmp_path / "run")
+    assert code == 1 and f"{reg}: [data] labels name classes" in err, err
+
+
+def test_a_kind_switched_to_regression_leaves_the_tasks_class_labels_out(capsys, toy_task,
+                                                                          tmp_path):
+    # `--kind regression` on a task of classes (the default task's, a file's): its labels were
+    # never the user's word about scores. A run recorded with them (before they were refused)
+    # still resumes.
+    scores = tmp_path / "scores.tsv"
+    scores.write_text("text\tscore\n" + "".join(f"row {i} of words\t{i % 5 / 4}\n"
+                                                  for i in range(40)))
+    run = tmp_path / "run"
+    args = ("--kind", "regression", "--train-file", str(scores), "--test-file", str(scores),
+            "--label-column", "score", "--epochs", "1")
+    code, err = train(capsys, toy_task, run, *args)
+    assert code == 0, err
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["task"]["data"]["labels"] == []
+    saved["task"]["data"]["labels"] = ["neg", "pos"]  # as an older version recorded it
+    (run / "config.json").write_text(json.dumps(saved))
+    code, err = train(capsys, toy_task, run, *args[:-2], "--epochs", "2", "--resume")
+    assert code == 0, err
 
 
 @pytest.mark.parametrize(("flag", "value"), [
