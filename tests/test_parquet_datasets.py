@@ -147,6 +147,28 @@ def test_names_that_look_like_ids_are_names_and_ints_are_ids(tiny_model_dir):
         from_hf_dataset(too_big, tokenizer, stars)
 
 
+def test_multi_label_rows_of_0_and_1_are_a_column_per_label_not_label_ids(tiny_model_dir,
+                                                                          tmp_path):
+    """[0, 1, 1] over three labels is "anger" and "fear" (as TokenizedDataset.from_texts takes
+    it), not the ids 0 and 1; lists of ids stay ids, also as torch values."""
+    tokenizer, names = tokenizer_of(tiny_model_dir), ["joy", "anger", "fear"]
+    hot = [[0, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 1]]
+    data = hf_datasets.Dataset.from_dict({"text": list("abcd"), "label": hot})
+    assert from_hf_dataset(data, tokenizer, names, MultiLabel()).labels.tolist() == hot
+    ids = hf_datasets.Dataset.from_dict({"text": list("ab"), "label": [[1, 2], [0]]})
+    for form in (ids, ids.with_format("torch"), ids.with_format("numpy")):
+        assert from_hf_dataset(form, tokenizer, names, MultiLabel()).labels.tolist() == [
+            [0, 1, 1], [1, 0, 0]]
+    one = hf_datasets.Dataset.from_dict({"text": list("ab"), "label": [1, 0]}).with_format("torch")
+    assert from_hf_dataset(one, tokenizer, names).labels.tolist() == [1, 0]
+    # A file's JSON list names labels: a 0/1 row there is refused, not read as labels "0", "1".
+    rows = tmp_path / "hot.jsonl"
+    rows.write_text('{"text": "a", "label": ["joy"]}\n{"text": "b", "label": [0, 1, 1]}\n')
+    with pytest.raises(DataError, match=r"hot.jsonl:2: the label list names '1' more than once "
+                                        r"\(\[0, 1, 1\]\); list the row's labels by name"):
+        read_examples(FileSpec(path=str(rows)), tmp_path, [], empty_label_ok=True)
+
+
 def _two_ranks(rank, world_size, model_dir, train_rows, test_rows):
     from pathlib import Path
 

@@ -104,7 +104,7 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
     """Tokenize a `datasets.Dataset` into the trainer's flat token arrays. `text_pair_column`
     None: "text_pair" when the dataset has that column, else one text a row. A label is a name
     of `label_names` (text), an id (an int, or a `ClassLabel` value), a list of either
-    (multi-label), or a number (regression)."""
+    (multi-label; or a 0/1 row, one column a label), or a number (regression)."""
     if tokenizer is None:
         raise DataError(f"{what} data is a datasets.Dataset: pass tokenizer= to tokenize it")
     kind = kind or SingleLabel()
@@ -123,13 +123,17 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
     feature = getattr(feature, "feature", feature)  # a list column's items
     class_names = getattr(feature, "names", None)  # a ClassLabel's
     names = [str(n) for n in label_names]
+    multi_hot = kind.empty_label_ok and not class_names and _is_multi_hot(data[label_column], names)
     examples = Examples()
     number = 0
     for batch in data.select_columns(list(roles.values())).iter(batch_size=4096):
         for i in range(len(batch[text_column])):
             number += 1
             cells = {role: batch[column][i] for role, column in roles.items()}
-            if kind.has_classes:
+            if multi_hot:  # a 0/1 column per label, as TokenizedDataset.from_texts takes them
+                row = _plain(cells["label"])
+                cells["label"] = [name for name, on in zip(names, row, strict=True) if on]
+            elif kind.has_classes:
                 cells["label"] = _named(cells["label"], class_names or names, f"{where}:{number}")
             examples.add(checked_row(cells, where, number,  # type: ignore[arg-type]
                                      kind.empty_label_ok))
@@ -143,9 +147,26 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
                                        pairs=examples.pairs)
 
 
+def _plain(value: Any) -> Any:
+    """A cell as Python values: a numpy or torch value (`with_format("numpy"/"torch")`) as its
+    number or list."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def _is_multi_hot(labels: Sequence[Any], names: Sequence[str]) -> bool:
+    """Whether multi-label cells are 0/1 rows, one column a label, not lists of label ids: each
+    row as long as the labels and only 0s and 1s, and some row repeats a value (a list of ids
+    names each label once; with 3 or more labels every 0/1 row repeats one)."""
+    rows = [_plain(row) for row in labels]
+    return bool(rows) and all(
+        isinstance(row, list) and len(row) == len(names) and set(row) <= {0, 1} for row in rows
+    ) and any(len(set(row)) < len(row) for row in rows)
+
+
 def _named(value: Any, names: Sequence[str], where: str) -> Any:
     """A label cell with each id (an int: a ClassLabel's value, else a position in the label
     names) as its name; text is a name already."""
+    value = _plain(value)
     if isinstance(value, list):
         return [_named(v, names, where) for v in value]
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):

@@ -56,7 +56,13 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
     if "label" not in cells:
         return Row(str(text), "", str(path), line, pair)
     if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
-        return Row(str(text), [str(v) for v in label], str(path), line, pair)
+        names = [str(v) for v in label]
+        twice = next((name for name in names if names.count(name) > 1), None)
+        if twice is not None:  # a 0/1 row ([0, 1, 1]) would train labels "0" and "1"
+            raise DataError(f"{path}:{line}: the label list names '{twice}' more than once "
+                            f"({str(label)[:60]}); list the row's labels by name "
+                            "([\"joy\", \"fear\"]), not a 0/1 column per label")
+        return Row(str(text), names, str(path), line, pair)
     if label is None or not str(label).strip():
         if empty_label_ok and label is not None:  # null is a value left out, not "no label"
             return Row(str(text), [], str(path), line, pair)
