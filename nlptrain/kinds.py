@@ -388,6 +388,14 @@ def from_model_config(config: Any) -> TaskKind:
     return SingleLabel()
 
 
+def record_kind(config: Any, kind: TaskKind) -> None:
+    """Write `kind` into a transformers config (`problem_type`, a multi-label threshold): the
+    export then loads and predicts as the model trained, whatever the config said before."""
+    config.problem_type = kind.problem_type
+    if isinstance(kind, MultiLabel):
+        config.nlptrain_threshold = kind.threshold  # saved in config.json, for predict
+
+
 def _values(ids: dict[str, int]) -> list[str]:
     names = {}
     for key, i in ids.items():

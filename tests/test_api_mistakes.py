@@ -194,3 +194,21 @@ def test_a_max_length_beyond_the_models_positions_is_refused_when_the_trainer_is
     with pytest.raises(ConfigError, match=rf"^the train data: max_length {positions + 8} is more "
                                           rf"than the model's {positions} positions"):
         Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data)
+
+
+def test_a_kind_given_to_the_trainer_is_the_one_its_export_predicts_with(tiny_model_dir,
+                                                                          tokenizer, tmp_path):
+    # A model loaded for single labels, trained as multi-label: the saved config must say so,
+    # else predict would score it with a softmax.
+    from nlptrain.kinds import MultiLabel, from_model_config
+
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    assert model.config.problem_type == "single_label_classification"
+    trainer = Trainer(model, rows(tokenizer, [[1, 0], [1, 1]]), kind=MultiLabel(threshold=0.3),
+                      config=TrainConfig(epochs=1, batch_size=2), progress=False)
+    trainer.fit()
+    trainer.strategy.export(trainer.model, tokenizer, tmp_path / "model")
+    saved = type(model.config).from_pretrained(tmp_path / "model")
+    assert saved.problem_type == "multi_label_classification"
+    kind = from_model_config(saved)
+    assert isinstance(kind, MultiLabel) and kind.threshold == 0.3
