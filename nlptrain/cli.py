@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in --output-dir from its latest checkpoint, with "
                        "its own options; those given with it (--epochs, --lr, ...) apply from there")
     train.add_argument("--overwrite", action="store_true",
-                       help="replace what --output-dir holds")
+                       help="replace the run --output-dir holds (never a folder of other "
+                            "files)")
     train.add_argument("--callback", action="append", default=[], metavar="MODULE:CLASS",
                        help="add a callback of yours, made with no arguments: a module path "
                        "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable "
@@ -368,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # as a shell counts a process ended by SIGPIPE
     except KeyboardInterrupt:  # train: a second Ctrl-C (the first finishes the step and checkpoints)
         said = ("stopped at once, without waiting for the step under way; a run goes on from its "
-                "last whole checkpoint with train --resume") if args.command == "train" else \
+                "last whole checkpoint with train --resume --output-dir "
+                f"{args.output_dir or 'RUN_DIR (the run directory logged at the start)'}"
+                ) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
         print(f"{_rank_prefix()}interrupted: {said}", file=sys.stderr)
         return 130

@@ -43,3 +43,7 @@ class Interrupted(NlptrainError):
 
     exit_code = 130
     raised_on_every_rank = True
+
+    def __init__(self, message: str, step: int = 0) -> None:
+        super().__init__(message)
+        self.step = step  # the last step done

@@ -25,7 +25,7 @@ from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, Interrupted
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
@@ -40,6 +40,7 @@ from nlptrain.runs import (
     prepare_run_dir,
     record_in_config,
 )
+from nlptrain.signals import stopped_message
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")
@@ -131,7 +132,11 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
-            trainer.fit()
+            try:
+                trainer.fit()
+            except Interrupted as stop:  # the command line's cure: the folder to go on in
+                raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
+                                  stop.step) from None
             results = final_metrics(trainer, sets, best, run_dir)
             found = trainer.predictions if results["test"] else None  # the test set's, if scored
             trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank

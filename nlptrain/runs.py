@@ -137,8 +137,23 @@ def default_run_dir(task_name: str, root: str = "runs", launch: Environment | No
 
 
 def read_config(folder: Path) -> dict[str, Any] | None:
-    path = folder / CONFIG_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The record of the nlptrain run in `folder`, or None where it holds none: a config.json
+    that is not a run's (a saved model's, an app's; not JSON) makes no run of the folder."""
+    return _run_record(folder / CONFIG_FILE)[0]
+
+
+def _run_record(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the run's record, or None; why a config.json there is none)."""
+    if not path.is_file():
+        return None, f"no {CONFIG_FILE}"
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError is a ValueError)
+        return None, f"its {CONFIG_FILE} is not JSON: {err}"
+    if not (isinstance(saved, dict) and isinstance(saved.get("task"), dict)
+            and "world_size" in saved):  # what every run's record has held
+        return None, f"its {CONFIG_FILE} is not a run's record"
+    return saved, ""
 
 
 def recorded_task(folder: Path) -> TaskConfig | None:
@@ -244,7 +259,8 @@ def check_free(folder: Path, run_allowed: bool = False) -> None:
     found = sorted(p.name for p in _contents(folder))
     if found:
         listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise ConfigError(f"{folder}: holds {listed}, and no nlptrain run (no {CONFIG_FILE}): a "
+        why = _run_record(folder / CONFIG_FILE)[1]
+        raise ConfigError(f"{folder}: holds {listed}, and no nlptrain run ({why}): a "
                           "run starts only in a new or empty folder (--overwrite replaces a run, "
                           "nothing else); pick another --output-dir")
 

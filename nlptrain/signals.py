@@ -44,9 +44,12 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
             signal.signal(signum, handler)
 
 
-def stopped_message(step: int, checkpointed: bool) -> str:
-    """What a run stopped by a signal after `step` says: how to go on, where a Checkpointer
-    (`checkpointed`) keeps its place."""
+RESUME_FROM_PYTHON = "resume_from= the Checkpointer's folder"
+
+
+def stopped_message(step: int, checkpointed: bool, resume: str = RESUME_FROM_PYTHON) -> str:
+    """What a run stopped by a signal after `step` says: how to go on (`resume`: the command
+    line's options, say), where a Checkpointer (`checkpointed`) keeps its place."""
     return (f"stopped by a signal after step {step}; " +
-            ("continue with --resume (from Python: resume_from= the Checkpointer's folder)"
-             if checkpointed else "nothing was saved (no Checkpointer among the callbacks)"))
+            (f"continue with {resume}" if checkpointed
+             else "nothing was saved (no Checkpointer among the callbacks)"))

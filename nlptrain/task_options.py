@@ -91,8 +91,11 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
 
     resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
     task = resumed and recorded_task(Path(args.output_dir))
+    if resumed and not task:  # a mistyped folder: the default task would train, unasked
+        raise ConfigError(f"--resume: no run in {args.output_dir} to go on with (no run's "
+                          f"config.json); check the folder, or give --task to start one there")
     if args.task is None and getattr(args, "model", None) and args.command == "eval":
-        task = recorded_task(Path(args.model).parent)
+        task = recorded_task(Path(args.model).resolve().parent)  # (--model . from model/)
         if task:
             log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
         else:  # a model folder copied out of its run: said, as the default task may fit by chance

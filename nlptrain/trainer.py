@@ -197,7 +197,8 @@ class Trainer(ProgressCounters):
         if interrupted and interrupt:
             from nlptrain.callbacks import Checkpointer  # a package of callbacks: imported late
 
-            raise Interrupted(stopped_message(self.global_step, bool(self.callbacks.find(Checkpointer))))
+            raise Interrupted(stopped_message(self.global_step, bool(self.callbacks.find(Checkpointer))),
+                              self.global_step)
         return self.should_stop
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:

@@ -49,6 +49,8 @@ def load_object(spec: str) -> Any:
         else:
             module = importlib.import_module(where)
         return getattr(module, name)
+    except SyntaxError as err:  # the user's file: its line, not our traceback
+        raise ConfigError(f"{err.filename}:{err.lineno}: {err.msg} (--callback {spec})") from None
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 

@@ -291,6 +291,10 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
     assert f"error: --callback {mine}:Notify: missing a required argument: 'url'; a --callback " \
            "class is made without arguments" in err
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback)\n    pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: {mine}:3: expected ':' (--callback {mine}:Notify)" in err, err
 
 
 def test_per_rank_files_with_a_label_the_task_lacks_are_refused_before_overwrite(capsys, toy_task,
@@ -350,3 +354,33 @@ def test_a_folder_of_other_files_is_never_trained_in_nor_replaced(capsys, toy_ta
     assert code == 1 and f"{mine}: holds thesis.txt, and no nlptrain run (no config.json)" in err, err
     assert "a new run starts" not in err and err.count("error:") == 1
     assert [p.name for p in mine.iterdir()] == ["thesis.txt"]  # nor a lock file of ours left
+
+
+@pytest.mark.parametrize("option", ["--overwrite", "--resume"])
+@pytest.mark.parametrize(("config", "why"), [
+    ('{"model_type": "bert", "num_labels": 2}', "its config.json is not a run's record"),
+    ('{"task": {"name": "cut sh', "its config.json is not JSON: "),
+])
+def test_a_config_json_that_is_no_runs_record_makes_no_run_of_its_folder(capsys, toy_task, tmp_path,
+                                                                         option, config, why):
+    """A saved model's folder (or a run's record cut short) as --output-dir: told "already holds
+    a run; ... --overwrite to replace it", --overwrite deleted the model."""
+    model = tmp_path / "saved-model"
+    model.mkdir()
+    (model / "config.json").write_text(config)
+    (model / "model.safetensors").write_bytes(b"weights")
+    code, err = train(capsys, toy_task, model, "--epochs", "1", option)
+    assert code == 1 and f"{model}: holds config.json, model.safetensors, and no nlptrain run " \
+        f"({why}" in err, err
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_a_resume_without_a_task_of_a_folder_with_no_run_is_refused(capsys, tmp_path):
+    """--resume goes on with the run's own task: with no run there (a typo), the default task
+    trained a new run instead."""
+    from nlptrain.cli import main
+
+    code = main(["train", "--output-dir", str(tmp_path / "no-such-run"), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 1 and f"error: --resume: no run in {tmp_path / 'no-such-run'} to go on with" in err
+    assert not (tmp_path / "no-such-run").exists()

@@ -151,7 +151,8 @@ def test_a_file_of_other_column_names_is_scored_with_the_options_its_error_names
                  "format='jsonl'}"]) == 0  # (args[:-2]: without its --test-file)
 
 
-def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Path, capsys) -> None:
+def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Path, capsys,
+                                                   monkeypatch) -> None:
     """Under precision "auto", eval takes the precision the model was trained and tested in (its
     config.json records it), not a new probe of this machine: its test metrics are the run's to
     the bit. And results.json counts epochs from 1, as metrics.jsonl does."""
@@ -178,6 +179,9 @@ def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Pa
     scored = json.loads(out)
     for key in ("accuracy", "macro_f1", "loss", "rows"):
         assert scored[key] == best[key], key
+    monkeypatch.chdir(run / "model")  # --model . is the same folder (its parent is the run)
+    assert main(["eval", "--model", ".", "--split", "valid", "--json"]) == 0
+    assert json.loads(capsys.readouterr()[0])["accuracy"] == best["accuracy"]
 
 
 def test_the_printed_confusion_matrix_keeps_long_label_names_whole() -> None:
