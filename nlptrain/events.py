@@ -50,6 +50,7 @@ EVENTS = (
 # Every callback gets these, even after an earlier one raised: each closes its own files, writes
 # its checkpoint (Checkpointer on a signal), puts the weights back (EMA, FGM, Freeze).
 CLEANUP_EVENTS = ("on_exception", "on_train_end")
+STATE_EVENTS = ("on_save_checkpoint", "on_load_checkpoint")
 
 
 class Callback:
@@ -167,6 +168,16 @@ class CallbackList:
                             f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
+        # A second callback of one class (two MetricLoggers, a subclass of one) would write the
+        # first's key: its state is kept apart, under "<class>#<n>" (the same on a resume).
+        self.own_state_keys: dict[int, str] = {}
+        seen: dict[Any, int] = {}
+        for callback in self.callbacks:
+            saver = type(callback).on_save_checkpoint
+            if saver is not Callback.on_save_checkpoint:
+                seen[saver] = seen.get(saver, 0) + 1
+                if seen[saver] > 1:
+                    self.own_state_keys[id(callback)] = f"{type(callback).__name__}#{seen[saver]}"
 
     def fire(self, event: str, trainer: Trainer, *args: Any, failing: bool = False) -> None:
         """`failing`: the run is ending with an error, which goes on; a cleanup event's own errors
@@ -176,7 +187,7 @@ class CallbackList:
             if callback.main_process_only and not self.is_main:
                 continue
             try:
-                getattr(callback, event)(trainer, *args)
+                getattr(callback, event)(trainer, *self._arguments(callback, event, args))
             except Exception as error:  # a second Ctrl-C (KeyboardInterrupt) still ends it all
                 if event not in CLEANUP_EVENTS:
                     raise
@@ -186,6 +197,15 @@ class CallbackList:
                               exc_info=error)
         if errors and not failing:
             raise errors[0]
+
+    def _arguments(self, callback: Callback, event: str, args: tuple) -> tuple:
+        """The event's arguments for `callback`; a repeated class's state is a dict of its own."""
+        key = self.own_state_keys.get(id(callback))
+        if key is None or event not in STATE_EVENTS:
+            return args
+        if event == "on_save_checkpoint":
+            args[0][key] = {}
+        return (args[0].get(key, {}),)
 
     def state_dict_to_fill(self) -> dict[str, Any]:
         """The dict `on_save_checkpoint` fills: a key taken twice is refused, as the second

@@ -139,6 +139,43 @@ def test_a_callback_state_key_another_callback_writes_too_is_refused_not_overwri
     assert not list(folder.glob("step-*"))
 
 
+def test_two_callbacks_of_one_class_keep_their_states_apart_and_resume_them(
+        tiny_model_dir, tokenizer, tmp_path):
+    """Two MetricLoggers, or a subclass of one beside the CLI's, write the same key: the run
+    was refused at its first checkpoint, its work lost. Each now has its own, back on resume."""
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain import Callback
+
+    class Counter(Callback):
+        def __init__(self, start: int) -> None:
+            self.count = start
+
+        def on_step_end(self, trainer) -> None:
+            self.count += 1
+
+        def on_save_checkpoint(self, trainer, state) -> None:
+            state["counter"] = self.count
+
+        def on_load_checkpoint(self, trainer, state) -> None:
+            self.count = state["counter"]
+
+    class Tally(Counter):
+        pass
+
+    def trainer_with(counters, **resume):
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+                       config=TrainConfig(epochs=1, batch_size=4),
+                       callbacks=[*counters, Checkpointer(tmp_path / "ckpt")], **resume)
+
+    trainer = trainer_with([Counter(0), Counter(100), Tally(1000)])
+    trainer.fit()  # 2 steps
+    trainer.close()
+    resumed = [Counter(-1), Counter(-1), Tally(-1)]
+    trainer_with(resumed, resume_from=tmp_path / "ckpt").close()
+    assert [c.count for c in resumed] == [2, 102, 1002]
+
+
 def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_save(
         tiny_model_dir, tokenizer, tmp_path):
     """np.float64 in a callback's state made every checkpoint of the run unloadable (refused by
