@@ -33,8 +33,17 @@ def rows(tokenizer, labels) -> TokenizedDataset:
     (lambda tok: rows(tok, [0, 1, 5, 1]), DataError,
      r"^train data: row index 2 has class id 5, but the model has 2 labels \(neg, pos\): ids 0 "
      r"to 1$"),
-    (lambda tok: rows(tok, [[1.0, 0.0, 1.0]] * 2), DataError,
-     r"^train data: its rows have 3 label columns, the model 2 labels \(neg, pos\)$"),
+    (lambda tok: rows(tok, [[1.0, 0.0, 1.0]] * 2), DataError,  # 0/1 rows, a single-label model
+     r"^train data: its targets are 2-D \(\(2, 3\)\); a single-label task takes one class id a row$"),
+    (lambda tok: rows(tok, [1.0, 0.0]), DataError,
+     r"^train data: its class ids are floats \(1\.0, \.\.\.\); a single-label task takes ints"),
+    (lambda tok: [{"text": "a good film", "label": 1}], DataError,
+     r"^train data is a list of rows with the keys \['label', 'text'\], not yet tokenized: give "
+     r"datasets\.Dataset\.from_list\(rows\) and tokenizer="),
+    (lambda tok: (["a good film"], [1]), DataError, r"^train data is a tuple of 2 columns: or "
+                                                    r"tokenize it \(TokenizedDataset\.from_texts"),
+    (lambda tok: TokenizedDataset.from_texts(["fine", None], [0, 1], tok, 16, what="train"),
+     DataError, r"^train: the text at row index 1 is None, not a text; drop the row or give it one$"),
 ])
 def test_bad_train_data_is_refused_when_the_trainer_is_built(tiny_model_dir, tokenizer, make_train,
                                                             error, message):
@@ -249,3 +258,45 @@ def test_a_kind_given_to_the_trainer_is_the_one_its_export_predicts_with(tiny_mo
     assert saved.problem_type == "multi_label_classification"
     kind = from_model_config(saved)
     assert isinstance(kind, MultiLabel) and kind.threshold == 0.3
+
+
+@pytest.mark.parametrize(("kind", "labels", "message"), [
+    ("multi", [[1, 0, 1]] * 2, r"^train data: its rows have 3 label columns, the model 2 labels "
+                               r"\(neg, pos\)$"),
+    ("multi", [1, 0], r"^train data: its targets are 1-D \(\(2,\)\); a multi-label task takes "
+                      r"a 0/1 row, one column a label$"),
+    ("regression", [0.5, float("nan")], r"^train data: row index 1 has the score nan, not a "
+                                        r"finite number; drop the row or give it its score$"),
+])
+def test_targets_of_another_shape_than_the_kinds_are_refused_when_the_trainer_is_built(
+        tiny_model_dir, tokenizer, kind, labels, message):
+    from nlptrain.kinds import MultiLabel, Regression
+
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    made = MultiLabel() if kind == "multi" else Regression()
+    with pytest.raises(DataError, match=message):
+        Trainer(model, rows(tokenizer, labels), config=TrainConfig(epochs=1), kind=made,
+                label_names=["neg", "pos"])
+
+
+def test_class_ids_of_any_integer_type_train_and_a_dataset_without_index_too(tiny_model_dir,
+                                                                             tokenizer):
+    """pandas' category codes are int8: cross-entropy refused them ("got Char") in the first
+    step. A torch Dataset of {input_ids, labels} rows has no "index", which training needs not."""
+    import numpy as np
+    from torch.utils.data import Dataset
+
+    codes = rows(tokenizer, np.array([0, 1, 1, 0], dtype=np.int8))
+
+    class Plain(Dataset):
+        def __len__(self) -> int:
+            return len(codes)
+
+        def __getitem__(self, i: int) -> dict:
+            return {k: v for k, v in codes[i].items() if k != "index"}
+
+    for data in (codes, Plain()):
+        trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data,
+                          config=TrainConfig(epochs=1, batch_size=2), progress=False)
+        assert trainer.fit()["step"] == 2
+        trainer.close()

@@ -41,6 +41,9 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
     tokenized, no rows, class ids beyond the labels)."""
     if is_hf_dataset(data):
         return from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+    refusal = _not_yet_a_dataset(data)
+    if refusal:
+        raise DataError(f"{what} data is {refusal}")
     if isinstance(data, list | tuple) and data and isinstance(data[0], str):
         raise DataError(f"{what} data is a list of texts: tokenize it first, with "
                         "TokenizedDataset.from_texts(texts, labels, tokenizer, max_length) "
@@ -56,9 +59,51 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
     if isinstance(data, TokenizedDataset | list | tuple) and len(data) == 0:
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
                         "(eval_data=None)" if scored else f"the {what} set holds no rows")
-    if isinstance(data, TokenizedDataset | RowList) and kind.has_classes and label_names:
-        check_class_targets(np.asarray(data.labels), label_names, what)
+    if isinstance(data, TokenizedDataset | RowList):
+        check_targets(np.asarray(data.labels), kind, label_names, what)
     return data
+
+
+def _not_yet_a_dataset(data: Any) -> str:
+    """What a common container of texts is, and how it becomes a dataset; "" for any other."""
+    name = type(data).__name__
+    tokenize = "or tokenize it (TokenizedDataset.from_texts(texts, labels, tokenizer, max_length))"
+    if type(data).__module__.startswith("pandas."):
+        return f"a pandas {name}: give datasets.Dataset.from_pandas(df) and tokenizer=, {tokenize}"
+    if name in ("DatasetDict", "IterableDatasetDict"):
+        return f"a {name} of the splits {list(data)}: give one split, e.g. data['train']"
+    if isinstance(data, list | tuple) and data and isinstance(data[0], dict) \
+            and "input_ids" not in data[0]:
+        return (f"a list of rows with the keys {sorted(data[0])}, not yet tokenized: give "
+                f"datasets.Dataset.from_list(rows) and tokenizer=, {tokenize}")
+    if isinstance(data, tuple) and len(data) in (2, 3) and all(
+            isinstance(part, list | tuple) or hasattr(part, "__array__") for part in data):
+        return f"a tuple of {len(data)} columns: {tokenize}"
+    return ""
+
+
+def check_targets(targets: np.ndarray, kind: TaskKind, label_names: Sequence[str],
+                  what: str) -> None:
+    """Targets of the kind's shape, checked now, not as a torch error in the first step: one
+    whole class id a row (single-label), a 0/1 row (multi-label), a finite score (regression)."""
+    if not targets.size:
+        return
+    if not kind.has_classes:
+        bad = np.flatnonzero(~np.isfinite(targets.astype(np.float64)).reshape(len(targets), -1)
+                             .all(axis=1))
+        if bad.size:
+            raise DataError(f"{what} data: row index {bad[0]} has the score {targets[bad[0]]}, "
+                            "not a finite number; drop the row or give it its score")
+        return
+    shape = "a 0/1 row, one column a label" if kind.empty_label_ok else "one class id a row"
+    if targets.ndim != (2 if kind.empty_label_ok else 1):
+        raise DataError(f"{what} data: its targets are {targets.ndim}-D ({targets.shape}); a "
+                        f"{kind.name.replace('_', '-')} task takes {shape}")
+    if not kind.empty_label_ok and targets.dtype.kind == "f":  # (cross-entropy takes ints)
+        raise DataError(f"{what} data: its class ids are floats ({targets[0]}, ...); a "
+                        "single-label task takes ints 0 to n-1 (e.g. labels.astype(int))")
+    if label_names:
+        check_class_targets(targets, label_names, what)
 
 
 class RowList(Dataset):

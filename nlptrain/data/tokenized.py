@@ -88,6 +88,12 @@ class TokenizedDataset(Dataset):
             raise DataError(f"{what}: {len(texts)} texts, {len(labels)} labels"
                             f"{'' if pairs is None else f', {len(pairs)} second texts'}: give one "
                             "of each a row")
+        for side, column in (("text", texts), ("second text", pairs or ())):
+            bad = next((i for i, text in enumerate(column)
+                        if not isinstance(text, str) or not text.strip()), None)
+            if bad is not None:  # else the tokenizer's TypeError, with no row to look at
+                raise DataError(f"{what}: the {side} at row index {bad} is "
+                                f"{column[bad]!r}, not a text; drop the row or give it one")
         pieces, type_pieces, lengths, truncated = [], [], [], 0
         typed = pairs is not None and uses_type_ids(tokenizer)
         last_report = time.perf_counter()
@@ -183,12 +189,16 @@ class Collator:
             mask[i, :n] = 1
             if type_ids is not None:
                 type_ids[i, :n] = row["token_type_ids"]
+        labels = np.stack([np.asarray(r["labels"]) for r in rows])
         batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask),
-            "labels": torch.from_numpy(np.stack([np.asarray(r["labels"]) for r in rows])),
-            "index": torch.tensor([r["index"] for r in rows], dtype=torch.long),
+            # The losses' types whatever a user's rows hold (int8 category codes, float64 scores).
+            "labels": torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f"
+                                                     else np.int64, copy=False)),
         }
+        if "index" in rows[0]:  # the row's place, which evaluation gathers by; training needs none
+            batch["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.long)
         if type_ids is not None:
             batch["token_type_ids"] = torch.from_numpy(type_ids)
         return batch
