@@ -21,7 +21,7 @@ import torch
 
 from nlptrain import distributed, kinds, losses, models, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.config import TaskConfig, file_spec
+from nlptrain.config import TaskConfig, file_spec, validate
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
@@ -87,6 +87,7 @@ def collator(tokenizer: Any, task: TaskConfig) -> Collator:
 
 def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict[str, Any]:
     """Fine-tune per `task`; returns {"valid": metrics, "test": metrics} (None where absent)."""
+    validate(task, f"task {task.name}")  # (a TaskConfig built in Python was never checked)
     if opts.resume and opts.output_dir:  # a resume that cannot fit is refused before any data is read
         dist.on_main(lambda: check_resume(Path(opts.output_dir), task.to_dict()))
     tokenizer = load_tokenizer(task.model.name)
@@ -310,6 +311,7 @@ def settings_line(task: TaskConfig) -> str:
 def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Backend,
              use_cache: bool = True) -> dict[str, Any]:
     """Metrics of a saved model on one split of the task, single or multi-process alike."""
+    validate(task, f"task {task.name}")
     tokenizer = load_tokenizer(model_dir)
     model = load_saved_model(model_dir)
     check_max_length(model, task.model.max_length, f"task {task.name} [model]")

@@ -67,3 +67,18 @@ def test_a_task_file_without_a_name_is_named_after_the_file(toy_task):
     nameless.write_text(toy_task.read_text().replace('name = "toy"', ""))
     assert resolve_task(build_parser().parse_args(["train", "--task", str(nameless)])).name == "reviews-2026"
     assert resolve_task(build_parser().parse_args(["train", "--task", str(toy_task)])).name == "toy"
+
+
+def test_a_task_built_in_python_is_checked_as_a_task_file_is(tmp_path) -> None:
+    """recipe.train took a TaskConfig made in Python unchecked: a misspelt kind was a KeyError,
+    a label named twice failed at the end of the run, in the plots."""
+    from nlptrain import recipe
+    from nlptrain.config import DataConfig, TaskConfig
+    from nlptrain.distributed import SingleProcess
+
+    for data, message in ((DataConfig(kind="multilabel"), "kind"),
+                          (DataConfig(labels=["neg", "pos", "pos"]), "'pos' named more than once")):
+        task = TaskConfig(name="mine", data=data)
+        with pytest.raises(ConfigError, match=f"^task mine: .*{message}"):
+            recipe.train(task, recipe.RunOptions(output_dir=str(tmp_path / "run")), SingleProcess())
+        assert not (tmp_path / "run").exists()
