@@ -31,11 +31,17 @@ from nlptrain.config import DATA_ORDER_KEYS
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
 from nlptrain.errors import CheckpointError
-from nlptrain.integrity import file_checksums, pick_checkpoint, read_meta, verify_checkpoint
+from nlptrain.integrity import (
+    PREFIX,
+    file_checksums,
+    pick_checkpoint,
+    read_meta,
+    step_folders,
+    verify_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
-PREFIX = "step-"
 
 
 def rng_state() -> dict[str, Any]:
@@ -133,14 +139,6 @@ def prune_checkpoints(newest: Path, keep: int) -> None:
 def list_checkpoints(folder: Path) -> list[Path]:
     """Complete checkpoints in `folder`, oldest first (temporary folders are not complete)."""
     return [p for p in step_folders(folder) if (p / "meta.json").is_file()]
-
-
-def step_folders(folder: Path) -> list[Path]:
-    """Every `step-N` folder in `folder`, complete or not, oldest first; a copy of one under
-    another name (`step-00000300-backup`) is none of nlptrain's and is left alone."""
-    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir()
-             and re.fullmatch(rf"{PREFIX}\d+", p.name)] if folder.is_dir() else []
-    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
 def latest_whole_checkpoint(folder: Path, dist: Backend) -> Path | None:

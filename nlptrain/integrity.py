@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -68,6 +69,17 @@ def verify_checkpoint(folder: Path) -> str | None:
         if _sha256(path) != expected["sha256"]:
             return f"{path}: damaged (checksum mismatch)"
     return None
+
+
+PREFIX = "step-"
+
+
+def step_folders(folder: Path) -> list[Path]:
+    """Every `step-N` folder in `folder`, complete or not, oldest first; a copy of one under
+    another name (`step-00000300-backup`, a set-aside branch) is none to resume, and left alone."""
+    found = [p for p in folder.glob(f"{PREFIX}*") if p.is_dir()
+             and re.fullmatch(rf"{PREFIX}\d+", p.name)] if folder.is_dir() else []
+    return sorted(found, key=lambda p: int(p.name[len(PREFIX):]))
 
 
 def pick_checkpoint(folders: Sequence[Path]) -> tuple[Path | None, list[str]]:

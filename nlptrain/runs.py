@@ -18,7 +18,7 @@ from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig, task_from_
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import CheckpointError, ConfigError
-from nlptrain.integrity import whole_weights_refusal
+from nlptrain.integrity import pick_checkpoint, step_folders, whole_weights_refusal
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
@@ -303,9 +303,9 @@ def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) ->
     """Refuse a resume under FSDP2 (fsdp on several processes) of a run whose newest checkpoint
     holds whole weights, before anything is written: else the refused strategy would stay in
     config.json, and the next plain --resume would be refused too."""
-    steps = sorted((folder / "checkpoints").glob("step-*[0-9]"))
-    if steps and train.get("strategy") == "fsdp" and world_size > 1:
-        refusal = whole_weights_refusal(steps[-1], world_size)
+    newest, _ = pick_checkpoint(step_folders(folder / "checkpoints"))  # the one a resume takes
+    if newest is not None and train.get("strategy") == "fsdp" and world_size > 1:
+        refusal = whole_weights_refusal(newest, world_size)
         if refusal is not None:
             raise CheckpointError(refusal)
 

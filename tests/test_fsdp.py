@@ -22,6 +22,7 @@ from strategy_workers import (
 )
 
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
+from nlptrain.errors import CheckpointError
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.models import load_model
 
@@ -215,3 +216,26 @@ def test_a_resume_fsdp_cannot_load_is_refused_and_leaves_the_run_as_it_was(toy_t
     assert (run / "config.json").read_text() == recorded
     again = run_cli(["train", "--output-dir", str(run), "--resume", "--max-steps", "3"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
+
+
+def test_the_fsdp_resume_check_looks_at_the_checkpoint_a_resume_takes(tmp_path):
+    """A set-aside branch (step-N-set-aside-TIME) sorts after the checkpoints by name, and a
+    damaged newest one is skipped by the resume: neither is what the check must look at."""
+    from nlptrain.integrity import META, SHARDS
+    from nlptrain.runs import check_strategy_fits
+
+    checkpoints = tmp_path / "checkpoints"
+    sharded = checkpoints / "step-00000010"
+    (sharded / SHARDS).mkdir(parents=True)
+    (sharded / META).write_text("{}")
+    aside = checkpoints / "step-00000020-set-aside-20260101-120000"
+    aside.mkdir()
+    (aside / "model.safetensors").write_bytes(b"whole")
+    (aside / META).write_text("{}")
+    damaged = checkpoints / "step-00000030"  # whole weights, but no meta.json: never resumed
+    damaged.mkdir()
+    (damaged / "model.safetensors").write_bytes(b"whole")
+    check_strategy_fits(tmp_path, {"strategy": "fsdp"}, world_size=2)  # the step-10 shards: fits
+    (sharded / SHARDS).rmdir()
+    with pytest.raises(CheckpointError, match=r"step-00000010: holds whole weights"):
+        check_strategy_fits(tmp_path, {"strategy": "fsdp"}, world_size=2)
