@@ -300,6 +300,22 @@ def test_a_parquet_input_without_its_suffix_is_read_when_the_format_is_named(
         ("A7", "great film"), ("B9", "awful")]
 
 
+@pytest.mark.parametrize(("content", "fmt", "other"), [
+    ('{"text": "great film", "id": 7}\n', "tsv", "jsonl"),  # one cell
+    ('{"text": "great film", "id": 7}\n', "csv", "jsonl"),  # split at the JSON's comma
+    ("text,id\ngreat film,7\n", "tsv", "csv"),
+])
+def test_an_input_read_in_another_format_names_predicts_own_option(
+        tmp_path: Path, tiny_model_dir: Path, capsys, content, fmt, other) -> None:
+    """predict has no --set: its hint was the task's '--set data.<...>.format=...'."""
+    (tmp_path / "in.txt").write_text(content)
+    assert main(["predict", "--model", str(tiny_model_dir), "--input", str(tmp_path / "in.txt"),
+                 "--input-format", fmt]) == 1
+    err = capsys.readouterr().err
+    assert f"is the file {other}? Give --input-format {other}; or name the text column" in err, err
+    assert "--set" not in err
+
+
 @pytest.mark.parametrize("content, name, says", [
     ("id\ttext\nA7\tgreat\n", "in.tsv", r"in\.tsv:1: no kept column 'idx' in the header "
                                         r"\['id', 'text'\]; check --keep-columns"),

@@ -19,6 +19,8 @@ from nlptrain.data.parquet import parquet_rows  # (pyarrow is imported only when
 from nlptrain.data.rows import TASK_FIX, Roles, Row, checked_row, column_fix, role_text, roles_of
 from nlptrain.errors import DataError
 
+# Where a file's format is said, for a file read in another than its own.
+TASK_FORMAT_FIX = "Say so in its own table (--set data.<train|valid|test>.format={format})"
 FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
                      ".parquet": "parquet"}
 
@@ -84,7 +86,8 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
             yield number, text
 
 
-def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str) -> int:
+def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str,
+            format_fix: str = "") -> int:
     if isinstance(name, int):
         return name
     if header is None:
@@ -92,11 +95,11 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
                         f"give a 0-based column index or set header = true")
     if name not in header:
         one = header[0] if len(header) == 1 else ""
-        other = "jsonl" if one.lstrip().startswith("{") else "csv" if "," in one else \
+        other = "jsonl" if header[0].lstrip().startswith("{") else "csv" if "," in one else \
             "tsv" if "\t" in one else ""
-        if other:  # one cell holding a whole line: the file is read in another format than its own
-            fix = (f"the header is one cell: is the file {other}? Say so in its own table "
-                   f"(--set data.<train|valid|test>.format={other}); or {fix}")
+        if other:  # a whole line in one cell, or JSON split at its commas: another format
+            fix = (f"the header is {'one cell' if one else 'a JSON object'}: is the file "
+                   f"{other}? {format_fix.format(format=other)}; or {fix}")
         raise DataError(f"{path}:1: no {role} column '{name}' in the header {header}; {fix}")
     if header.count(name) > 1:  # which one is meant cannot be told
         raise DataError(f"{path}:1: the header names {header.count(name)} columns '{name}' "
@@ -113,7 +116,8 @@ def quoted_cells_hint(row: list[str], quoting: int) -> str:
 
 
 def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: str,
-                empty_label_ok: bool, label_values: Sequence[str] = ()) -> Iterator[Row]:
+                empty_label_ok: bool, label_values: Sequence[str] = (),
+                format_fix: str = "") -> Iterator[Row]:
     """TSV (no quoting: text may hold quotes) or CSV (standard quoting; a row may span lines)."""
     line_of_row: list[int] = []
 
@@ -147,7 +151,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                                 "the first")
             if not columns:
                 columns = {role: _column(name, header, path, role_text(role),
-                                         column_fix(fix, role))
+                                         column_fix(fix, role), format_fix)
                            for role, name in roles}
                 if header is not None:
                     label = columns.get("label")
@@ -217,7 +221,8 @@ def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[st
 
 def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] = (),
               what: str = "data", labelled: bool = True, fix: str = TASK_FIX,
-              empty_label_ok: bool = False, keep: Sequence[str | int] = ()) -> Iterator[Row]:
+              empty_label_ok: bool = False, keep: Sequence[str | int] = (),
+              format_fix: str = TASK_FORMAT_FIX) -> Iterator[Row]:
     """Every row of one [data] entry in file order, read lazily; errors name file and line.
     For format 'lines' (a path with {label}), one file per label value, one text a line.
     `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row). `keep`:
@@ -239,7 +244,7 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
             rows = parquet_rows(path, roles, fix, empty_label_ok)
         else:
             rows = _table_rows(path, spec, "\t" if fmt == "tsv" else ",", roles, fix,
-                               empty_label_ok, label_values)
+                               empty_label_ok, label_values, format_fix)
         for row in rows:
             empty = False
             yield row
@@ -322,6 +327,7 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
     fix = "name the {role} column with --{flag}-column"
     if fmt in ("tsv", "csv") and text_pair_column == "":  # (no pairs in a file of lines)
         fix += " (a file of one text a line, no header: --input-format lines)"
-    for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep):
+    for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep,
+                         format_fix="Give --input-format {format}"):
         out.add(row)
     return out
