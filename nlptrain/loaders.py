@@ -106,7 +106,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
     agreed = dist.agree_min(local)
     if agreed == 0 and progress.batch_in_epoch == 0:  # else the run would "finish" untrained
-        raise every_rank(ConfigError(_no_batches(loader, config, dist.world_size)))
+        raise every_rank(ConfigError(_no_batches(loader, config, dist)))
     if agreed < local:
         log.warning("rank %d: dropping %d of its %d batches this epoch so that every rank "
                     "takes %d (the shortest shard's count)", dist.rank, local - agreed,
@@ -131,15 +131,17 @@ def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]
     return itertools.islice(batches, agreed)
 
 
-def _no_batches(loader: Any, config: TrainConfig, world_size: int) -> str:
-    text = "the training data makes no batch" + (" on some rank" if world_size > 1 else "")
+def _no_batches(loader: Any, config: TrainConfig, dist: Backend) -> str:
+    """Why no rank has a batch (every rank calls this, and says the same: one more agreement)."""
+    many = dist.world_size > 1
+    text = "the training data makes no batch" + (" on some rank" if many else "")
     sampler = getattr(loader, "sampler", None)
-    rows = len(sampler) if hasattr(sampler, "__len__") else None
-    if config.drop_last and not config.max_tokens and rows is not None:
-        has = "each rank gets" if world_size > 1 else "it has"
-        fewer = ", run fewer processes" if world_size > 1 else ""
-        return (f"{text}: drop_last drops every batch, as {has} {rows} row(s), fewer than "
-                f"batch_size {config.batch_size}; lower batch_size{fewer} or leave drop_last off")
+    rows = dist.agree_min(len(sampler) if hasattr(sampler, "__len__") else -1)  # the fewest
+    if config.drop_last and not config.max_tokens and rows >= 0:
+        has = f"a rank gets {rows} row(s)" if many else f"it has {rows} row(s)"
+        fewer = ", run fewer processes" if many else ""
+        return (f"{text}: drop_last drops every batch, as {has}, fewer than batch_size "
+                f"{config.batch_size}; lower batch_size{fewer} or leave drop_last off")
     return f"{text}: is the training set empty?"
 
 

@@ -338,7 +338,7 @@ def test_drop_last_that_drops_every_batch_is_one_error_not_an_untrained_run(toy_
                    "--drop-last", "--batch-size", "128", "--nproc", "2"], tmp_path)
     assert out.returncode == 1, out.stderr[-2000:]
     assert out.stderr.count("the training data makes no batch on some rank: drop_last drops every "
-                            "batch, as each rank gets 80 row(s), fewer than batch_size 128; lower "
+                            "batch, as a rank gets 80 row(s), fewer than batch_size 128; lower "
                             "batch_size, run fewer processes or leave drop_last off") == 1, out.stderr
     assert not (tmp_path / "run" / "model").exists()
 

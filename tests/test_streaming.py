@@ -90,15 +90,19 @@ def test_batches_per_rank():
     assert batches_per_rank(10, 3, 0, 4) == [1, 1, 1]
 
 
-@pytest.mark.parametrize("batch_size, cure", [(2, "lower batch_size"), (1, "run fewer processes")])
-def test_too_few_rows_for_the_ranks_names_a_cure_that_is_left(tmp_path, tokenizer, batch_size, cure):
-    """2 rows on 3 ranks: a smaller batch cures it while there is one; at 1 row a batch, only
-    fewer ranks do. Every rank counts the same rows: the error is said once (rank 0)."""
-    write_toy_tsv(tmp_path / "two.tsv", 2)
-    data = stream(tmp_path / "two.tsv", tokenizer, 0, 3)
+@pytest.mark.parametrize(("rows", "batch_size", "grad_accum", "cure"), [
+    (2, 2, 1, "run fewer processes"), (2, 1, 1, "run fewer processes"),
+    (6, 2, 3, "lower batch_size or grad_accum")])
+def test_too_few_rows_for_the_ranks_names_a_cure_that_is_left(tmp_path, tokenizer, rows,
+                                                              batch_size, grad_accum, cure):
+    """2 rows on 3 ranks: no smaller batch gives every rank a row, only fewer ranks do (a lower
+    batch_size was named); 6 rows, 2 a rank: smaller steps do. Every rank counts the same rows:
+    the error is said once (rank 0)."""
+    write_toy_tsv(tmp_path / "few.tsv", rows)
+    data = stream(tmp_path / "few.tsv", tokenizer, 0, 3)
     three_ranks = SimpleNamespace(world_size=3, is_main=True, on_main=lambda fn: fn())
-    with pytest.raises(ConfigError, match=f"2 rows are too few for 3 rank.*; {cure}$") as refused:
-        prepare_stream(data, TrainConfig(batch_size=batch_size), three_ranks)
+    with pytest.raises(ConfigError, match=f"{rows} rows are too few for 3 rank.*; {cure}$") as refused:
+        prepare_stream(data, TrainConfig(batch_size=batch_size, grad_accum=grad_accum), three_ranks)
     assert refused.value.raised_on_every_rank
 
 

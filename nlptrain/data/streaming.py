@@ -225,7 +225,9 @@ def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Backend
     if steps < 1:
         cures = [cure for cure, needed in (("batch_size", config.batch_size > 1),
                                            ("grad_accum", config.grad_accum > 1)) if needed]
-        cure = f"lower {' or '.join(cures)}" if cures else "run fewer processes"
+        # Fewer rows than readers: no smaller batch makes a step for every rank.
+        row_each = min(batches_per_rank(rows, dist.world_size, config.num_workers, 1, False)) > 0
+        cure = f"lower {' or '.join(cures)}" if cures and row_each else "run fewer processes"
         raise every_rank(ConfigError(
             f"{dataset.spec.path}: {rows} rows are too few for {dist.world_size} rank(s) x "
             f"{config.grad_accum} batches of {config.batch_size}; {cure}"))
