@@ -8,7 +8,7 @@ same step (the schedule is a function of the step or epoch), and then wraps the 
 above them, DDP does not all-reduce them, and AdamW skips them (no update, no weight decay), so
 they stay bit-identical. The optimizer holds every parameter from the start; its state for a
 frozen one simply waits. A parameter frozen before training (by your code) stays frozen: this
-callback unfreezes only what it froze.
+callback unfreezes only what it froze, and leaves what your code changes during training as it is.
 
 The schedule comes from the step (or epoch) alone, so a resume from any checkpoint freezes the
 same blocks again; the count frozen is also saved in checkpoints, for the record.
@@ -38,7 +38,7 @@ class Freeze(Callback):
             raise ValueError("Freeze(until >= 1, unit='steps' | 'epochs')")
         self.until, self.unit, self.gradual = until, unit, gradual
         self.frozen = -1  # blocks frozen now, counted from the bottom (-1: not applied yet)
-        self.kept_frozen: set[int] = set()  # ids of the parameters frozen before training
+        self.frozen_here: set[int] = set()  # ids of the parameters this callback froze
 
     def frozen_blocks(self, done: int, blocks: int) -> int:
         """How many blocks (from the embeddings up) are frozen after `done` steps or epochs."""
@@ -54,15 +54,18 @@ class Freeze(Callback):
             return
         for index, block in enumerate(blocks):
             for param in block.parameters():
-                param.requires_grad_(index >= frozen and id(param) not in self.kept_frozen)
-                if index < frozen:
+                if index < frozen and param.requires_grad:  # frozen here: to unfreeze later
+                    param.requires_grad_(False)
                     param.grad = None
+                    self.frozen_here.add(id(param))
+                elif index >= frozen and id(param) in self.frozen_here:
+                    param.requires_grad_(True)
+                    self.frozen_here.discard(id(param))
         self.frozen = frozen
         trainer.rewrap_model()  # every rank at this same step: DDP registers the new set
 
     # Between steps only: gradients are zeroed, no backward is under way.
     def on_train_start(self, trainer: Trainer) -> None:
-        self.kept_frozen = {id(p) for p in trainer.unwrapped_model.parameters() if not p.requires_grad}
         self.apply(trainer)
 
     def on_epoch_start(self, trainer: Trainer) -> None:
@@ -73,8 +76,10 @@ class Freeze(Callback):
             self.apply(trainer)
 
     def on_train_end(self, trainer: Trainer) -> None:
-        for param in trainer.unwrapped_model.parameters():  # as it came: trainable but the kept
-            param.requires_grad_(id(param) not in self.kept_frozen)
+        for param in trainer.unwrapped_model.parameters():  # what this callback froze, and no more
+            if id(param) in self.frozen_here:
+                param.requires_grad_(True)
+        self.frozen_here.clear()
         self.frozen = -1
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:

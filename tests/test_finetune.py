@@ -187,17 +187,20 @@ def test_what_you_froze_before_training_trains_once_you_unfreeze_it_and_freeze_k
                 embeddings.requires_grad_(True)
 
     train, test = toy_sets(tmp_path, tiny_model_dir)
-    for callback, trains in ((UnfreezeInEpoch2(), True), (Freeze(1, "steps"), False)):
+    # With both, yours wins: Freeze neither freezes it again when it unfreezes its blocks, nor
+    # at the end of training.
+    for callbacks, trains in (([UnfreezeInEpoch2()], True), ([Freeze(1, "steps")], False),
+                              ([Freeze(1, "steps"), UnfreezeInEpoch2()], True)):
         model = tiny_model(tiny_model_dir)
         embeddings = model.bert.embeddings.word_embeddings.weight
         embeddings.requires_grad_(False)
         before = embeddings.detach().clone()
         record = RecordSteps()
-        Trainer(model, train, test, callbacks=[callback, record],
+        Trainer(model, train, test, callbacks=[*callbacks, record],
                 config=TrainConfig(epochs=2, batch_size=6, lr=1e-2, scheduler="constant")).fit()
         name = "bert.embeddings.word_embeddings.weight"
         assert torch.equal(record.weights[4][name], before)  # epoch 1: frozen
-        assert torch.equal(embeddings.detach(), before) is not trains, type(callback).__name__
+        assert torch.equal(embeddings.detach(), before) is not trains, callbacks
         assert embeddings.requires_grad is trains
 
 
