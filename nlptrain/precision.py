@@ -28,7 +28,7 @@ import torch
 
 from nlptrain.checkpoint import saved_precision
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, every_rank
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -104,7 +104,7 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
                                  "in the run's precision")
     elif pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
         if pinned not in ("fp32", "bf16"):
-            raise ConfigError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16, or unset it")
+            raise every_rank(ConfigError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16, or unset it"))
         choice = PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
     elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
         choice = PrecisionChoice("auto", "fp32", "this GPU has no bf16")

@@ -60,8 +60,9 @@ def test_the_pin_replaces_the_probe(monkeypatch):
     assert choose("auto", torch.device("cpu")).record() == {
         "requested": "auto", "chosen": "bf16", "reason": f"pinned by {PIN_VARIABLE}", "probe": {}}
     monkeypatch.setenv(PIN_VARIABLE, "fp16")
-    with pytest.raises(ConfigError, match="use fp32 or bf16"):  # one line, not a traceback
+    with pytest.raises(ConfigError, match="use fp32 or bf16") as refused:  # one line
         choose("auto", torch.device("cpu"))
+    assert refused.value.raised_on_every_rank  # (each rank reads the same environment: said once)
 
 
 def _choose_with_a_pin_of_its_own(rank: int, world: int) -> str:

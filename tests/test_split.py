@@ -112,7 +112,7 @@ def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):
         split_task(toy_task(tmp_path, "bad.tsv"), tmp_path / "bad", 2)
     assert not (tmp_path / "bad").exists()  # nothing half-written is left under the name
     (tmp_path / "two.tsv").write_text("text\tlabel\nfine\tpos\npoor\tneg\n", encoding="utf-8")
-    with pytest.raises(DataError, match=r"2 row\(s\), too few for 3 per-rank files"):
+    with pytest.raises(DataError, match=r"two\.tsv: holds 2 row\(s\), too few for 3 per-rank files"):
         split_task(toy_task(tmp_path, "two.tsv"), tmp_path / "three", 3)  # a rank would get none
     assert not (tmp_path / "three").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

@@ -148,8 +148,11 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
         raise ConfigError(f"--by {by}: choose rows (round-robin) or size (balance characters)")
     labels: set[str] = set()
 
+    sources: dict[str, None] = {}  # the files read, in order: named by the errors
+
     def lines() -> Iterable[str]:
         for row in rows:
+            sources.setdefault(row.path)
             labels.update(kind.label_values(row.label))
             if len(labels) > MAX_LABELS:
                 raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
@@ -169,10 +172,11 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
                 parts.write(line)
     finally:
         parts.close()
+    source = ", ".join(sources) or "the input"
     if not sum(parts.rows):
-        raise DataError("the input holds no rows")
+        raise DataError(f"{source}: holds no rows")
     if not all(parts.rows):  # a rank with no rows could not train: refused now, not at the run
-        raise DataError(f"the input holds {sum(parts.rows)} row(s), too few for {world_size} "
+        raise DataError(f"{source}: holds {sum(parts.rows)} row(s), too few for {world_size} "
                         f"per-rank files (each needs one at least); split for fewer ranks")
     infos = [{"file": name, "rows": n, "bytes": (folder / name).stat().st_size,
               "checksum": file_digest([folder / name])} for name, n in zip(parts.names, parts.rows,
