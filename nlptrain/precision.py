@@ -28,7 +28,7 @@ import torch
 
 from nlptrain.checkpoint import saved_precision
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, every_rank
+from nlptrain.errors import ConfigError
 
 log = logging.getLogger(__name__)
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -97,36 +97,42 @@ def choose(requested: str, device: torch.device, dist: Backend | None = None,
         if requested == "fp16" and device.type == "cpu" and (dist is None or dist.is_main):
             warn_if_fp16_is_slow_here()
         return PrecisionChoice(requested, requested, "asked for")
+    # Rank 0 decides (its probe, its pin, its GPU) and every rank takes its choice: a
+    # mistake in the pin is then said once, and ranks never train in two precisions.
+    choice = dist.on_main(lambda: _auto(device, resumed_from, job_step)) if dist is not None \
+        else _auto(device, resumed_from, job_step)
+    log.info("precision auto: %s (%s)", choice.precision, choice.reason)
+    return choice
+
+
+def _auto(device: torch.device, resumed_from: Path | None,
+          job_step: Callable[[], JobStep | None] | None) -> PrecisionChoice:
+    """What "auto" picks here (see `choose`)."""
     kept = saved_precision(resumed_from) if resumed_from is not None else None
-    pinned = os.environ.get(PIN_VARIABLE, "")
     if kept:  # the run goes on as it began, whatever this machine would pick now
-        choice = PrecisionChoice("auto", kept, f"kept from {resumed_from.name}: a resume goes on "
-                                 "in the run's precision")
-    elif pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
+        return PrecisionChoice("auto", kept, f"kept from {resumed_from.name}: a resume goes on in "
+                               "the run's precision")
+    pinned = os.environ.get(PIN_VARIABLE, "")
+    if pinned:  # e.g. a test suite whose expected numbers are fp32's, on any CPU
         if pinned not in ("fp32", "bf16"):
-            raise every_rank(ConfigError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16, or unset it"))
-        choice = PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
-    elif device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        choice = PrecisionChoice("auto", "fp32", "this GPU has no bf16")
-    elif device.type == "cuda":
+            raise ConfigError(f"{PIN_VARIABLE}={pinned!r}: use fp32 or bf16, or unset it")
+        return PrecisionChoice("auto", pinned, f"pinned by {PIN_VARIABLE}")
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return PrecisionChoice("auto", "fp32", "this GPU has no bf16")
+    if device.type == "cuda":
         step = job_step() if job_step is not None else None
         name = torch.cuda.get_device_name(device)
         # No step to time (evaluation; an iterable train set): bf16's matmuls are the faster.
-        choice = (choose_by_step(step, device, name) if step is not None else
-                  PrecisionChoice("auto", "bf16", f"{name} supports bf16"))
-    elif device.type == "cpu":
+        return choose_by_step(step, device, name) if step is not None else \
+            PrecisionChoice("auto", "bf16", f"{name} supports bf16")
+    if device.type == "cpu":
         probe = probe_cpu()
         faster = probe["bf16_speedup"] >= CLEARLY_FASTER
-        choice = PrecisionChoice(
+        return PrecisionChoice(
             "auto", "bf16" if faster else "fp32",
             f"bf16 matmuls {probe['bf16_speedup']:.2f}x fp32 on this CPU ({probe['bf16_ms']:.2f} "
             f"vs {probe['fp32_ms']:.2f} ms; bf16 needs >= {CLEARLY_FASTER}x)", probe)
-    else:
-        choice = PrecisionChoice("auto", "fp32", f"no probe for {device.type}")
-    if dist is not None and dist.world_size > 1:
-        choice = dist.broadcast_object(choice)
-    log.info("precision auto: %s (%s)", choice.precision, choice.reason)
-    return choice
+    return PrecisionChoice("auto", "fp32", f"no probe for {device.type}")
 
 
 def for_scoring(requested: str, trained_in: str | None, device: torch.device,

@@ -60,9 +60,8 @@ def test_the_pin_replaces_the_probe(monkeypatch):
     assert choose("auto", torch.device("cpu")).record() == {
         "requested": "auto", "chosen": "bf16", "reason": f"pinned by {PIN_VARIABLE}", "probe": {}}
     monkeypatch.setenv(PIN_VARIABLE, "fp16")
-    with pytest.raises(ConfigError, match="use fp32 or bf16") as refused:  # one line
+    with pytest.raises(ConfigError, match="use fp32 or bf16"):  # one line, not a traceback
         choose("auto", torch.device("cpu"))
-    assert refused.value.raised_on_every_rank  # (each rank reads the same environment: said once)
 
 
 def _choose_with_a_pin_of_its_own(rank: int, world: int) -> str:
@@ -76,9 +75,29 @@ def _choose_with_a_pin_of_its_own(rank: int, world: int) -> str:
         dist.close()
 
 
+def _choose_with_a_bad_pin_on(rank: int, world: int, bad_rank: int) -> str:
+    from nlptrain import distributed
+
+    os.environ[PIN_VARIABLE] = "fp16" if rank == bad_rank else "fp32"
+    dist = distributed.from_env()
+    try:
+        return choose("auto", torch.device("cpu"), dist).precision
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+    finally:
+        dist.close()
+
+
 @pytest.mark.distributed
 def test_every_rank_takes_rank_0s_choice_even_a_pinned_one(tmp_path):
     assert run_ranks(_choose_with_a_pin_of_its_own, 2, tmp_path) == ["fp32", "fp32"]
+    # Rank 0 alone decides: another rank's pin is never read (it stopped that rank alone, and
+    # rank 0 waited), and a bad pin on rank 0 is its error, the others told that rank 0 failed.
+    assert run_ranks(_choose_with_a_bad_pin_on, 2, tmp_path, 1) == [
+        "fp32", "fp32"]
+    said = run_ranks(_choose_with_a_bad_pin_on, 2, tmp_path, 0)
+    assert said[0] == "ConfigError: NLPTRAIN_AUTO_PRECISION='fp16': use fp32 or bf16, or unset it"
+    assert said[1].startswith("RemoteRankError: rank 0 failed: ConfigError"), said
 
 
 def test_the_trainer_trains_in_the_chosen_precision_and_says_so(tiny_model_dir, caplog, monkeypatch):
