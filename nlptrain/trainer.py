@@ -82,8 +82,8 @@ class Trainer(ProgressCounters):
         self.kind.check(self.label_names, "" if metrics else self.metric_for_best, "Trainer")
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer
-        train_data, eval_data = (self._as_dataset(data, what) for data, what in
-                                 ((train_data, "train"), (eval_data, "valid")))
+        self.train_data = train_data = self._as_dataset(train_data, "train")
+        eval_data = self._as_dataset(eval_data, "valid")
         pad_id = getattr(model_config, "pad_token_id", None) or 0
         self.collate = collate or Collator(pad_id, multiple=config.pad_to_multiple_of,
                                            limit=models.usable_positions(model))
@@ -302,8 +302,10 @@ class Trainer(ProgressCounters):
         return loader
 
     def _as_dataset(self, data: Any, what: str) -> Any:
-        """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is."""
-        return as_dataset(data, self.tokenizer, self.label_names, self.kind, what)
+        """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An
+        evaluation set must hold what the train set holds: pairs, or single texts."""
+        like = getattr(self, "train_data", None) if what != "train" else None
+        return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like)
 
     @property
     def window_size(self) -> int:

@@ -300,3 +300,18 @@ def test_class_ids_of_any_integer_type_train_and_a_dataset_without_index_too(tin
                           config=TrainConfig(epochs=1, batch_size=2), progress=False)
         assert trainer.fit()["step"] == 2
         trainer.close()
+
+
+def test_single_texts_to_score_a_model_of_pairs_are_refused(tiny_model_dir, tokenizer):
+    """Validation then scored the first text alone, silently."""
+    texts, labels = ["a cat sat", "a dog ran"], [0, 1]
+    pairs = TokenizedDataset.from_texts(texts, labels, tokenizer, 16, pairs=["it sat", "it ran"])
+    single = TokenizedDataset.from_texts(texts, labels, tokenizer, 16)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    with pytest.raises(DataError, match=r"^the valid set holds single texts, the train set text "
+                                        r"pairs: the model would score other inputs"):
+        Trainer(model, pairs, single, config=TrainConfig(epochs=1), progress=False)
+    trainer = Trainer(model, pairs, pairs, config=TrainConfig(epochs=1), progress=False)
+    with pytest.raises(DataError, match=r"^the eval set holds single texts, the train set text "):
+        trainer.evaluate(single)
+    trainer.close()

@@ -35,12 +35,14 @@ def is_hf_dataset(data: Any) -> bool:
 
 
 def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: TaskKind,
-               what: str) -> Any:
+               what: str, like: Any = None) -> Any:
     """`data` tokenized when it is a `datasets.Dataset` (default columns), else as it is; what is
     plainly wrong is refused now, not as a torch error inside the first step (texts not yet
-    tokenized, no rows, class ids beyond the labels)."""
+    tokenized, no rows, class ids beyond the labels, single texts to score a model trained on
+    pairs: `like` is the train set)."""
     if is_hf_dataset(data):
-        return from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+        return _same_inputs(from_hf_dataset(data, tokenizer, label_names, kind, what=what), like,
+                            what)
     refusal = _not_yet_a_dataset(data)
     if refusal:
         raise DataError(f"{what} data is {refusal}")
@@ -61,6 +63,16 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
                         "(eval_data=None)" if scored else f"the {what} set holds no rows")
     if isinstance(data, TokenizedDataset | RowList):
         check_targets(np.asarray(data.labels), kind, label_names, what)
+    return _same_inputs(data, like, what)
+
+
+def _same_inputs(data: Any, like: Any, what: str) -> Any:
+    """`data`, refused where it holds pairs and `like` single texts, or the other way round."""
+    pairs, trained = getattr(data, "pairs", None), getattr(like, "pairs", None)
+    if None not in (pairs, trained) and pairs != trained:
+        shape = {True: "text pairs", False: "single texts"}
+        raise DataError(f"the {what} set holds {shape[pairs]}, the train set {shape[trained]}: "
+                        "the model would score other inputs than it learnt from")
     return data
 
 
