@@ -44,6 +44,12 @@ def test_balanced_weights_come_from_the_training_targets(tmp_path, tiny_model_di
     logits, targets = torch.randn(6, 2), torch.tensor([0, 1, 1, 0, 1, 1])
     balanced = torch.tensor(len(train) / (2 * counts), dtype=torch.float32)  # n / (classes * count)
     assert torch.allclose(loss(logits, targets), F.cross_entropy(logits, targets, weight=balanced))
+    # A list of the set's rows is the same set (it was refused: "no training targets").
+    from nlptrain.data.hf_datasets import RowList
+
+    listed = RowList([train[i] for i in range(len(train))])
+    listed_loss = task_loss(SingleLabel(), TrainConfig(class_weights="balanced"), listed, ["neg", "pos"])
+    assert torch.equal(listed_loss(logits, targets), loss(logits, targets))
     # Multi-label: BCE's pos_weight, negatives over positives of each label.
     multi = np.array([[1, 0, 1], [0, 0, 1], [1, 0, 1], [0, 1, 0]], dtype=np.float32)
 

@@ -133,6 +133,10 @@ class RowList(Dataset):
         self.lengths = np.array([len(row["input_ids"]) for row in self.rows], dtype=np.int64)
         self.labels = np.stack([np.asarray(row["labels"]) for row in self.rows])
 
+    @property
+    def label_ids(self) -> np.ndarray:  # as a TokenizedDataset's (class weights read them)
+        return self.labels
+
     def __len__(self) -> int:
         return len(self.rows)
 
