@@ -127,7 +127,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_split_command(commands)
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
+    parser.set_defaults(commands=commands.choices)  # for a misspelt option's own usage line
     return parser
+
+
+def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   unknown: list[str]) -> None:
+    """Exit 2 with the command's usage (not the top level's) and the nearest option's name."""
+    import difflib
+
+    command = args.commands.get(args.command, parser)
+    options = [flag for action in command._actions for flag in action.option_strings]
+    near = difflib.get_close_matches(unknown[0].split("=")[0], options, n=1)
+    command.error(f"unrecognized arguments: {' '.join(unknown)}"
+                  + (f" (did you mean {near[0]}?)" if near else ""))
 
 
 def check_train(args: argparse.Namespace) -> None:
@@ -321,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(sys.__stderr__, all_threads=True)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        refuse_unknown(parser, args, unknown)
     if args.command is None:
         parser.print_help()
         return 2

@@ -142,3 +142,13 @@ def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_pat
     assert code == 1 and f"[data] threshold {float(value):g} must be strictly between 0 and 1 " \
         "(a probability: 0 predicts every label, 1 none)" in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
+    """It got the top level's usage ("nlptrain [-h] [--version] COMMAND ...") and no hint."""
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--lrr", "1e-3"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2
+    assert "nlptrain train: error: unrecognized arguments: --lrr 1e-3 (did you mean --lr?)" in err
+    assert err.startswith("usage: nlptrain train ")
