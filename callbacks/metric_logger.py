@@ -27,9 +27,10 @@ log = logging.getLogger("nlptrain")
 class MetricLogger(Callback):
     main_process_only = True
 
-    def __init__(self, path: str | Path, log_every: int = 10) -> None:
+    def __init__(self, path: str | Path, log_every: int = 10, marks_best: bool = True) -> None:
         self.path = Path(path)
         self.log_every = log_every
+        self.marks_best = marks_best  # False: the evaluations score a test set, which picks nothing
         self.handle: Any = None
         self.step_lr = 0.0
         self.step_epoch = 1  # the epoch (from 1) of the last step counted
@@ -94,8 +95,9 @@ class MetricLogger(Callback):
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
         # Every metric of the task's kind (and the user's own); not the loop's own step/epoch.
         found = {k: v for k, v in metrics.items() if k not in ("step", "epoch")}
+        best = {"is_best": is_best} if self.marks_best else {}
         self._write({"kind": "eval", "step": trainer.global_step, "epoch": trainer.epoch + 1,
-                     "is_best": is_best, "time": time.time(), **found})
+                     **best, "time": time.time(), **found})
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         state["metric_logger"] = {"loss_sum": float(self.loss_sum), "batches": self.batches}

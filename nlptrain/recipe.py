@@ -209,7 +209,7 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
     """The callbacks of a CLI run (the trainer adds lr schedule, clipping, early stopping)."""
     scores_valid = sets.valid is not None  # else the evaluations score the test set
     callbacks: list[Callback] = [
-        MetricLogger(run_dir / "metrics.jsonl", task.train.log_every),
+        MetricLogger(run_dir / "metrics.jsonl", task.train.log_every, marks_best=scores_valid),
         Checkpointer(run_dir / "checkpoints", task.train.checkpoint_every,
                      task.train.keep_checkpoints, task.train.checkpoint_minutes)]
     if log.isEnabledFor(logging.INFO):  # progress is info: --log-level warning is quiet

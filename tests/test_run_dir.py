@@ -52,7 +52,7 @@ def test_metrics_hold_training_and_eval_rows(finished_run: tuple[Path, str]) -> 
         assert {"step", "epoch", "loss", "lr", "samples_per_s", "grad_norm"} <= set(row)
         assert row["samples_per_s"] > 0 and row["grad_norm"] > 0  # clipping is on by default
     assert [(r["epoch"], r["step"]) for r in evals] == [(1, 16), (2, 32)]
-    assert {"accuracy", "macro_f1", "per_class", "confusion_matrix"} <= set(evals[0])
+    assert {"accuracy", "macro_f1", "per_class", "confusion_matrix", "is_best"} <= set(evals[0])
 
 
 def test_checkpoints_best_and_model_are_loadable_hf_folders(finished_run: tuple[Path, str]) -> None:
@@ -282,6 +282,10 @@ def test_the_log_and_report_state_the_global_batch(toy_task: Path, tmp_path: Pat
     logged, reported = said
     assert re.search(rf"1 process\(es\) on \S+: {re.escape(logged)}\n", capsys.readouterr().err)
     assert reported in (run / "report.md").read_text()
+    # No validation set: the evaluations score the test set, which picks no best model.
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
+             if '"eval"' in line]
+    assert evals and not any("is_best" in row for row in evals)
 
 
 def test_a_run_shorter_than_log_every_without_evaluation_ends_well(toy_task: Path,
