@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "resume", False) and args.nproc is None:
             args.nproc = _processes_to_resume_with(args)
+        if getattr(args, "max_restarts", 0) and args.nproc is None:  # else ignored, unsaid
+            raise ConfigError(f"--max-restarts {args.max_restarts} restarts the workers --nproc N "
+                              "starts: give --nproc (under torchrun: torchrun's --max-restarts)")
         if getattr(args, "nproc", None) is not None:  # --nproc 0 is refused, not ignored
             from nlptrain.launch import start_workers
 

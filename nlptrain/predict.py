@@ -344,8 +344,8 @@ def add_command(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a saved model folder (a run's model/)")
     parser.add_argument("--input", required=True, metavar="FILE",
-                        help="texts: .tsv/.csv with a header row, .jsonl, .parquet, or one text "
-                        "per line; "
+                        help="texts: .tsv/.csv (a header row or not, as the model's run read "
+                        "its files; see --header), .jsonl, .parquet, or one text per line; "
                         "'-': standard input (one text per line unless --input-format says)")
     parser.add_argument("--output", metavar="FILE",
                         help="where to write (.tsv, or .jsonl / .json: JSON Lines, one object a row; "

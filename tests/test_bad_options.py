@@ -152,3 +152,10 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     assert stopped.value.code == 2
     assert "nlptrain train: error: unrecognized arguments: --lrr 1e-3 (did you mean --lr?)" in err
     assert err.startswith("usage: nlptrain train ")
+
+
+def test_max_restarts_without_nproc_is_refused_not_ignored(capsys, toy_task, tmp_path):
+    code, err = train(capsys, toy_task, tmp_path / "run", "--max-restarts", "2")
+    assert code == 1 and "error: --max-restarts 2 restarts the workers --nproc N starts: give " \
+        "--nproc" in err, err
+    assert not (tmp_path / "run").exists()
