@@ -98,7 +98,8 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
         task = recorded_task(Path(args.model).resolve().parent)  # (--model . from model/)
         if task:
             log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
-        else:  # a model folder copied out of its run: said, as the default task may fit by chance
+        elif Path(args.model).is_dir():  # a model folder copied out of its run: said, as the
+            # default task may fit by chance (no folder at all: its own error comes next)
             log.warning("no --task, and no run's config.json beside %s: scoring on the default "
                         "task; give --task for the model's own", args.model)
     task = task or load_task(find_task(args.task or "default"))

@@ -212,3 +212,12 @@ def test_ctrl_c_in_eval_says_it_stopped_not_how_to_resume_a_training_run(monkeyp
     assert main(["eval", "--model", "any"]) == 130
     err = capsys.readouterr().err
     assert "interrupted: eval stopped before it finished" in err and "resume" not in err
+
+
+def test_eval_of_a_model_folder_that_is_not_there_says_that_alone(tmp_path: Path, capsys,
+                                                                  monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--model", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert "nosuch" in err and "error:" in err
+    assert "scoring on the default task" not in err, err
