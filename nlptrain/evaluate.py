@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import Collator, TokenizedDataset
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, DataError
+from nlptrain.errors import ConfigError, DataError, TrainingError
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
@@ -57,7 +57,13 @@ def logits_of(outputs: Any) -> torch.Tensor:
     (a user's own module may return either)."""
     if isinstance(outputs, torch.Tensor):
         return outputs
-    return outputs["logits"]
+    if isinstance(outputs, tuple | list):  # (logits, ...), as return_dict=False gives it
+        return outputs[0]
+    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
+        if "logits" in outputs:
+            return outputs["logits"]
+    raise TrainingError(f"the model returned a {type(outputs).__name__}: return the logits (a "
+                        "tensor), a tuple that starts with them, or an object/dict with 'logits'")
 
 
 @torch.no_grad()

@@ -102,9 +102,11 @@ def task_loss(kind: TaskKind, config: Any, train_data: Any, label_names: Sequenc
     width = kind.output_size(label_names)
 
     def checked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if logits.shape[-1] != width:  # torch's own error names tensor sizes, not the cause
+        if logits.ndim != 2 or logits.shape[-1] != width:  # torch's error names sizes alone
             what = f"{len(label_names)} labels" if kind.has_classes else "one score a row"
-            raise ConfigError(f"the model gives {logits.shape[-1]} output(s) a row, but this "
+            gives = f"{logits.shape[-1]} output(s) a row," if logits.ndim == 2 else \
+                f"logits of shape {tuple(logits.shape)}, not (rows, outputs),"
+            raise ConfigError(f"the model gives {gives} but this "
                               f"{kind.name} task needs {width} ({what}); build its head with "
                               f"{width} output(s)")
         return loss(logits, targets)
