@@ -102,6 +102,8 @@ def test_an_evaluation_set_the_evaluation_cannot_shard_is_refused_before_trainin
     with pytest.raises(DataError, match=r"^the evaluation set is a DataLoader: give a "
                                         r"TokenizedDataset"):
         Trainer(model, data, DataLoader(data, batch_size=4), config=TrainConfig(epochs=1))
+    with pytest.raises(DataError, match=r"^the evaluation set holds no rows"):  # not "a list"
+        Trainer(model, data, [], config=TrainConfig(epochs=1))
 
 
 def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
@@ -223,7 +225,8 @@ def test_callback_state_of_numpy_values_resumes_and_an_object_is_refused_at_the_
 
 @pytest.mark.parametrize("texts, labels, message", [
     (["a", "b", "c"], [0, 1], r"^data: 3 texts, 2 labels: give one of each a row$"),
-    (["a", "b"], ["pos", "neg"], r"^labels such as 'pos': give class ids \(0 to n-1"),
+    (["a", "b"], ["pos", "neg"], r"^the label at row index 0 is 'pos': give class ids \(0 to n-1"),
+    (["a", "b"], [1.0, None], r"^the label at row index 1 is None: give class ids \(0 to n-1"),
     (["a", "b"], [[0, 2], [1]], r"^multi-label rows of unequal length: give each row a list of 0/1"),
 ])
 def test_rows_that_do_not_line_up_with_their_labels_are_refused(tokenizer, texts, labels, message):

@@ -54,13 +54,14 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
             and np.ndim(data[0].get("input_ids", [[]])) == 1:  # a batch's ids are 2-D
         data = RowList(data, what)  # rows: a dataset, not ready-made batches
     scored = what in ("eval", "valid")  # an evaluation set (the trainer's, or one it is given)
-    if scored and data is not None and not hasattr(data, "lengths"):
-        raise DataError(f"the evaluation set is a {type(data).__name__}: give a TokenizedDataset "
-                        "(nlptrain.data), or a datasets.Dataset and tokenizer=; the evaluation "
-                        "shards its rows over the ranks by length itself, each row once")
     if isinstance(data, TokenizedDataset | list | tuple) and len(data) == 0:
         raise DataError("the evaluation set holds no rows; give it rows, or no evaluation set "
                         "(eval_data=None)" if scored else f"the {what} set holds no rows")
+    if scored and data is not None and not hasattr(data, "lengths"):
+        raise DataError(f"the evaluation set is a {type(data).__name__}: give a TokenizedDataset "
+                        "(nlptrain.data), a list of its rows, or a datasets.Dataset and "
+                        "tokenizer=; the evaluation shards its rows over the ranks by length "
+                        "itself, each row once")
     if isinstance(data, TokenizedDataset | RowList):
         check_targets(np.asarray(data.labels), kind, label_names, what)
     return _same_inputs(data, like, what)

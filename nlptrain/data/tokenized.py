@@ -147,10 +147,12 @@ def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
     except ValueError:  # lists of unequal length: label ids a row, not one 0/1 a label
         raise DataError("multi-label rows of unequal length: give each row a list of 0/1, one "
                         "a label (multi-hot), not the ids of its labels") from None
-    if found.dtype.kind in "USO":  # names ('pos')
-        raise DataError(f"labels such as {labels[0]!r}: give class ids (0 to n-1, in the order of "
-                        "the model's label names), a list of 0/1 a row (multi-label), or a score "
-                        "(regression); e.g. [names.index(label) for label in labels]")
+    if found.dtype.kind in "USO":  # names ('pos'), or a gap (None) among numbers
+        bad = next((i for i, v in enumerate(labels) if v is None or isinstance(v, str)), 0)
+        raise DataError(f"the label at row index {bad} is {labels[bad]!r}: give class ids (0 to "
+                        "n-1, in the order of the model's label names), a list of 0/1 a row "
+                        "(multi-label), or a score (regression); e.g. [names.index(label) for "
+                        "label in labels]")
     return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
 
 
