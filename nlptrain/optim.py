@@ -136,3 +136,21 @@ def keep_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[st
             group["initial_lr"] = wanted["lr"]
             group["lr"] = now if base == wanted["lr"] else wanted["lr"] * (now / base if base else 1.0)
     return list(changed.values())
+
+
+def state_of_trainable_only(optimizer: torch.optim.Optimizer, state: dict[str, Any]
+                            ) -> dict[str, Any] | None:
+    """`state` saved when the optimizer held only the parameters then trainable (nlptrain before
+    0.1.0 held no frozen ones), renumbered to this optimizer's, which holds every parameter; None
+    where `state` is not that (its groups hold other counts)."""
+    saved, groups = state["param_groups"], optimizer.param_groups
+    trainable = [[i for i, p in enumerate(group["params"]) if p.requires_grad] for group in groups]
+    if len(saved) != len(groups) or any(len(old["params"]) != len(kept)
+                                        for old, kept in zip(saved, trainable, strict=True)):
+        return None
+    place, renumbered, start = {}, [], 0  # torch numbers the parameters across the groups
+    for old, group, kept in zip(saved, groups, trainable, strict=True):
+        place.update({old_id: start + i for old_id, i in zip(old["params"], kept, strict=True)})
+        renumbered.append({**old, "params": list(range(start, start + len(group["params"])))})
+        start += len(group["params"])
+    return {"state": {place[k]: v for k, v in state["state"].items()}, "param_groups": renumbered}

@@ -30,6 +30,7 @@ from nlptrain.cpu_gradient_sync import CpuGradientSync, register_cpu_gradient_sy
 from nlptrain.distributed import Backend
 from nlptrain.errors import CheckpointError, ConfigError
 from nlptrain.integrity import whole_weights_refusal
+from nlptrain.optim import state_of_trainable_only
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +118,11 @@ class SingleDevice:
         try:
             optimizer.load_state_dict(optimizer_state)
         except ValueError as err:  # other parameter groups (param_groups=, layer_lr_decay)
-            raise CheckpointError(f"{folder}: its optimizer state does not fit this optimizer "
-                                  f"({err})") from None
+            older = state_of_trainable_only(optimizer, optimizer_state)  # frozen ones left out
+            if older is None:
+                raise CheckpointError(f"{folder}: its optimizer state does not fit this "
+                                      f"optimizer ({err})") from None
+            optimizer.load_state_dict(older)
 
     def export(self, model: torch.nn.Module, tokenizer: Any, folder: str | Path) -> None:
         """Every rank calls this; rank 0 writes the `save_pretrained` folder."""

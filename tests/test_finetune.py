@@ -210,6 +210,33 @@ def test_what_you_froze_before_training_trains_once_you_unfreeze_it_and_freeze_k
         assert embeddings.requires_grad is trains
 
 
+def test_an_optimizer_state_saved_without_the_frozen_parameters_loads_into_one_with_them(
+        tiny_model_dir):
+    """Checkpoints of nlptrain 0.1.0 hold an optimizer of the trainable parameters alone: a run
+    that froze some before the Trainer must still resume, each state on its own parameter."""
+    from nlptrain.optim import adamw, make_optimizer, param_groups, state_of_trainable_only
+
+    model = tiny_model(tiny_model_dir)
+    frozen = model.bert.embeddings.word_embeddings.weight
+    frozen.requires_grad_(False)
+    config = TrainConfig(lr=1e-3)
+    groups = [{**g, "params": [p for p in g["params"] if p.requires_grad]}
+              for g in param_groups(model, config.lr, config)]
+    old = adamw(groups, config)  # as 0.1.0 built it
+    for param in model.parameters():
+        param.grad = torch.randn_like(param) if param.requires_grad else None
+    old.step()
+    now = make_optimizer(model, config, 1)
+    with pytest.raises(ValueError):
+        now.load_state_dict(old.state_dict())
+    now.load_state_dict(state_of_trainable_only(now, old.state_dict()))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert len(now.state) == len(trainable) and frozen not in now.state
+    for param in trainable:
+        assert torch.equal(now.state[param]["exp_avg"], old.state[param]["exp_avg"])
+    assert state_of_trainable_only(now, {**old.state_dict(), "param_groups": []}) is None
+
+
 def test_fgm_steps_plainly_while_the_embeddings_are_frozen(tmp_path, tiny_model_dir):
     train, test = toy_sets(tmp_path, tiny_model_dir, rows=8)
     fgm = FGM(1.0)
