@@ -262,10 +262,10 @@ def test_a_restart_resumes_only_a_run_its_own_launch_began_or_resumed(tmp_path):
 def test_a_folder_holding_a_run_is_refused_before_nproc_starts_workers(toy_task, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text('{"task": {}}')
+    (run / "config.json").write_text('{"task": {}, "world_size": 1}')  # a run's record
     args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--nproc", "2",
             "--max-restarts", "1"]
     assert cli.main(args) == 1
     err = capsys.readouterr().err
     assert f"{run}: already holds a run; use --resume" in err and "launched by" not in err
-    assert (run / "config.json").read_text() == '{"task": {}}'
+    assert (run / "config.json").read_text() == '{"task": {}, "world_size": 1}'
