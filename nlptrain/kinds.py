@@ -403,8 +403,12 @@ def _values(ids: dict[str, int]) -> list[str]:
     return [names[i] for i in sorted(names)]
 
 
-def label_names_of(model_config: Any) -> list[str]:
-    """The label names of a transformers model's config (`id2label`), in id order."""
+def label_names_of(model_config: Any, kind: TaskKind | None = None) -> list[str]:
+    """The label names of a transformers model's config (`id2label`), in id order; a regression
+    of a model without one has its one output, the score."""
+    if (model_config is None or not hasattr(model_config, "id2label")) \
+            and isinstance(kind, Regression):
+        return ["score"]
     if model_config is None or not hasattr(model_config, "id2label"):
         raise ConfigError("the model has no transformers config with id2label: pass "
                           "label_names=[...] (and kind=) to the trainer")

@@ -78,7 +78,8 @@ class Trainer(ProgressCounters):
         self.kind = kind or kinds.from_model_config(model_config)
         if kind is not None and model_config is not None:  # an export predicts as it trained
             kinds.record_kind(model_config, kind)
-        self.label_names = list(label_names) if label_names else kinds.label_names_of(model_config)
+        self.label_names = list(label_names) if label_names else \
+            kinds.label_names_of(model_config, self.kind)
         self.kind.check(self.label_names, "" if metrics else self.metric_for_best, "Trainer")
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer

@@ -198,9 +198,8 @@ def test_an_own_models_output_of_another_form_is_read_or_named(tmp_path, tiny_mo
     train, test = toy_datasets(tmp_path, tiny_model_dir)
     train.labels = train.labels.astype("float32")
     test.labels = test.labels.astype("float32")
-    trainer = Trainer(model(tiny_model_dir, 1), train, test, kind=Regression(),
-                      label_names=["score"], config=TrainConfig(epochs=1, batch_size=8),
-                      progress=False)
+    trainer = Trainer(model(tiny_model_dir, 1), train, test, kind=Regression(),  # no label_names:
+                      config=TrainConfig(epochs=1, batch_size=8), progress=False)  # one score
     if error is None:
         assert "pearson" in trainer.fit()
     else:
