@@ -168,16 +168,15 @@ class CallbackList:
                             f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
-        # A second callback of one class (two MetricLoggers, a subclass of one) would write the
-        # first's key: its state is kept apart, under "<class>#<n>" (the same on a resume).
-        self.own_state_keys: dict[int, str] = {}
-        seen: dict[Any, int] = {}
+        # Each callback's checkpoint state is its own dict, kept flat in the checkpoint unless one
+        # of its keys is another's already (two MetricLoggers, a subclass beside its parent):
+        # then under "<class>#<n>", the n-th callback of that class, and read back from there.
+        self.state_keys: dict[int, str] = {}
+        count: dict[str, int] = {}
         for callback in self.callbacks:
-            saver = type(callback).on_save_checkpoint
-            if saver is not Callback.on_save_checkpoint:
-                seen[saver] = seen.get(saver, 0) + 1
-                if seen[saver] > 1:
-                    self.own_state_keys[id(callback)] = f"{type(callback).__name__}#{seen[saver]}"
+            name = type(callback).__name__
+            count[name] = count.get(name, 0) + 1
+            self.state_keys[id(callback)] = f"{name}#{count[name]}"
 
     def fire(self, event: str, trainer: Trainer, *args: Any, failing: bool = False) -> None:
         """`failing`: the run is ending with an error, which goes on; a cleanup event's own errors
@@ -187,7 +186,10 @@ class CallbackList:
             if callback.main_process_only and not self.is_main:
                 continue
             try:
-                getattr(callback, event)(trainer, *self._arguments(callback, event, args))
+                if event in STATE_EVENTS:
+                    self._state_event(callback, event, trainer, args[0])
+                else:
+                    getattr(callback, event)(trainer, *args)
             except Exception as error:  # a second Ctrl-C (KeyboardInterrupt) still ends it all
                 if event not in CLEANUP_EVENTS:
                     raise
@@ -198,19 +200,22 @@ class CallbackList:
         if errors and not failing:
             raise errors[0]
 
-    def _arguments(self, callback: Callback, event: str, args: tuple) -> tuple:
-        """The event's arguments for `callback`; a repeated class's state is a dict of its own."""
-        key = self.own_state_keys.get(id(callback))
-        if key is None or event not in STATE_EVENTS:
-            return args
-        if event == "on_save_checkpoint":
-            args[0][key] = {}
-        return (args[0].get(key, {}),)
+    def _state_event(self, callback: Callback, event: str, trainer: Trainer,
+                     states: dict[str, Any]) -> None:
+        key = self.state_keys[id(callback)]
+        if event == "on_load_checkpoint":
+            callback.on_load_checkpoint(trainer, states[key] if key in states else states)
+            return
+        mine: dict[str, Any] = {}
+        callback.on_save_checkpoint(trainer, mine)
+        if mine.keys() & states.keys():  # else one state would replace the other's
+            states[key] = mine
+        else:
+            states.update(mine)
 
     def state_dict_to_fill(self) -> dict[str, Any]:
-        """The dict `on_save_checkpoint` fills: a key taken twice is refused, as the second
-        callback's state would replace the first's without a word (EMA keeps "ema", say)."""
-        return _KeysOnce({WRITTEN_BY: self.stateful()}, writers=self.stateful())
+        """The dict `on_save_checkpoint` fills (with the names of the callbacks that write)."""
+        return {WRITTEN_BY: self.stateful()}
 
     def stateful(self) -> list[str]:
         """The callbacks that put state in a checkpoint, by class name (recorded with it)."""
@@ -229,25 +234,3 @@ class CallbackList:
 
     def find(self, kind: type) -> list[Callback]:
         return [c for c in self.callbacks if isinstance(c, kind)]
-
-
-class _KeysOnce(dict):
-    def __init__(self, start: dict[str, Any], writers: list[str]) -> None:
-        super().__init__(start)
-        self.writers = writers
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in self:
-            raise ConfigError(f"checkpoint state: key {key!r} is written twice, by two of this run's "
-                              f"callbacks ({', '.join(self.writers)}), the second replacing the "
-                              "first's state; give your state a key of its own (its class name)")
-        super().__setitem__(key, value)
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for key, value in dict(*args, **kwargs).items():
-            self[key] = value
-
-    def setdefault(self, key: str, default: Any = None) -> Any:
-        if key not in self:
-            self[key] = default
-        return self[key]

@@ -390,7 +390,7 @@ class Trainer(ProgressCounters):
 
     def callback_states(self) -> dict[str, Any]:
         """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
-        states = self.callbacks.state_dict_to_fill()  # {WRITTEN_BY: ...}; a key taken twice: refused
+        states = self.callbacks.state_dict_to_fill()  # {WRITTEN_BY: ...}; each keeps its own keys
         self.callbacks.fire("on_save_checkpoint", self, states)
         return checkpoint.plain_state(dict(states))  # numpy numbers made plain; the unloadable refused
 

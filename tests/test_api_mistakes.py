@@ -4,6 +4,7 @@ a torch error inside the first step (or, for an empty set, a run that trains not
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 
 from nlptrain import TrainConfig, Trainer
@@ -127,27 +128,75 @@ def test_resume_from_a_folder_of_other_files_is_refused_and_a_new_one_is_said(
         Trainer(model, rows(tokenizer, [0, 1]), resume_from=tmp_path / "checkpoints" / "step-00000003")
 
 
-def test_a_callback_state_key_another_callback_writes_too_is_refused_not_overwritten(
+def test_a_callback_state_key_another_callback_writes_too_is_kept_apart_not_overwritten(
         tiny_model_dir, tokenizer, tmp_path):
     """The EMA of ema_decay keeps its weights under "ema": a user's callback writing "ema" too
     lost its state to it, found only at the resume (a dict where its float was)."""
+    from nlptrain.callbacks import EMA, Checkpointer
+
+    from nlptrain import Callback
+
+    class LossEMA(Callback):
+        def __init__(self) -> None:
+            self.value = 0.5
+
+        def on_save_checkpoint(self, trainer, state):
+            state["ema"] = self.value
+
+        def on_load_checkpoint(self, trainer, state):
+            self.value = state["ema"]
+
+    folder = tmp_path / "ckpt"
+
+    def trainer_with(mine, **resume):
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+                       config=TrainConfig(epochs=1, batch_size=4, ema_decay=0.9),
+                       callbacks=[mine, Checkpointer(folder)], **resume)
+
+    trainer = trainer_with(LossEMA())
+    trainer.fit()
+    averaged = trainer.callbacks.find(EMA)[0].average
+    trainer.close()
+    mine = LossEMA()
+    mine.value = None
+    resumed = trainer_with(mine, resume_from=folder)
+    assert mine.value == 0.5
+    ema = resumed.callbacks.find(EMA)[0].average
+    assert all(torch.equal(a, b) for a, b in zip(ema.values(), averaged.values(), strict=True))
+    resumed.close()
+
+
+def test_callbacks_of_one_class_with_keys_of_their_own_resume_in_any_order(tiny_model_dir,
+                                                                          tokenizer, tmp_path):
+    """Their keys do not clash: they stay flat, so a resume may list them otherwise."""
     from nlptrain.callbacks import Checkpointer
 
     from nlptrain import Callback
-    from nlptrain.errors import ConfigError
 
-    class LossEMA(Callback):
-        def on_save_checkpoint(self, trainer, state):
-            state["ema"] = 0.5
+    class Named(Callback):
+        def __init__(self, name: str) -> None:
+            self.name, self.steps = name, 0
 
-    folder = tmp_path / "ckpt"
-    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
-                      config=TrainConfig(epochs=1, batch_size=4, ema_decay=0.9),
-                      callbacks=[LossEMA(), Checkpointer(folder)])
-    with pytest.raises(ConfigError, match=r"key 'ema' is written twice, by two of this run's "
-                                          r"callbacks \(.*LossEMA, EMA\).*a key of its own"):
-        trainer.fit()
-    assert not list(folder.glob("step-*"))
+        def on_step_end(self, trainer) -> None:
+            self.steps += 1
+
+        def on_save_checkpoint(self, trainer, state) -> None:
+            state[f"named-{self.name}"] = self.steps
+
+        def on_load_checkpoint(self, trainer, state) -> None:
+            self.steps = state.get(f"named-{self.name}")
+
+    def trainer_with(named, **resume):
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+                       config=TrainConfig(epochs=1, batch_size=4),
+                       callbacks=[*named, Checkpointer(tmp_path / "ckpt")], **resume)
+
+    trainer = trainer_with([Named("a"), Named("b")])
+    trainer.fit()
+    trainer.close()
+    for resumed in ([Named("b"), Named("a")], [Named("b")]):
+        trainer_with(resumed, resume_from=tmp_path / "ckpt").close()
+        assert [c.steps for c in resumed] == [2] * len(resumed)
 
 
 def test_two_callbacks_of_one_class_keep_their_states_apart_and_resume_them(
