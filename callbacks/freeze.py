@@ -54,7 +54,9 @@ class Freeze(Callback):
             return
         for index, block in enumerate(blocks):
             for param in block.parameters():
-                if index < frozen and param.requires_grad:  # frozen here: to unfreeze later
+                if index < frozen and param.requires_grad and id(param) not in self.frozen_here:
+                    # frozen here, to unfreeze later (one frozen here that your code unfroze
+                    # since stays unfrozen)
                     param.requires_grad_(False)
                     param.grad = None
                     self.frozen_here.add(id(param))

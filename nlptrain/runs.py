@@ -303,8 +303,10 @@ def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) ->
     """Refuse a resume under FSDP2 (fsdp on several processes) of a run whose newest checkpoint
     holds whole weights, before anything is written: else the refused strategy would stay in
     config.json, and the next plain --resume would be refused too."""
+    if train.get("strategy") != "fsdp" or world_size == 1:
+        return
     newest, _ = pick_checkpoint(step_folders(folder / "checkpoints"))  # the one a resume takes
-    if newest is not None and train.get("strategy") == "fsdp" and world_size > 1:
+    if newest is not None:  # (checksums read: fsdp's resumes alone pay for it)
         refusal = whole_weights_refusal(newest, world_size)
         if refusal is not None:
             raise CheckpointError(refusal)

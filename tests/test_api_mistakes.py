@@ -367,3 +367,26 @@ def test_single_texts_to_score_a_model_of_pairs_are_refused(tiny_model_dir, toke
     with pytest.raises(DataError, match=r"^the eval set holds single texts, the train set text "):
         trainer.evaluate(single)
     trainer.close()
+
+
+def test_a_users_dataset_with_a_pairs_attribute_of_its_own_is_not_compared(tiny_model_dir,
+                                                                          tokenizer):
+    """`pairs` of a user's Dataset may be its list of text pairs: a TypeError, not a check."""
+    from nlptrain.data.hf_datasets import as_dataset
+    from nlptrain.kinds import SingleLabel
+
+    single = TokenizedDataset.from_texts(["a", "b"], [0, 1], tokenizer, 16)
+
+    class PairRows(torch.utils.data.Dataset):
+        pairs = [("a", "b"), ("c", "d")]
+        lengths = single.lengths
+        labels = single.labels
+
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> dict:
+            return single[i]
+
+    data = PairRows()
+    assert as_dataset(data, tokenizer, ["neg", "pos"], SingleLabel(), "valid", like=single) is data

@@ -237,6 +237,27 @@ def test_an_optimizer_state_saved_without_the_frozen_parameters_loads_into_one_w
     assert state_of_trainable_only(now, {**old.state_dict(), "param_groups": []}) is None
 
 
+def test_gradual_freeze_leaves_a_block_your_callback_unfroze_as_it_is(tmp_path, tiny_model_dir):
+    """Freeze(2, steps, gradual) unfreezes a block every 2 steps: the embeddings, which a
+    callback unfroze after step 1, were frozen again at step 2."""
+    from nlptrain import Callback
+
+    seen = []
+
+    class UnfreezeAtStep1(Callback):
+        def on_step_end(self, trainer) -> None:
+            embeddings = trainer.unwrapped_model.bert.embeddings.word_embeddings.weight
+            if trainer.global_step == 1:
+                embeddings.requires_grad_(True)
+            seen.append(embeddings.requires_grad)
+
+    train, test = toy_sets(tmp_path, tiny_model_dir)
+    Trainer(tiny_model(tiny_model_dir), train, test,
+            callbacks=[Freeze(2, "steps", gradual=True), UnfreezeAtStep1()],
+            config=TrainConfig(epochs=1, batch_size=6)).fit()
+    assert len(seen) >= 3 and all(seen), seen
+
+
 def test_fgm_steps_plainly_while_the_embeddings_are_frozen(tmp_path, tiny_model_dir):
     train, test = toy_sets(tmp_path, tiny_model_dir, rows=8)
     fgm = FGM(1.0)

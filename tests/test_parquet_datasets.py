@@ -155,6 +155,11 @@ def test_multi_label_rows_of_0_and_1_are_a_column_per_label_not_label_ids(tiny_m
     hot = [[0, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 1]]
     data = hf_datasets.Dataset.from_dict({"text": list("abcd"), "label": hot})
     assert from_hf_dataset(data, tokenizer, names, MultiLabel()).labels.tolist() == hot
+    # Two labels, one a row: [1, 0] read as ids would give every row both labels.
+    for two in ([[1, 0], [0, 1], [1, 0]], [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]):
+        data = hf_datasets.Dataset.from_dict({"text": list("abc"), "label": two})
+        assert from_hf_dataset(data, tokenizer, ["x", "y"], MultiLabel()).labels.tolist() == [
+            [1, 0], [0, 1], [1, 0]]
     ids = hf_datasets.Dataset.from_dict({"text": list("ab"), "label": [[1, 2], [0]]})
     for form in (ids, ids.with_format("torch"), ids.with_format("numpy")):
         assert from_hf_dataset(form, tokenizer, names, MultiLabel()).labels.tolist() == [

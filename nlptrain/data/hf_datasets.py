@@ -70,7 +70,7 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
 def _same_inputs(data: Any, like: Any, what: str) -> Any:
     """`data`, refused where it holds pairs and `like` single texts, or the other way round."""
     pairs, trained = getattr(data, "pairs", None), getattr(like, "pairs", None)
-    if None not in (pairs, trained) and pairs != trained:
+    if isinstance(pairs, bool) and isinstance(trained, bool) and pairs != trained:
         shape = {True: "text pairs", False: "single texts"}
         raise DataError(f"the {what} set holds {shape[pairs]}, the train set {shape[trained]}: "
                         "the model would score other inputs than it learnt from")
@@ -218,11 +218,12 @@ def _plain(value: Any) -> Any:
 def _is_multi_hot(labels: Sequence[Any], names: Sequence[str]) -> bool:
     """Whether multi-label cells are 0/1 rows, one column a label, not lists of label ids: each
     row as long as the labels and only 0s and 1s, and some row repeats a value (a list of ids
-    names each label once; with 3 or more labels every 0/1 row repeats one)."""
+    names each label once; with 3 or more labels every 0/1 row repeats one). With 2 labels,
+    [1, 0] and [0, 1] alone are 0/1 rows too: as ids, every row would hold both labels."""
     rows = [_plain(row) for row in labels]
     return bool(rows) and all(
         isinstance(row, list) and len(row) == len(names) and set(row) <= {0, 1} for row in rows
-    ) and any(len(set(row)) < len(row) for row in rows)
+    ) and (len(names) == 2 or any(len(set(row)) < len(row) for row in rows))
 
 
 def _named(value: Any, names: Sequence[str], where: str) -> Any:
