@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["EMA", "FGM", "Checkpointer", "EarlyStopping", "Freeze", "GradClip", "LRSchedule",
            "MetricLogger", "PerRankData", "ProgressBar", "RDrop", "SaveBestModel", "StepBudget",
            "TensorBoardLogger",
-           "config_callbacks", "multiply_lr"]
+           "config_callbacks", "multiply_lr", "with_config_callbacks"]
 
 
 def config_callbacks(config: TrainConfig, progress: bool = False
@@ -46,3 +46,12 @@ def config_callbacks(config: TrainConfig, progress: bool = False
     if config.early_stopping > 0:
         last.append(EarlyStopping(config.early_stopping))
     return first, last
+
+
+def with_config_callbacks(callbacks: list[Callback], config: TrainConfig, progress: bool = False
+                          ) -> list[Callback]:
+    """The user's callbacks between those the config asks for (`config_callbacks`); a user's own
+    callback of a class the config would make replaces the made one."""
+    given = {type(c) for c in callbacks}
+    first, last = ([c for c in made if type(c) not in given] for made in config_callbacks(config, progress))
+    return [*first, *callbacks, *last]

@@ -154,3 +154,24 @@ def state_of_trainable_only(optimizer: torch.optim.Optimizer, state: dict[str, A
         renumbered.append({**old, "params": list(range(start, start + len(group["params"])))})
         start += len(group["params"])
     return {"state": {place[k]: v for k, v in state["state"].items()}, "param_groups": renumbered}
+
+
+def skips_on_device(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> bool:
+    """Whether the optimizer can skip a non-finite step on the device (fused AdamW, no fp16 scaler)."""
+    return getattr(optimizer, "_step_supports_amp_scaling", False) and not scaler.is_enabled()
+
+
+def step(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+         skip: torch.Tensor | None = None) -> None:
+    """`optimizer.step()` through the scaler, then zero the grads. `skip` (on the device, 1 for a
+    non-finite step) is passed as the `found_inf` GradScaler gives fused AdamW: the step then
+    leaves weights and moments as they are, with no host sync."""
+    if skip is not None:
+        optimizer.grad_scale, optimizer.found_inf = None, skip
+    try:
+        scaler.step(optimizer)
+    finally:
+        if skip is not None:
+            del optimizer.grad_scale, optimizer.found_inf
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)

@@ -113,13 +113,10 @@ class Trainer(ProgressCounters):
                                               param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
-        from nlptrain.callbacks import config_callbacks  # a package of callbacks: imported late
+        from nlptrain.callbacks import with_config_callbacks  # a package of callbacks: imported late
 
-        callbacks = listed_callbacks(callbacks)
-        given = {type(c) for c in callbacks}  # a user's own of a kind replaces the made one
-        first, last = ([c for c in made if type(c) not in given]
-                       for made in config_callbacks(self.config, progress))
-        self.callbacks = CallbackList([*first, *callbacks, *last], self.dist.is_main)
+        self.callbacks = CallbackList(with_config_callbacks(listed_callbacks(callbacks), self.config,
+                                                            progress), self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
@@ -358,22 +355,11 @@ class Trainer(ProgressCounters):
         self.save_asked_at = agreed.steps_done if save else self.save_asked_at
 
     def _skips_on_device(self) -> bool:
-        return (getattr(self.optimizer, "_step_supports_amp_scaling", False)
-                and not self.scaler.is_enabled())
+        return optim.skips_on_device(self.optimizer, self.scaler)
 
     def _optimizer_step(self) -> None:
-        """`optimizer.step()`; with the flags unread, told on the device to skip a non-finite
-        step (the `found_inf` GradScaler gives fused AdamW: weights and moments stay as they are)."""
-        unread = self._pending
-        if unread is not None:
-            self.optimizer.grad_scale, self.optimizer.found_inf = None, unread.skip
-        try:
-            self.scaler.step(self.optimizer)
-        finally:
-            if unread is not None:
-                del self.optimizer.grad_scale, self.optimizer.found_inf
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        """With the flags unread, the optimizer is told on the device to skip a non-finite step."""
+        optim.step(self.optimizer, self.scaler, None if self._pending is None else self._pending.skip)
 
     def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
         self.interrupted = self.should_stop = True
