@@ -163,7 +163,8 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
                     kind: TaskKind | None = None, *, text_column: str = "text",
                     label_column: str = "label", text_pair_column: str | None = None,
                     max_length: int = MAX_LENGTH, what: str = "train") -> TokenizedDataset:
-    """Tokenize a `datasets.Dataset` into the trainer's flat token arrays. `text_pair_column`
+    """Tokenize a `datasets.Dataset` into the trainer's flat token arrays, each row cut to
+    `max_length` tokens (128 by default, as a task file's). `text_pair_column`
     None: "text_pair" when the dataset has that column, else one text a row. A label is a name
     of `label_names` (text), an id (an int, or a `ClassLabel` value), a list of either
     (multi-label; or a 0/1 row, one column a label), or a number (regression)."""
