@@ -292,6 +292,17 @@ def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
     return processes
 
 
+def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
+    """Where a train command stopped by Ctrl-C goes on from: its run directory (`stop.run_dir`,
+    which the run set; a resumed one's, if stopped before it was reopened), or nowhere."""
+    resumed = Path(args.output_dir) if args.resume and args.output_dir else None
+    run_dir = getattr(stop, "run_dir", resumed)
+    if run_dir is None:
+        return "stopped before the run wrote anything; run the same command again to start it"
+    return ("stopped at once, without waiting for the step under way; the run goes on from its "
+            f"last whole checkpoint (none: from the start) with train --resume --output-dir {run_dir}")
+
+
 def _rank_prefix() -> str:
     from nlptrain.environments import detect
 
@@ -385,11 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         _drop_stdout()
         return 141  # as a shell counts a process ended by SIGPIPE
-    except KeyboardInterrupt:  # train: a second Ctrl-C (the first finishes the step and checkpoints)
-        said = ("stopped at once, without waiting for the step under way; a run goes on from its "
-                "last whole checkpoint with train --resume --output-dir "
-                f"{args.output_dir or 'RUN_DIR (the run directory logged at the start)'}"
-                ) if args.command == "train" else \
+    except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
+        # checkpoints), or the first one before training began
+        said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
         print(f"{_rank_prefix()}interrupted: {said}", file=sys.stderr)
         return 130

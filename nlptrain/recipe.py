@@ -191,14 +191,18 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
 
     lock = RunDirLock()
     new_run: list[tuple[Path, bool]] = []  # (folder, made by this run), where this process made it
+    folder: str | None = None
     try:
         folder, has_run = dist.on_main(make)
         log.info("run directory: %s", folder)
         yield Path(folder), has_run
-    except BaseException:
-        if new_run and forget_unstarted_run(*new_run[0]):  # the lock is still held
+    except BaseException as error:
+        forgotten = bool(new_run) and forget_unstarted_run(*new_run[0])  # the lock is still held
+        if forgotten:
             log.info("%s: the run failed before it wrote anything: removed, so that the same "
                      "command may start there", new_run[0][0])
+        if isinstance(error, KeyboardInterrupt):  # for the command line's word on how to go on
+            error.run_dir = None if forgotten or folder is None else Path(folder)
         raise
     finally:
         lock.release()

@@ -317,3 +317,31 @@ def test_only_a_run_that_wrote_nothing_but_its_config_is_forgotten(tmp_path: Pat
     assert not forget_unstarted_run(tmp_path / "trained", made_here=True)
     assert sorted(p.name for p in (tmp_path / "trained").iterdir()) == [".lock", "config.json",
                                                                          "metrics.jsonl"]
+
+
+def test_ctrl_c_names_the_folder_a_run_goes_on_from_and_none_where_nothing_was_written(
+        toy_task, tmp_path, capsys, monkeypatch):
+    """A second Ctrl-C in a run in a generated folder names that folder; one while the data is
+    read (no run yet) says to start again, not to resume a folder that does not exist."""
+    from nlptrain import recipe
+    from nlptrain.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AT_STEP", "8")
+    scaffold = str(Path(__file__).parent / "scaffold_callbacks.py")
+    args = ["train", "--task", str(toy_task), "--checkpoint-every", "3"]
+    assert main([*args, "--callback", f"{scaffold}:SecondCtrlCAtStep"]) == 130
+    said = capsys.readouterr().err
+    named = re.search(r"train --resume --output-dir (\S+)", said)
+    assert named and Path(named[1]).parent == Path("runs"), said
+    assert (Path(named[1]) / "checkpoints" / "step-00000006").is_dir()
+    assert main([*args, "--resume", "--output-dir", named[1]]) == 0
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(recipe, "build_datasets", interrupted)
+    assert main([*args, "--output-dir", "fresh"]) == 130
+    said = capsys.readouterr().err
+    assert "run the same command again" in said and "--resume" not in said, said
+    assert not Path("fresh").exists()
