@@ -16,18 +16,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import TaskConfig
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.startup import import_libraries
-from nlptrain.task_options import add_task_options, apply_overrides, resolve_task
+from nlptrain.task_options import add_task_options, resolve_task
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
 
 log = logging.getLogger("nlptrain")
 
 # Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
-MORE_COMMANDS: tuple[str, ...] = ("nlptrain.plots", "nlptrain.predict")
+MORE_COMMANDS: tuple[str, ...] = ("nlptrain.data.split", "nlptrain.plots", "nlptrain.predict")
 
 EPILOG = """examples:
   python -m nlptrain train                                  # the default task on data/
@@ -124,7 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
                           help="token cache folder (default: the task's, else next to the data "
                           "if writable, else ~/.cache/nlptrain)")
     evaluate.set_defaults(handler=cmd_eval)
-    add_split_command(commands)
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
     parser.set_defaults(commands=commands.choices)  # for a misspelt option's own usage line
@@ -155,65 +153,6 @@ def check_train(args: argparse.Namespace) -> None:
         check_resume(Path(args.output_dir), task.to_dict())
     if args.output_dir:  # a refusal said once, and not restarted
         check_free(Path(args.output_dir), run_allowed=args.resume or args.overwrite)
-
-
-def add_split_command(commands: Any) -> None:
-    parser = commands.add_parser(
-        "split", help="write one file per rank (plus manifest.json) for per-rank training",
-        description="Split a training file into N per-rank files and a manifest, in constant "
-        "memory. Train on them with --train-shards DIR (each rank reads only its own file).")
-    parser.add_argument("file", nargs="?", help="the file to split (else the task's train file)")
-    parser.add_argument("--world-size", type=int, required=True, metavar="N",
-                        help="number of ranks (processes) of the jobs that will read the files")
-    parser.add_argument("--out", metavar="DIR",
-                        help="output folder (default: ./STEM-N-ranks, e.g. ./train-4-ranks)")
-    parser.add_argument("--by", choices=["rows", "size"], default="rows",
-                        help="rows: round-robin, counts differ by at most one; size: balance "
-                        "characters, row counts may differ (default: rows)")
-    parser.add_argument("--shuffle", action="store_true", help="shuffle the rows first (seeded)")
-    parser.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an earlier split in --out")
-    parser.add_argument("--task", help="task file or shipped task whose file to split")
-    parser.add_argument("--which", choices=["train", "valid", "test"], default="train",
-                        help="which file of the task (default: train)")
-    parser.add_argument("--data-dir", help="folder the task's data paths start from")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="set any task key, e.g. --set data.labels='[\"neg\",\"pos\"]'")
-    for key, help_text in (("format", "tsv | csv | jsonl | parquet | lines | auto (by extension)"),
-                           ("text_column", "text column (name or 0-based index)"),
-                           ("label_column", "label column (name or 0-based index)")):
-        flag = "--data-format" if key == "format" else "--" + key.replace("_", "-")
-        parser.add_argument(flag, dest=f"set:data.{key}", metavar=key.split("_")[0].upper(),
-                            help=help_text)
-    parser.add_argument("--header", dest="set:data.header", action=argparse.BooleanOptionalAction,
-                        help="tsv/csv: the first row names the columns (default: true)")
-    parser.set_defaults(handler=cmd_split)
-
-
-def cmd_split(args: argparse.Namespace) -> int:
-    from nlptrain.config import file_spec
-    from nlptrain.data.split import split_task
-
-    if args.task:
-        task = resolve_task(args)
-    elif args.file:
-        task = apply_overrides(TaskConfig(name=Path(args.file).stem, data_dir=os.getcwd()), args)
-    else:
-        raise ConfigError("split: give a FILE or --task TASK")
-    if args.file:
-        setattr(task.data, args.which, str(Path(args.file).resolve()))
-    spec = file_spec(task, args.which)
-    # Default: the current folder, never beside the input (data folders are often shared).
-    stem = Path(spec.path).name.split(".")[0] if spec else "split"
-    out = Path(args.out or f"{stem}-{args.world_size}-ranks").resolve()
-    manifest = split_task(task, out, args.world_size, args.by, args.shuffle, args.seed,
-                          args.which, args.overwrite)
-    rows = manifest.rows
-    print(f"{sum(rows)} rows -> {len(rows)} files of {min(rows)}-{max(rows)} rows"
-          f"{f', shuffled (seed {args.seed})' if args.shuffle else ''}, by {args.by}, in {out}\n"
-          f"train with: --train-shards {out} and {manifest.world_size} processes "
-          f"(labels seen: {', '.join(manifest.labels[:20])})")
-    return 0
 
 
 def run_options(args: argparse.Namespace) -> Any:
