@@ -112,6 +112,9 @@ def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
         yield row
 
 
+PREDICTED_NUMBERS = ("probability", "label_probabilities", "score")  # the kinds' (`predicted`)
+
+
 def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str],
                all_probs: bool) -> None:
     if fmt == "jsonl":
@@ -122,10 +125,14 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
     # a list (multi-label) is one cell, its items joined by commas.
     clean = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
 
-    def cell(value: Any) -> str:
+    def cell(value: Any, key: str = "") -> str:
         if isinstance(value, list):
-            return ",".join(cell(v) for v in value)
-        return f"{value:.6f}" if isinstance(value, float) else str(value).translate(clean)
+            return ",".join(cell(v, key) for v in value)
+        if isinstance(value, float) and key in PREDICTED_NUMBERS:
+            return f"{value:.6f}"
+        # The input's own (kept) values as given, to join the output on: an id 1234567.891 stays
+        # so, a JSON null is an empty cell.
+        return "" if value is None else str(value).translate(clean)
 
     head: list[str] | None = None  # the prediction's columns; then p_<label>s; then the texts
     texts = ("text", "text_pair")
@@ -134,7 +141,7 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
             head = [k for k in row if k not in ("probabilities", *texts)]
             probs = [f"p_{n}" for n in names] if "probabilities" in row else []
             handle.write("\t".join([*head, *probs, *(k for k in texts if k in row)]) + "\n")
-        cells = [cell(row[k]) for k in head]
+        cells = [cell(row[k], k) for k in head]
         cells += [f"{row['probabilities'][n]:.6f}" for n in names] if "probabilities" in row else []
         handle.write("\t".join([*cells, *(cell(row[k]) for k in texts if k in row)]) + "\n")
 

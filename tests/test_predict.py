@@ -381,3 +381,18 @@ def test_an_input_error_suggests_what_fits_the_file(tmp_path: Path, name: str, c
     with pytest.raises(DataError, match=says) as raised:
         read_texts(tmp_path / name, text_pair_column=pair)
     assert not_says is None or not_says not in str(raised.value)
+
+
+def test_tsv_output_writes_the_inputs_kept_values_as_given() -> None:
+    """Kept columns are for joining the output back: an id is not rounded to 6 decimals, a tiny
+    number not written as 0, a JSON null not as "None"; the prediction's own numbers are."""
+    from types import SimpleNamespace
+
+    texts = SimpleNamespace(texts=["good", "bad"], pairs=None, lines=None,
+                            kept=[{"id": 1234567.891, "ts": 1e-9}, {"id": None, "ts": 2.5}])
+    out = io.StringIO()
+    write_rows(rows_of(texts, np.array([[0.25, 0.75], [0.9, 0.1]]), ["neg", "pos"], False), out,
+               "tsv", ["neg", "pos"], False)
+    assert out.getvalue().splitlines() == ["row\tid\tts\tlabel\tprobability\ttext",
+                                           "1\t1234567.891\t1e-09\tpos\t0.750000\tgood",
+                                           "2\t\t2.5\tneg\t0.900000\tbad"]
