@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--cache-dir", dest="set:data.cache_dir", metavar="DIR",
                           help="token cache folder (default: the task's, else next to the data "
                           "if writable, else ~/.cache/nlptrain)")
+    # How to read a file, which the readers' errors name as train's options.
+    add_task_options(evaluate, only=[("data", key) for key in ("format", "header", "quoted")])
     evaluate.set_defaults(handler=cmd_eval)
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)

@@ -329,6 +329,11 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         log.warning("scoring at threshold %g; the model was trained and tested at %g "
                     "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
                     trained.threshold)
+    trained_length = getattr(model.config, "nlptrain_max_length", None)
+    if trained_length and trained_length != task.model.max_length and dist.is_main:
+        log.warning("scoring at max_length %d (task %s); the model was trained at %d (--set "
+                    "model.max_length=%d scores as its run did)", task.model.max_length, task.name,
+                    trained_length, trained_length)
     if task.data.labels and kind.has_classes:  # before any row is read
         from nlptrain.data import LabelVocab
 
@@ -341,12 +346,27 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
         held_out = f" (or {split}_size)" if split != "train" else ""
         raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
                           f"the task a [data] {split} file{held_out}")
+    _check_pairs(model_dir, model.config, dataset, split)
     model.to(dist.device)
     chosen = precision.for_scoring(task.train.precision,
                                    getattr(model.config, "nlptrain_precision", None), dist.device, dist)
     found = predict(model, dataset, dist, collator(tokenizer, task), task.train.eval_batch_size,
                     chosen, kind)
     return compute_metrics(found, names, kind, warn=dist.is_main)
+
+
+def _check_pairs(model_dir: str, model_config: Any, dataset: Any, split: str) -> None:
+    """A model trained on text pairs scores pairs, one on single texts single texts (as predict
+    checks): the other input scores without meaning, and without an error of its own."""
+    trained = getattr(model_config, "nlptrain_text_pair", None)  # None: not trained by nlptrain
+    given = getattr(dataset, "pairs", None)
+    if trained is None or given is None or bool(given) == trained:
+        return
+    if trained:
+        raise ConfigError(f"{model_dir} was trained on text pairs, and the {split} set holds single "
+                          "texts: name the column of each pair's second text with --text-pair-column")
+    raise ConfigError(f"{model_dir} was trained on single texts, and the {split} set holds pairs: "
+                      "score its first texts alone with --text-pair-column ''")
 
 
 def _check_model_labels(model_dir: str, names: list[str], task_names: list[str]) -> None:

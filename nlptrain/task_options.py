@@ -11,6 +11,7 @@ import logging
 import os
 import tomllib
 import typing
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -63,12 +64,18 @@ def flag_of(section: str, f: dataclasses.Field) -> str:
         "--" + f.name.replace("_", "-")
 
 
-def add_task_options(parser: argparse.ArgumentParser) -> None:
+def add_task_options(parser: argparse.ArgumentParser,
+                     only: Collection[tuple[str, str]] | None = None) -> None:
+    """An option for each task key (`only` those (section, key), where given), spelt as every
+    command spells it: errors name these options."""
     for section, cls in SECTIONS.items():
+        if only is not None and not any(s == section for s, _ in only):
+            continue
         group = parser.add_argument_group(f"[{section}] options (override the task file)")
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            if (section, f.name) in NOT_ON_COMMAND_LINE:
+            if (section, f.name) in NOT_ON_COMMAND_LINE or (only is not None and (section, f.name)
+                                                             not in only):
                 continue
             flag = flag_of(section, f)
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

@@ -221,3 +221,31 @@ def test_eval_of_a_model_folder_that_is_not_there_says_that_alone(tmp_path: Path
     err = capsys.readouterr().err
     assert "nosuch" in err and "error:" in err
     assert "scoring on the default task" not in err, err
+
+
+def test_eval_refuses_pairs_for_a_model_of_single_texts_and_says_when_it_cuts_otherwise(
+        toy_task: Path, tmp_path: Path, capsys) -> None:
+    """A model trained on single texts, scored on pairs, gives numbers without meaning: refused,
+    as predict refuses it. A task of another max_length than the model's training is said. A
+    file without a header is read with the option the readers' error names."""
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1"]) == 0
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("text\tother\tlabel\ngreat film\tyes\tpos\nawful\tno\tneg\n")
+    args = ["eval", "--model", str(run / "model"), "--task", str(toy_task), "--no-cache", "--json"]
+    capsys.readouterr()
+    assert main([*args, "--test-file", str(pairs), "--text-pair-column", "other"]) == 1
+    assert "was trained on single texts, and the test set holds pairs: score its first texts " \
+           "alone with --text-pair-column ''" in capsys.readouterr().err
+    assert main([*args, "--test-file", str(pairs)]) == 0
+    assert "max_length" not in capsys.readouterr().err  # the task's is the model's: nothing said
+    assert main([*args, "--test-file", str(pairs), "--set", "model.max_length=16"]) == 0
+    assert "scoring at max_length 16 (task toy); the model was trained at 32 (--set " \
+           "model.max_length=32 scores as its run did)" in capsys.readouterr().err
+    bare = tmp_path / "bare.tsv"
+    bare.write_text("pos\tgreat film\nneg\tawful\n")
+    numbered = [*args, "--test-file", str(bare), "--text-column", "1", "--label-column", "0"]
+    assert main(numbered) == 1
+    assert "Give --no-header" in capsys.readouterr().err
+    assert main([*numbered, "--no-header"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == 2
