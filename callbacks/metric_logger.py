@@ -102,14 +102,28 @@ class MetricLogger(Callback):
     def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
         state["metric_logger"] = {"loss_sum": float(self.loss_sum), "batches": self.batches}
 
+    def on_train_start(self, trainer: Trainer) -> None:
+        # A run that starts from step 0 (a restart, or a resume, of an attempt that died before
+        # its first checkpoint) writes every step again: the dead attempt's rows go.
+        if trainer.global_step == 0 and self._drop_rows_past(0):
+            log.info("%s: dropped the rows of an earlier attempt, which stopped before its first "
+                     "checkpoint: this run starts at step 0", self.path)
+
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         saved = state.get("metric_logger")
         if saved is not None:
             self.loss_sum, self.batches = float(saved["loss_sum"]), int(saved["batches"])
-        if self.path.is_file():  # rows up to the checkpoint's step were written before it
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-            kept = [line for line in lines if _kept_on_resume(line, trainer.global_step)]
+        self._drop_rows_past(trainer.global_step)  # rows up to it were written before it
+
+    def _drop_rows_past(self, step: int) -> bool:
+        """Rewrite the file without the rows a resumed run at `step` writes again; whether any went."""
+        if not self.path.is_file():
+            return False
+        lines = self.path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if _kept_on_resume(line, step)]
+        if len(kept) < len(lines):
             write_text(self.path, "".join(f"{line}\n" for line in kept))
+        return len(kept) < len(lines)
 
     def on_train_end(self, trainer: Trainer) -> None:
         if self.batches:  # the last steps, fewer than log_every: the run's end is logged too

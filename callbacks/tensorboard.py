@@ -40,9 +40,12 @@ class TensorBoardLogger(Callback):
                         "logged for it (pip install tensorboard); metrics.jsonl has every value")
             return
         # On resume, events past the checkpoint's step are dropped, not drawn twice; its own step
-        # was logged before the checkpoint was written, and is not logged again: it stays.
+        # was logged before the checkpoint was written, and is not logged again: it stays. A
+        # start from step 0 where events are already (an attempt that died before its first
+        # checkpoint) drops them all.
+        earlier = trainer.global_step or any(self.log_dir.glob("events.out.tfevents.*"))
         self.writer = SummaryWriter(str(self.log_dir),
-                                    purge_step=trainer.global_step + 1 if trainer.global_step else None)
+                                    purge_step=trainer.global_step + 1 if earlier else None)
         self._since, self._rows = time.perf_counter(), 0
 
     def on_epoch_start(self, trainer: Trainer) -> None:

@@ -105,3 +105,34 @@ def test_the_runs_end_is_logged_and_a_resume_drops_a_stopped_runs_closing_row(tm
     # Step 4's row is the mean of steps 1-4 again. (The stopped run's evaluation at its stop
     # stays: it was made and written.)
     assert train_rows(tmp_path / "run.jsonl") == train_rows(tmp_path / "whole.jsonl")
+
+
+def test_a_run_restarted_before_its_first_checkpoint_drops_the_dead_attempts_rows(tmp_path,
+                                                                                 tiny_model_dir):
+    """A restart (or --resume) of an attempt that died before its first checkpoint trains from
+    step 0 again: metrics.jsonl then holds each step once, as a run never stopped."""
+    from toy_trainer import RaiseAfterStep
+
+    config = {**STEPS, "log_every": 2}
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "whole.jsonl", 2)],
+                 **config).fit()
+    with pytest.raises(RuntimeError, match="crash after step 5"):
+        make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "run.jsonl", 2),
+                                                RaiseAfterStep(5)], **config).fit()
+    assert [r["step"] for r in train_rows(tmp_path / "run.jsonl")] == [2, 4, 5]  # 5: its end
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(tmp_path / "run.jsonl", 2)],
+                 resume_from=tmp_path / "checkpoints", **config).fit()  # none there: from step 0
+    assert rows(tmp_path / "run.jsonl") == rows(tmp_path / "whole.jsonl")
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed")
+def test_tensorboard_of_a_run_restarted_before_its_first_checkpoint_has_each_step_once(
+        tmp_path, tiny_model_dir):
+    from toy_trainer import RaiseAfterStep
+
+    make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "whole")], **STEPS).fit()
+    with pytest.raises(RuntimeError, match="crash after step 5"):
+        make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "tb"),
+                                                RaiseAfterStep(5)], **STEPS).fit()
+    make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "tb")], **STEPS).fit()
+    assert scalars(tmp_path / "tb") == scalars(tmp_path / "whole")
