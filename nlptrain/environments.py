@@ -59,7 +59,8 @@ class Environment:
         try:
             return int(value)
         except ValueError:
-            raise ValueError(f"{self.name}: ${name}={value!r} is not a number") from None
+            raise ConfigError(f"{self.name}: ${name}={value!r} is not a number; check the "
+                              "launcher's settings") from None
 
     # The interface; subclasses override what their launcher tells (some as one-line properties).
     @property
@@ -343,6 +344,6 @@ def _parse_first_host(nodelist: str) -> str:
     """`prefix[01-04,07]` or `a,b`: the first name, its first number with its zeros kept."""
     first = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if first is None:
-        raise ValueError(f"SLURM node list {nodelist!r}: cannot read its first host")
+        raise ConfigError(f"SLURM node list {nodelist!r}: cannot read its first host")
     prefix, ranges = first.group(1), first.group(2)
     return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix

@@ -120,9 +120,16 @@ def test_no_launcher_is_one_process():
     assert detect({}, local_rank=2).local_rank == 2
 
 
-def test_a_bad_value_names_the_variable():
-    with pytest.raises(ValueError, match=r"\$SLURM_PROCID='x'"):
+def test_a_bad_value_names_the_variable(capsys):
+    with pytest.raises(ConfigError, match=r"\$SLURM_PROCID='x' is not a number"):
         _ = detect({**SRUN, "SLURM_PROCID": "x"}).rank
+    # The command line says it in one line, as it says every other bad launcher setting.
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": "abc"}.items():
+            patch.setenv(name, value)
+        assert cli.main(["train"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "error: env:// (RANK, WORLD_SIZE): $MASTER_PORT='abc' is not a number; check the launcher's settings"
 
 
 @pytest.mark.parametrize(("environ", "told"), [
