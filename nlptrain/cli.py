@@ -337,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         _drop_stdout()
         return 141  # as a shell counts a process ended by SIGPIPE
+    except SystemExit as ended:  # sys.exit(n) in a user's code: no traceback, no record of its
+        # own, so the launcher would name a rank that only followed it; this one is dated now
+        if ended.code not in (None, 0):
+            tell_launcher(f"exited with {ended.code}" if isinstance(ended.code, int) else str(ended.code))
+        raise
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
         # checkpoints), or the first one before training began
         said = _how_to_go_on(args, stop) if args.command == "train" else \

@@ -40,6 +40,14 @@ class RaiseAtStep(Callback):
             raise RuntimeError(f"injected crash at step {at_step()}")
 
 
+class ExitRank1(Callback):
+    """`sys.exit(3)` on rank 1 at AT_STEP: a worker that ends with no traceback of its own."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == at_step():
+            raise SystemExit(3)
+
+
 class SigtermRank0(Callback):
     """SIGTERM to rank 0 alone at AT_STEP, as a scheduler or a user would send it."""
 

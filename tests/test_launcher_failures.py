@@ -104,6 +104,18 @@ def test_a_failed_worker_under_nproc_is_said_by_nlptrain_alone(toy_folder, tmp_p
 
 
 @pytest.mark.distributed
+def test_a_worker_that_exits_by_itself_is_named_not_the_rank_that_followed_it(toy_folder, tmp_path):
+    """sys.exit(3) on rank 1 writes no traceback; rank 0 then stops, saying another rank failed.
+    The launcher names rank 1 and its exit code, not rank 0, whose only error is that line."""
+    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
+                          "--output-dir", str(tmp_path / "run"), "--callback",
+                          f"{SCAFFOLD}:ExitRank1"], cwd=toy_folder, env=child_env(AT_STEP="2"),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 3, out.stderr[-3000:]
+    assert "error: rank 1 of 2 failed (exit code 3); its error is above" in out.stderr
+
+
+@pytest.mark.distributed
 def test_a_rendezvous_port_in_use_is_this_ranks_own_error_with_its_fix(toy_task, tmp_path):
     """Rank 0 cannot listen on MASTER_PORT (another job's rendezvous holds it): its error says
     so, not "another rank failed" (a DistError, read as a peer's failure before)."""
