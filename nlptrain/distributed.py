@@ -304,9 +304,10 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
     if job is None:  # no launcher's id to tell jobs apart: torch's own tcp:// rendezvous
         return None
     host, port = environment.master_addr, environment.master_port
+    # Rank 0 does not wait for a count of ranks here: a rank that counts others is refused below.
     store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
                           timeout=timeout, multi_tenant=True,  # as torch's tcp:// makes it
-                          use_libuv=os.environ.get("USE_LIBUV", "1") == "1")
+                          use_libuv=os.environ.get("USE_LIBUV", "1") == "1", wait_for_workers=False)
     if environment.rank == 0:
         store.set(OWNER_KEY, job)
     elif (owner := store.get(OWNER_KEY).decode()) != job:
@@ -314,7 +315,33 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
             f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
             f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
             "of one allocation running at once need one each)")
-    return _group_keys(store, job)
+    keys = _group_keys(store, job)
+    _check_world_size(keys, environment)
+    return keys
+
+
+def _check_world_size(store: dist.Store, environment: Environment) -> None:
+    """Every rank must count the same ranks (a launcher's variables set by hand, one task of a
+    job given another count): else gloo's mesh waits, past the timeout, for ranks that never
+    come, and ends in a traceback. Each rank writes its count; rank 0 reads every other's, the
+    others rank 0's: each rank of a mismatch is refused at once, naming both counts."""
+    rank, world = environment.rank, environment.world_size
+
+    def check(other: int, counted: int) -> None:
+        if counted != world:
+            raise ConfigError(
+                f"rank {rank} counts {world} ranks in {environment.rendezvous_id}, rank {other} "
+                f"counts {counted}: every rank of a job needs the same world size; check the "
+                f"launcher's settings ({', '.join(environment.variables)})")
+
+    if rank == 0:
+        store.set("world-size/0", str(world))
+        for other in range(1, world):
+            check(other, int(store.get(f"world-size/{other}")))
+    else:  # rank 0's count read before this one is written: rank 0 may end (and its store) then
+        counted = int(store.get("world-size/0"))
+        store.set(f"world-size/{rank}", str(world))
+        check(0, counted)
 
 
 @contextmanager
@@ -336,11 +363,12 @@ def _port_taken_said(environment: Environment) -> Iterator[None]:
 def timed_out(error: BaseException) -> bool:
     """Did a collective or the rendezvous give up waiting for another rank (stuck, or never
     started), rather than hear of its failure? gloo says "Timed out waiting 600000ms for recv"
-    (or, from a collective in a DDP comm hook, "Application timeout caused pair closure"), the
+    (or, from a collective in a DDP comm hook, "Application timeout caused pair closure"; from
+    its mesh, waiting for a rank that never connects, "Connect timeout"), the
     store "Timed out after 601 seconds waiting for clients", "has timed out after" or, for a key
     never written, "wait timeout after 600000ms, keys: ..."."""
     text = str(error)
-    if "Application timeout caused pair closure" in text:
+    if "Application timeout caused pair closure" in text or "Connect timeout" in text:
         return True
     waited = "timed out" in text.lower() or "wait timeout after" in text
     return waited and (isinstance(error, dist.DistError) or "gloo" in text)

@@ -184,3 +184,26 @@ def _wait_for(ready, seconds: float) -> None:
     while not ready():
         assert time.monotonic() < deadline, f"not ready after {seconds} s"
         time.sleep(0.2)
+
+
+@pytest.mark.distributed
+def test_ranks_that_count_another_world_size_are_refused_at_once(toy_folder, tmp_path):
+    """One task of a job told 3 ranks, the other 2 (variables set by hand): gloo's mesh waited
+    past the timeout for a rank that never comes, then gave a traceback. Each rank now says it."""
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(free_port())}
+    started = [subprocess.Popen(
+        [sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--output-dir", str(tmp_path / "run"),
+         "--timeout", "300"], cwd=toy_folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=child_env(**slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
+                                 SLURM_NTASKS=str(ntasks)))
+        for rank, ntasks in ((0, 2), (1, 3))]
+    try:
+        said = [process.communicate(timeout=120)[1] for process in started]
+    finally:
+        for process in started:
+            process.kill()
+    assert [process.returncode for process in started] == [1, 1], said
+    assert "error: rank 0 counts 2 ranks in slurm-7.0, rank 1 counts 3: every rank of a job " \
+           "needs the same world size" in said[0], said[0][-3000:]
+    assert "error: rank 1 counts 3 ranks in slurm-7.0, rank 0 counts 2" in said[1], said[1][-3000:]
