@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import add_launch_options
+from nlptrain.launch import INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, resolve_task
@@ -241,7 +241,8 @@ def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
     if run_dir is None:
         return "stopped before the run wrote anything; run the same command again to start it"
     return ("stopped at once, without waiting for the step under way; the run goes on from its "
-            f"last whole checkpoint (none: from the start) with train --resume --output-dir {run_dir}")
+            f"last whole checkpoint, or from the start where it wrote none, with train --resume "
+            f"--output-dir {run_dir}")
 
 
 def _rank_prefix() -> str:
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         _drop_stdout()
-        return 141  # as a shell counts a process ended by SIGPIPE
+        return PIPE_CLOSED  # as a shell counts a process ended by SIGPIPE
     except SystemExit as ended:  # sys.exit(n) in a user's code: no traceback, no record of its
         # own, so the launcher would name a rank that only followed it; this one is dated now
         if ended.code not in (None, 0):
@@ -347,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
         print(f"{_rank_prefix()}interrupted: {said}", file=sys.stderr)
+        tell_launcher(f"{INTERRUPTED_AT_ONCE}: {said}")  # not the agreed stop, exit code 130 too
         return 130
     except Exception:
         tell_launcher(None)

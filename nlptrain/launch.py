@@ -163,17 +163,33 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
                 "-m", "nlptrain", *argv)
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
-        print(f"error: {failure_summary(rank, nproc, failure.exitcode)}"
+        code = failure.exitcode
+        if code == PIPE_CLOSED:  # `predict ... | head`: the reader has what it wanted
+            return PIPE_CLOSED
+        said = failure.message.get("message", "") if isinstance(failure.message, dict) \
+            else str(failure.message)  # (the worker's record: `tell_launcher`)
+        if said.startswith(INTERRUPTED_AT_ONCE):  # (the agent may have ended it with SIGTERM as
+            code = Interrupted.exit_code         # it left)
+        print(f"error: {failure_summary(rank, nproc, code, said)}"
               f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
-        return failure.exitcode if failure.exitcode > 0 else 1
+        return code if code > 0 else 1
     except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
         print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
         return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
 
 
-def failure_summary(rank: int, nproc: int, exitcode: int) -> str:
-    """The launcher's line for the first worker that failed (a negative exit code: a signal)."""
+PIPE_CLOSED = 141  # a worker's exit code when its stdout's reader went away (cli.main)
+INTERRUPTED_AT_ONCE = "interrupted"  # a worker's record: a KeyboardInterrupt, not the agreed stop
+
+
+def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> str:
+    """The launcher's line for the first worker that failed (a negative exit code: a signal);
+    `message`: the worker's record (`tell_launcher`)."""
+    if exitcode == Interrupted.exit_code and message.startswith(INTERRUPTED_AT_ONCE):
+        return (f"rank {rank} of {nproc} was interrupted (a second Ctrl-C, or a KeyboardInterrupt "
+                "raised in it) and stopped at once, the others with it; the line above says how "
+                "to go on")
     if exitcode == Interrupted.exit_code:  # no failure: a SIGTERM/SIGINT to one worker stops all
         return (f"the {nproc} workers stopped after the same step, on a signal sent to a worker "
                 "(not to this launcher); the line above says how to go on")

@@ -48,6 +48,14 @@ class ExitRank1(Callback):
             raise SystemExit(3)
 
 
+class CtrlCRank1(Callback):
+    """A KeyboardInterrupt on rank 1 at AT_STEP: what a second Ctrl-C raises, on one rank."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.dist.rank == 1 and trainer.global_step == at_step():
+            raise KeyboardInterrupt
+
+
 class SigtermRank0(Callback):
     """SIGTERM to rank 0 alone at AT_STEP, as a scheduler or a user would send it."""
 

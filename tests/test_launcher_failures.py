@@ -4,6 +4,7 @@ task, gloo on loopback)."""
 
 from __future__ import annotations
 
+import shlex
 import signal
 import subprocess
 import sys
@@ -113,6 +114,33 @@ def test_a_worker_that_exits_by_itself_is_named_not_the_rank_that_followed_it(to
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 3, out.stderr[-3000:]
     assert "error: rank 1 of 2 failed (exit code 3); its error is above" in out.stderr
+
+
+@pytest.mark.distributed
+def test_a_worker_interrupted_at_once_is_not_called_an_agreed_stop(toy_folder, tmp_path):
+    """A KeyboardInterrupt on one rank stops it without waiting for the step (exit 130, as the
+    agreed stop's): the launcher says so, not "the workers stopped after the same step"."""
+    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
+                          "--output-dir", str(tmp_path / "run"), "--callback",
+                          f"{SCAFFOLD}:CtrlCRank1"], cwd=toy_folder, env=child_env(AT_STEP="2"),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "error: rank 1 of 2 was interrupted (a second Ctrl-C, or a KeyboardInterrupt raised " \
+           "in it) and stopped at once" in out.stderr, out.stderr[-3000:]
+    assert "stopped after the same step" not in out.stderr
+
+
+@pytest.mark.distributed
+def test_a_reader_that_closes_the_pipe_is_no_failure_under_nproc(tiny_model_dir, tmp_path):
+    """`predict --nproc 2 ... | head -1`: the reader has what it wanted; exit 141 as one process
+    does, with no "rank 0 failed" line."""
+    (tmp_path / "in.txt").write_text("".join(f"text number {i}\n" for i in range(20000)))
+    command = (f"{shlex.quote(sys.executable)} -m nlptrain predict --model {tiny_model_dir} "
+               f"--input in.txt --nproc 2 | head -1; exit ${{PIPESTATUS[0]}}")
+    out = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=child_env(),
+                         capture_output=True, text=True, timeout=240)
+    assert out.stdout.startswith("row\t"), out.stderr[-3000:]
+    assert out.returncode == 141 and "failed" not in out.stderr, out.stderr[-3000:]
 
 
 @pytest.mark.distributed
