@@ -3,7 +3,8 @@
     python -m nlptrain split --task sst2 --data-dir DATA --world-size 4 --shuffle --out /data/sst2-4
     torchrun --nproc_per_node 4 -m nlptrain train --task sst2 --data-dir DATA --train-shards /data/sst2-4
 
-or, from Python, `DistTrainer(model, None, eval_set, callbacks=[PerRankData(folder, labels)])`.
+or, from Python, `DistTrainer(model, None, eval_set, tokenizer=tokenizer,
+callbacks=[PerRankData(folder, labels)])`.
 In `on_train_start` the callback reads `manifest.json` of a folder made by `nlptrain split`, refuses
 a job whose world size is not the manifest's, and sets `trainer.train_data` to a DataLoader over
 this rank's file (chosen from the current RANK / WORLD_SIZE), with an `EpochSampler`: file order, or

@@ -147,7 +147,8 @@ class TrainConfig:
                                     "the last, so a hard crash loses no more (0: off)")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
-    steps_per_epoch: int = opt(0, "fixed steps per epoch (needed for streaming data; 0: one pass)")
+    steps_per_epoch: int = opt(0, "fixed steps per epoch (0: one pass; needed for a Python "
+                               "iterable of your own without a length)")
     max_steps: int = opt(0, "stop after this many optimizer steps in all, even inside an epoch; "
                          "the lr schedule ends there (0: epochs decide)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")

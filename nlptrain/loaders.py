@@ -87,10 +87,11 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
             resumed = 0
         elif hasattr(sampler, "set_epoch"):
             sampler.set_epoch(progress.epoch)
-    if resumed:  # a user's sampler: skip by reading (slow, but exact: `_read_past`)
+    if resumed:  # a stream, a user's loader or sampler: skip by reading (slow, but exact)
         skip = progress.batch_in_epoch
         (log.warning if dist.is_main else log.debug)(
-            "resuming inside a user sampler: reading past %d batches", skip)
+            "resuming mid-epoch by reading past the epoch's first %d batches (a stream or a "
+            "loader of your own cannot start at a row)", skip)
     # A list of batches has no `dataset`; a DataLoader over a stream has `__len__`, no length.
     if hasattr(loader, "__len__") and not isinstance(getattr(loader, "dataset", None),
                                                      IterableDataset):

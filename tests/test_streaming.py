@@ -146,3 +146,22 @@ def test_two_ranks_two_workers_see_each_row_once_per_epoch(tmp_path, tiny_model_
         seen = [i for r in results for i in r["rows"][epoch]]
         assert sorted(seen) == list(range(150)), epoch
     assert results[0]["rows"][0] != results[0]["rows"][1]  # workers saw the new epoch
+
+
+@pytest.mark.parametrize(("steps", "said"), [(2, "the rows past the epoch's share are never trained"),
+                                             (9, "an epoch reads rows twice")])
+def test_steps_per_epoch_other_than_a_pass_of_a_stream_is_said(tmp_path, tokenizer, caplog, steps,
+                                                                said):
+    """Each epoch reads a stream from its start: fewer steps than a pass never reach its tail,
+    more read rows twice. Said, with the pass's count."""
+    write_toy_tsv(tmp_path / "rows.tsv", 40)  # 5 batches of 8: a pass is 5 steps
+    one_rank = SimpleNamespace(world_size=1, is_main=True, on_main=lambda fn: fn())
+    config = prepare_stream(stream(tmp_path / "rows.tsv", tokenizer), TrainConfig(
+        batch_size=8, steps_per_epoch=steps), one_rank)
+    assert config.steps_per_epoch == steps
+    assert f"streaming 40 rows with steps_per_epoch = {steps}: one pass is 5 steps, and each epoch " \
+           f"reads the file from its start, so {said}" in caplog.text
+    caplog.clear()
+    prepare_stream(stream(tmp_path / "rows.tsv", tokenizer), TrainConfig(batch_size=8,
+                                                                         steps_per_epoch=5), one_rank)
+    assert "steps_per_epoch" not in caplog.text

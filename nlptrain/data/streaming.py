@@ -219,7 +219,14 @@ def prepare_stream(dataset: StreamingDataset, config: TrainConfig, dist: Backend
     rows = dataset.total_rows
     per_rank = batches_per_rank(rows, dist.world_size, config.num_workers, config.batch_size,
                                 config.drop_last)
-    if config.steps_per_epoch:
+    if config.steps_per_epoch:  # each epoch reads the stream from its start again
+        a_pass = min(per_rank) // config.grad_accum
+        if config.steps_per_epoch != a_pass and dist.is_main:
+            log.warning("streaming %d rows with steps_per_epoch = %d: one pass is %d steps, and "
+                        "each epoch reads the file from its start, so %s; leave steps_per_epoch "
+                        "at 0 for one pass an epoch", rows, config.steps_per_epoch, a_pass,
+                        "the rows past the epoch's share are never trained" if
+                        config.steps_per_epoch < a_pass else "an epoch reads rows twice")
         return config
     steps = min(per_rank) // config.grad_accum
     if steps < 1:
