@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
+from torch.utils.data import IterableDataset
 
 from nlptrain import optim
 from nlptrain.config import DATA_ORDER_KEYS
@@ -88,7 +89,7 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
              "epoch_rng": list(epoch_rngs), "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
             "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
-            "metric_for_best": trainer.metric_for_best,
+            "metric_for_best": trainer.metric_for_best, "num_workers": trainer.config.num_workers,
             "data_order": {key: getattr(trainer.config, key) for key in DATA_ORDER_KEYS}}
 
     def write() -> None:
@@ -240,6 +241,22 @@ def saved_precision(folder: Path) -> str | None:
         return None
 
 
+def _check_stream_readers(trainer: Any, folder: Path, meta: dict[str, Any], progress: dict) -> None:
+    """A stream deals its rows to its readers (ranks x DataLoader workers) by their count, and a
+    resume mid-epoch skips the batches each reader had read: with another count it would skip
+    other rows, training some twice and others never. Refused; at an epoch's end any count goes."""
+    done, planned = int(progress.get("batch_in_epoch", 0)), int(progress.get("batches_per_epoch", 0))
+    if not isinstance(trainer.train_data, IterableDataset) or not 0 < done < planned:
+        return
+    then = (meta["world_size"], max(int(meta.get("num_workers", trainer.config.num_workers)), 1))
+    now = (trainer.dist.world_size, max(trainer.config.num_workers, 1))
+    if then != now:
+        raise CheckpointError(
+            f"{folder}: a stream stopped mid-epoch resumes only as it was read, by {then[0]} "
+            f"rank(s) x {then[1]} DataLoader worker(s) (this job: {now[0]} x {now[1]}), since its "
+            "rows are dealt by that count; resume with those, or from a checkpoint at an epoch's end")
+
+
 def load_checkpoint(trainer: Any, folder: Path) -> None:
     """Restore weights, optimizer, progress, this rank's RNG and callback states."""
     warn = log.warning if trainer.is_main else log.debug  # said once, not by every rank
@@ -269,6 +286,7 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         warn("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
              trainer.config.precision)
     state = read_state(folder / "state.pt")
+    _check_stream_readers(trainer, folder, meta, state["progress"])
     configured = optim.group_settings(trainer.optimizer)
     trainer.strategy.load_checkpoint_weights(trainer.model, trainer.optimizer, folder,
                                              state["optimizer"])

@@ -165,3 +165,28 @@ def test_steps_per_epoch_other_than_a_pass_of_a_stream_is_said(tmp_path, tokeniz
     prepare_stream(stream(tmp_path / "rows.tsv", tokenizer), TrainConfig(batch_size=8,
                                                                          steps_per_epoch=5), one_rank)
     assert "steps_per_epoch" not in caplog.text
+
+
+def test_a_stream_stopped_mid_epoch_resumes_only_with_the_readers_it_was_read_by(tmp_path,
+                                                                                tiny_model_dir):
+    """Its rows are dealt to ranks x workers by their count; the resume skips each reader's
+    batches done: with another count, some rows would be trained twice and others never."""
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain import Trainer
+    from nlptrain.errors import CheckpointError
+
+    write_toy_tsv(tmp_path / "rows.tsv", 40)
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+
+    def trainer(workers: int, **more) -> Trainer:
+        config = TrainConfig(batch_size=8, steps_per_epoch=5, num_workers=workers, **more)
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), stream(
+            tmp_path / "rows.tsv", tokenizer), config=config, tokenizer=tokenizer, progress=False,
+            callbacks=[Checkpointer(tmp_path / "checkpoints", 2)], resume_from=tmp_path / "checkpoints")
+
+    trainer(0, max_steps=2).fit()  # a checkpoint at step 2 of 5
+    with pytest.raises(CheckpointError, match=r"a stream stopped mid-epoch resumes only as it was "
+                       r"read, by 1 rank\(s\) x 1 DataLoader worker\(s\) \(this job: 1 x 2\)"):
+        trainer(2)
+    assert trainer(0).global_step == 2  # as it was read: it resumes
