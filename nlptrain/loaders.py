@@ -51,13 +51,48 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         batches = TokenBudgetSampler(lengths, config.max_tokens, world_size, rank, config.seed)
         return DataLoader(data, batch_sampler=batches, **common)
     sampler = None
-    if not isinstance(data, IterableDataset):
+    if isinstance(data, IterableDataset):
+        data = _shard_by_rank(data, world_size, rank, config.num_workers)
+    else:
         sampler = ShardedSampler(data, world_size, rank, shuffle=True, seed=config.seed,
                                  lengths=lengths if config.group_by_length else None,
                                  group_size=64 * config.batch_size,
                                  block_size=8 * config.batch_size)
     return DataLoader(data, batch_size=config.batch_size, sampler=sampler,
                       drop_last=config.drop_last, **common)
+
+
+class RankShard(IterableDataset):
+    """A user's IterableDataset, sharded by rank as a DistributedSampler shards a Dataset: rank
+    r of W keeps items r, r + W, r + 2W, ... of what its `__iter__` yields (in each DataLoader
+    worker, of that worker's share: workers shard in the dataset, as torch's docs ask)."""
+
+    def __init__(self, data: IterableDataset, world_size: int, rank: int) -> None:
+        self.data, self.world_size, self.rank = data, world_size, rank
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.data), self.rank, None, self.world_size)
+
+    def set_epoch(self, epoch: int) -> None:  # a stream that reshuffles by epoch
+        if hasattr(self.data, "set_epoch"):
+            self.data.set_epoch(epoch)
+
+
+def _shard_by_rank(data: IterableDataset, world_size: int, rank: int, workers: int) -> IterableDataset:
+    """`data` as this rank's share: every rank running the same `__iter__` trained each row once
+    per rank. A dataset that deals its rows itself says so (`shards_by_rank = True`, as
+    nlptrain's streams and per-rank readers do) and is left as it is."""
+    if workers > 1 and rank == 0 and not getattr(data, "shards_by_rank", False):
+        log.info("%d DataLoader workers each run %s.__iter__: it must shard by "
+                 "torch.utils.data.get_worker_info() (as torch's docs ask), else each row is read "
+                 "%d times", workers, type(data).__name__, workers)
+    if world_size == 1 or getattr(data, "shards_by_rank", False):
+        return data
+    if rank == 0:
+        log.info("%s: an IterableDataset, sharded by rank: each of the %d ranks keeps every "
+                 "%d-th item of its iterator (set shards_by_rank = True on a dataset that yields "
+                 "only its rank's rows itself)", type(data).__name__, world_size, world_size)
+    return RankShard(data, world_size, rank)
 
 
 def batched_as_is(data: Any, config: TrainConfig) -> Any:

@@ -190,3 +190,42 @@ def test_a_stream_stopped_mid_epoch_resumes_only_with_the_readers_it_was_read_by
                        r"read, by 1 rank\(s\) x 1 DataLoader worker\(s\) \(this job: 1 x 2\)"):
         trainer(2)
     assert trainer(0).global_step == 2  # as it was read: it resumes
+
+
+class OwnStream(torch.utils.data.IterableDataset):
+    """A user's IterableDataset that knows nothing of ranks: rows 0..47, tokenized."""
+
+    def __init__(self, model_dir: str, rows: int = 48) -> None:
+        from nlptrain.data import TokenizedDataset
+
+        texts = [f"row number {i}" for i in range(rows)]
+        self.rows = TokenizedDataset.from_texts(texts, [i % 2 for i in range(rows)],
+                                                load_tokenizer(model_dir), 16)
+
+    def __iter__(self):
+        return (self.rows[i] for i in range(len(self.rows)))
+
+
+def own_stream_job(rank: int, world: int, model_dir: str) -> dict:
+    from nlptrain import distributed
+
+    dist = distributed.from_env(60)
+    record = RecordIndex()
+    torch.manual_seed(0)
+    trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), OwnStream(model_dir), None,
+                          config=TrainConfig(epochs=1, batch_size=8, steps_per_epoch=3, timeout=60),
+                          callbacks=[record], dist=dist, progress=False)
+    try:
+        trainer.fit()
+    finally:
+        trainer.close()
+    return record.rows
+
+
+def test_an_iterable_dataset_of_your_own_is_sharded_by_rank(tmp_path, tiny_model_dir):
+    """Two ranks each running the same __iter__ trained every row twice per epoch, silently
+    (the README said IterableDatasets are sharded): each rank now keeps every 2nd item."""
+    ranks = run_ranks(own_stream_job, 2, tmp_path, str(tiny_model_dir))
+    seen = [i for rows in ranks for i in rows[0]]
+    assert sorted(seen) == list(range(48))
+    assert sorted(ranks[0][0]) == list(range(0, 48, 2))

@@ -45,6 +45,8 @@ class StreamingDataset(IterableDataset):
     ranks), counted once on first use; an epoch on one rank yields about len / world_size rows.
     """
 
+    shards_by_rank = True  # its readers read their own rows: the trainer shards it no more
+
     def __init__(self, spec: FileSpec, data_dir: str | Path, label_ids: dict[str, int],
                  tokenizer: Any, max_length: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle_buffer: int = 10_000, chunk: int = 512,
