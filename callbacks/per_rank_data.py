@@ -90,6 +90,7 @@ class PerRankData(Callback):
         self.pairs = pairs                 # rows hold a second text ("text_pair")
         self.manifest: Manifest | None = None
         self.sampler: EpochSampler | None = None
+        self._checksums_then: list | None = None  # the files a resumed run read (its checkpoint)
         self.reports: list[dict[str, Any]] = []  # per epoch: agreed batches and each rank's rows
         self._reported = False
 
@@ -102,9 +103,17 @@ class PerRankData(Callback):
                    task.data.uneven_shards, cache if use_cache else None, kind=from_task(task),
                    pairs=task.data.text_pair_column != "")
 
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        if self.manifest is not None:  # which files the run read: a resume reads the same
+            state["part_checksums"] = [part.get("checksum") for part in self.manifest.parts]
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        self._checksums_then = state.get("part_checksums")
+
     def on_train_start(self, trainer: Trainer) -> None:
         self.manifest = Manifest.load(self.folder)
         self.manifest.check_world_size(trainer.dist.world_size, self.folder)
+        self._check_same_files(trainer)
         rank = trainer.dist.rank
         part = self.manifest.part_path(self.folder, rank)
         dataset = self._load(part, trainer)
@@ -120,6 +129,21 @@ class PerRankData(Callback):
             drop_last=cfg.drop_last, num_workers=cfg.num_workers,
             pin_memory=trainer.device.type == "cuda", persistent_workers=cfg.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed))  # not the global RNG (resume)
+
+    def _check_same_files(self, trainer: Trainer) -> None:
+        """A resume mid-epoch skips the batches done of each rank's file: of files split again
+        since (other rows, another order) it would skip rows never trained. Refused then; said
+        at an epoch's end, where the rest of the run simply reads the new files."""
+        then = self._checksums_then
+        if then is None or then == [part.get("checksum") for part in self.manifest.parts]:
+            return
+        if trainer.batch_in_epoch:
+            raise DataError(f"{self.folder}: its files were split again since the checkpoint (their "
+                            "checksums differ from those the run read): resuming mid-epoch would "
+                            "skip rows it never trained; resume with the files it began with")
+        if trainer.is_main:
+            log.warning("%s: its files were split again since the checkpoint; the run goes on "
+                        "with the new ones", self.folder)
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         if self.sampler is not None:

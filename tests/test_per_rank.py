@@ -200,3 +200,27 @@ def test_the_report_says_what_set_each_ranks_batch_count(tmp_path, caplog):
         with caplog.at_level("INFO", logger="nlptrain"):
             callback.on_batch_start(trainer, {})
         assert f"each rank takes {batches} batches ({why})" in caplog.text
+
+
+def test_a_resume_mid_epoch_onto_files_split_again_is_refused(tmp_path, toy_task, capsys,
+                                                             monkeypatch):
+    """The resume skips the batches done of each rank's file; files split again since (shuffled,
+    say) would have it skip rows never trained. The files the run began with resume."""
+    from nlptrain.cli import main
+
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 80, seed=1)
+    split = ["split", str(source), "--world-size", "1", "--out", str(tmp_path / "parts"),
+             "--overwrite"]
+    assert main(split) == 0
+    train = ["train", "--task", str(toy_task), "--train-shards", str(tmp_path / "parts"),
+             "--epochs", "1", "--output-dir", str(tmp_path / "run"), "--checkpoint-every", "2"]
+    monkeypatch.setenv("AT_STEP", "3")
+    scaffold = Path(__file__).parent / "scaffold_callbacks.py"
+    assert main([*train, "--callback", f"{scaffold}:SecondCtrlCAtStep"]) == 130
+    assert main([*split, "--shuffle"]) == 0
+    capsys.readouterr()
+    assert main([*train, "--resume"]) == 1
+    assert "its files were split again since the checkpoint (their checksums differ from those " \
+           "the run read): resuming mid-epoch would skip rows it never trained" in capsys.readouterr().err
+    assert main(split) == 0  # the same split as at first: the same files
+    assert main([*train, "--resume"]) == 0
