@@ -35,6 +35,7 @@ from nlptrain.errors import CheckpointError
 from nlptrain.integrity import (
     PREFIX,
     file_checksums,
+    no_whole_checkpoint,
     pick_checkpoint,
     read_meta,
     step_folders,
@@ -152,9 +153,7 @@ def latest_whole_checkpoint(folder: Path, dist: Backend) -> Path | None:
         for problem in problems:
             log.warning("%s: checkpoint skipped", problem)
         if candidates and chosen is None:
-            raise CheckpointError(f"{folder}: no whole checkpoint left to resume from "
-                                  f"({len(problems)} damaged; the newest: {problems[0]}); "
-                                  "start again with --overwrite")
+            raise CheckpointError(no_whole_checkpoint(folder, problems))
         if problems:
             log.warning("resuming from %s, the newest whole checkpoint", chosen)
         return None if chosen is None else str(chosen)

@@ -59,7 +59,28 @@ def verify_checkpoint(folder: Path) -> str | None:
         meta = read_meta(folder)
     except (ValueError, UnicodeDecodeError) as err:
         return f"{folder / META}: damaged (not valid JSON: {str(err)[:80]})"
-    for name, expected in meta.get("files", {}).items():
+    files = meta.get("files", {})
+    # The files as they are now: a resume checks its checkpoint before its run's record changes
+    # and again as it loads it, but reads each file once.
+    stamp = (str(folder.resolve()), tuple((name, _stamp(folder / name)) for name in files))
+    if stamp not in _verified:
+        _verified[stamp] = _damage(folder, files)
+    return _verified[stamp]
+
+
+_verified: dict[tuple, str | None] = {}  # (folder, its files' mtime and size) -> verify's answer
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+def _damage(folder: Path, files: dict[str, dict]) -> str | None:
+    for name, expected in files.items():
         path = folder / name
         if not path.is_file():
             return f"{path}: missing"
@@ -69,6 +90,12 @@ def verify_checkpoint(folder: Path) -> str | None:
         if _sha256(path) != expected["sha256"]:
             return f"{path}: damaged (checksum mismatch)"
     return None
+
+
+def no_whole_checkpoint(folder: Path, problems: list[str]) -> str:
+    """The error of a resume whose checkpoints are all damaged."""
+    return (f"{folder}: no whole checkpoint left to resume from ({len(problems)} damaged; the "
+            f"newest: {problems[0]}); start again with --overwrite")
 
 
 PREFIX = "step-"

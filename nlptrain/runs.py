@@ -18,7 +18,7 @@ from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig, task_from_
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import CheckpointError, ConfigError
-from nlptrain.integrity import pick_checkpoint, step_folders, whole_weights_refusal
+from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
@@ -192,6 +192,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     if saved is not None and resume:
         check_resume(folder, task, saved)
         check_strategy_fits(folder, task["train"], world_size)  # before config.json records it
+        check_a_checkpoint_is_whole(folder / "checkpoints")  # and this
         changed = changed_settings(saved["task"].get("train", {}), task["train"])
         if changed:  # said: a resume's command line may differ from the run's without meaning to
             log.info("resume with changed settings: %s", ", ".join(changed))
@@ -299,6 +300,17 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
     check_best_metric_kept(folder, task, saved["task"])
 
 
+def check_a_checkpoint_is_whole(folder: Path) -> None:
+    """Refuse a resume whose checkpoints are all damaged before config.json records it (the
+    trainer would refuse it after; the checksums are read once, `verify_checkpoint`)."""
+    candidates = step_folders(folder)
+    chosen, problems = pick_checkpoint(candidates)
+    if candidates and chosen is None:
+        for problem in problems:
+            log.warning("%s: checkpoint skipped", problem)
+        raise CheckpointError(no_whole_checkpoint(folder, problems))
+
+
 def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) -> None:
     """Refuse a resume under FSDP2 (fsdp on several processes) of a run whose newest checkpoint
     holds whole weights, before anything is written: else the refused strategy would stay in
@@ -306,7 +318,7 @@ def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) ->
     if train.get("strategy") != "fsdp" or world_size == 1:
         return
     newest, _ = pick_checkpoint(step_folders(folder / "checkpoints"))  # the one a resume takes
-    if newest is not None:  # (checksums read: fsdp's resumes alone pay for it)
+    if newest is not None:
         refusal = whole_weights_refusal(newest, world_size)
         if refusal is not None:
             raise CheckpointError(refusal)

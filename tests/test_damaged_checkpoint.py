@@ -64,7 +64,7 @@ def truncate(path: Path) -> int:
 
 
 def test_resume_skips_a_damaged_latest_checkpoint_and_fails_cleanly_when_none_is_left(
-        toy_task, tmp_path, capsys):
+        toy_task, tmp_path, capsys, monkeypatch):
     run = tmp_path / "run"
     args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
             "--steps-per-epoch", "10", "--checkpoint-every", "5"]
@@ -74,7 +74,14 @@ def test_resume_skips_a_damaged_latest_checkpoint_and_fails_cleanly_when_none_is
     size = truncate(latest / "model.safetensors")
     capsys.readouterr()
 
+    from nlptrain import integrity
+
+    hashed: list[Path] = []
+    hash_file = integrity._sha256
+    monkeypatch.setattr(integrity, "_sha256", lambda path: hashed.append(path) or hash_file(path))
     assert main([*args, "--resume"]) == 0  # trains steps 6-10 again from step-5
+    # Checked before the run's record changes and as it loads, each file read once.
+    assert hashed and len(hashed) == len(set(hashed)), hashed
     err = capsys.readouterr().err
     assert (f"{latest}/model.safetensors: damaged (size {size // 2} of {size} bytes): "
             "checkpoint skipped") in err
@@ -87,7 +94,9 @@ def test_resume_skips_a_damaged_latest_checkpoint_and_fails_cleanly_when_none_is
     (latest / "state.pt").write_bytes(state[:-1] + bytes([state[-1] ^ 1]))
     truncate(older / "meta.json")
     capsys.readouterr()
-    assert main([*args, "--resume"]) == 1
+    recorded = (run / "config.json").read_bytes()
+    assert main([*args, "--resume", "--epochs", "2"]) == 1
+    assert (run / "config.json").read_bytes() == recorded  # no resume recorded: none took place
     err = capsys.readouterr().err
     assert f"{latest}/state.pt: damaged (checksum mismatch): checkpoint skipped" in err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
