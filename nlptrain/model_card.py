@@ -70,7 +70,9 @@ def model_card(run_dir: Path) -> str:
         out.append(f"| {split} | {info.get('rows', '')} | {info.get('source', '')} |")
     out += ["", "## Labels", "", ", ".join(f"`{i}`: {label}" for i, label in enumerate(labels)),
             "", "## Training settings", "", "| setting | value |", "| --- | --- |"]
-    out += [f"| {key} | {train[key]} |" for key in SETTINGS if key in train]
+    picked = bool(results.get("valid"))  # else no evaluation picked the model: the last is it
+    out += [f"| {key} | {train[key]} |" for key in SETTINGS if key in train
+            and (picked or key != "metric_for_best")]
     kind = from_run_config(run)
     pairs = task.get("data", {}).get("text_pair_column", "") != ""
     rule = [kind.decision_rule[0].upper() + kind.decision_rule[1:] + ".", ""] \
@@ -91,11 +93,13 @@ def _usage(kind: Any, pairs: bool, labels: list[str]) -> list[str]:
         return [f'classify({text}, top_k=None, function_to_apply="sigmoid", truncation=True)',
                 "# [{'label': ..., 'score': ...}, ...] for every label; the predicted ones are "
                 f"those with score >= {kind.threshold:g}"]
+    # A pair (a dict) gives one dict, a text a list of one.
     if kind.name == "regression":  # one output, the score itself
-        return [f'classify({text}, function_to_apply="none", truncation=True)   # [{{"label": "score", '
-                '"score": 3.8}]']
-    return [f'classify({text}, truncation=True)   '
-            f'# [{{"label": "{labels[0] if labels else "..."}", "score": ...}}]']
+        found = '{"label": "score", "score": 3.8}'
+        return [f'classify({text}, function_to_apply="none", truncation=True)   '
+                f'# {found if pairs else f"[{found}]"}']
+    found = f'{{"label": "{labels[0] if labels else "..."}", "score": ...}}'
+    return [f'classify({text}, truncation=True)   # {found if pairs else f"[{found}]"}']
 
 
 def write_model_card(run_dir: str | Path) -> Path:

@@ -345,3 +345,27 @@ def test_ctrl_c_names_the_folder_a_run_goes_on_from_and_none_where_nothing_was_w
     said = capsys.readouterr().err
     assert "run the same command again" in said and "--resume" not in said, said
     assert not Path("fresh").exists()
+
+
+def test_model_card_shows_what_the_pipeline_returns_and_no_picking_metric_without_validation(
+        tmp_path: Path) -> None:
+    """transformers' pipeline returns a dict for a pair (a dict), a list of one for a text; a run
+    without a validation set picked no model, so no metric_for_best is listed for it."""
+    from nlptrain.model_card import model_card
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "id2label": {"0": "no", "1": "yes"}}))
+    task = {"name": "t", "data": {"text_pair_column": "hypothesis"},
+            "train": {"epochs": 1, "metric_for_best": ""}}
+    (tmp_path / "config.json").write_text(json.dumps({"task": task}))
+    (tmp_path / "results.json").write_text(json.dumps({"test": {"accuracy": 0.5}}))
+    card = model_card(tmp_path)
+    assert '"text_pair": "second sentence"}, truncation=True)   # {"label": "no", "score": ...}' in card
+    assert "metric_for_best" not in card
+    task["data"]["text_pair_column"] = ""
+    (tmp_path / "config.json").write_text(json.dumps({"task": task}))
+    (tmp_path / "results.json").write_text(json.dumps({"valid": {"accuracy": 0.5}}))
+    card = model_card(tmp_path)
+    assert 'classify("a text to classify", truncation=True)   # [{"label": "no", "score": ...}]' in card
+    assert "| metric_for_best | accuracy (the kind's) |" in card
