@@ -200,7 +200,8 @@ class PerRankData(Callback):
             examples = read_part(spec)
             targets = labels.encode(examples, self.kind)
             return TokenizedDataset.from_texts(examples.texts, targets, tokenizer, self.max_length,
-                                               pairs=examples.pairs), {"rows": len(examples)}
+                                               pairs=examples.pairs, what=f"{part.name} (this rank's)"
+                                               ), {"rows": len(examples)}
 
         if self.cache_dir is None:
             return build()[0]
