@@ -300,6 +300,15 @@ def test_a_parquet_input_without_its_suffix_is_read_when_the_format_is_named(
         ("A7", "great film"), ("B9", "awful")]
 
 
+def test_an_ndjson_input_is_read_as_json_lines(tmp_path: Path, tiny_model_dir: Path, monkeypatch,
+                                               capsys) -> None:
+    """.ndjson is JSON lines by another name: read as such, not scored as raw JSON text."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.ndjson").write_text('{"text": "great film", "id": 7}\n{"text": "awful", "id": 8}\n')
+    assert main(["predict", "--model", str(tiny_model_dir), "--input", "in.ndjson"]) == 0
+    assert [r["text"] for r in parse_tsv(capsys.readouterr().out)] == ["great film", "awful"]
+
+
 @pytest.mark.parametrize(("content", "fmt", "other"), [
     ('{"text": "great film", "id": 7}\n', "tsv", "jsonl"),  # one cell
     ('{"text": "great film", "id": 7}\n', "csv", "jsonl"),  # split at the JSON's comma

@@ -21,7 +21,7 @@ from nlptrain.errors import DataError
 
 # Where a file's format is said, for a file read in another than its own.
 TASK_FORMAT_FIX = "Say so in its own table (--set data.<train|valid|test>.format={format})"
-FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl",
+FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl",
                      ".parquet": "parquet"}
 
 
