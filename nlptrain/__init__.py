@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # what a type checker reads; at run time __getattr__ imports 
     from nlptrain.events import EVENTS, Callback
     from nlptrain.trainer import DistTrainer, Trainer
 
-__version__ = "0.1.0"
+from nlptrain.version import __version__ as __version__  # the package's (one place)
 
 _EXPORTS = {
     "Trainer": "nlptrain.trainer", "DistTrainer": "nlptrain.trainer",

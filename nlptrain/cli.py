@@ -22,6 +22,7 @@ from nlptrain.logs import add_log_level
 from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, resolve_task
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
+from nlptrain.version import __version__
 
 log = logging.getLogger("nlptrain")
 
@@ -55,16 +56,6 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     add_launch_options(parser)
 
 
-def _version() -> str:
-    """The installed package's version (without importing torch, as `--help` does not)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("nlptrain")
-    except PackageNotFoundError:
-        return "(not installed)"
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nlptrain", description="Fine-tune transformer text classifiers, one process or "
@@ -73,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     # torch.distributed.launch (without --use-env) and the deepspeed launcher put --local_rank=N
     # right after the program, before the command.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--version", action="version", version=f"nlptrain {_version()}")
+    parser.add_argument("--version", action="version", version=f"nlptrain {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     train = commands.add_parser("train", help="fine-tune a model on a task",
                                 description="Fine-tune a model on a task; the run directory "

@@ -82,7 +82,7 @@ def versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from nlptrain import __version__
+    from nlptrain.version import __version__
 
     return {"nlptrain": __version__, "torch": torch.__version__,
             "transformers": transformers.__version__}
