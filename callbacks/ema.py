@@ -75,6 +75,13 @@ class EMA(Callback):
             # It would see the training weights back, and save them under the average's metrics.
             raise ConfigError("SaveBestModel comes after EMA(evaluate=True) in the callbacks: put "
                               "SaveBestModel before EMA, so that best/ holds the average evaluated")
+        evaluating = [c for c in order if isinstance(c, EMA) and c.evaluate]
+        if self.evaluate and len(evaluating) > 1:
+            # Each swaps its average in and out around an evaluation: the second swapped the
+            # first's average back as the weights trained on.
+            raise ConfigError(f"{len(evaluating)} EMA callbacks evaluate their average "
+                              f"({', '.join(type(c).__name__ for c in evaluating)}; [train] "
+                              "ema_decay makes one): keep one, or give the others evaluate=False")
         if self.average is None:  # else loaded from a checkpoint
             self.average = {name: p.detach().float().clone()
                             for name, p in self.averaged(trainer).items()}

@@ -90,7 +90,8 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
              "epoch_rng": list(epoch_rngs), "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
             "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
-            "metric_for_best": trainer.metric_for_best, "num_workers": trainer.config.num_workers,
+            "metric_for_best": trainer.metric_for_best, "best_is": trainer.config.best_is,
+            "num_workers": trainer.config.num_workers,
             "data_order": {key: getattr(trainer.config, key) for key in DATA_ORDER_KEYS}}
 
     def write() -> None:
@@ -274,6 +275,10 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
                               f"{meta['metric_for_best']!r}; resume with that metric_for_best, not "
                               f"{trainer.metric_for_best!r} (its scores would be compared with the "
                               "other metric's)")
+    if meta.get("best_is", trainer.config.best_is) != trainer.config.best_is:
+        raise CheckpointError(f"{folder}: its best model so far was picked with best_is = "
+                              f"{meta['best_is']!r}; resume with that, not {trainer.config.best_is!r} "
+                              "(every later score would be judged the other way round)")
     changed = [f"{key} {value!r} -> {getattr(trainer.config, key)!r}"
                for key, value in meta.get("data_order", {}).items()
                if getattr(trainer.config, key) != value]

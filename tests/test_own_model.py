@@ -258,3 +258,64 @@ def test_the_libraries_metric_warnings_are_said_by_the_main_rank_alone():
             warnings.simplefilter("always")
             compute_metrics(one_class, ["neg", "pos"], warn=warn)
         assert bool(said) == warn, [str(w.message) for w in said]
+
+
+def test_a_resume_keeps_the_direction_its_best_was_picked_in(tmp_path, tiny_model_dir):
+    """A resume with another best_is would judge every later score the other way round (the
+    command line refused it; the library took it, silently)."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.errors import CheckpointError
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+
+    def make(best_is: str, **more) -> Trainer:
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                       config=TrainConfig(epochs=1, batch_size=8, metric_for_best="err",
+                                          best_is=best_is), metrics=[lambda found: {"err": 0.5}],
+                       progress=False, **more)
+
+    make("lower", callbacks=[Checkpointer(tmp_path / "ckpt")]).fit()
+    with pytest.raises(CheckpointError, match=r"picked with best_is = 'lower'; resume with that, "
+                       r"not 'auto'"):
+        make("auto", resume_from=tmp_path / "ckpt")
+    assert make("lower", resume_from=tmp_path / "ckpt").best_metric == 0.5
+
+
+def test_metric_for_best_must_name_a_number_not_a_list(tmp_path, tiny_model_dir):
+    """A list-valued metric (per class, say) ordered "best" by comparing lists, and early
+    stopping then failed formatting it: one error at the evaluation that shows it."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                      config=TrainConfig(epochs=1, batch_size=8, metric_for_best="per"),
+                      metrics=[lambda found: {"per": [1.0, 0.0]}], progress=False)
+    with pytest.raises(ConfigError, match=r"metric_for_best = 'per' is not a number: pick one of "
+                       r"accuracy, "):
+        trainer.fit()
+
+
+def test_two_emas_that_evaluate_are_refused(tmp_path, tiny_model_dir):
+    """Each swaps its average in and out around an evaluation: the second put the first's
+    average back as the weights to train on. One evaluating EMA, the others evaluate=False."""
+    from nlptrain.callbacks import EMA
+    from toy_trainer import toy_datasets
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+
+    def fit(*callbacks) -> None:
+        Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                config=TrainConfig(epochs=1, batch_size=8, max_steps=2), callbacks=callbacks,
+                progress=False).fit()
+
+    with pytest.raises(ConfigError, match=r"2 EMA callbacks evaluate their average"):
+        fit(EMA(0.5), EMA(0.9))
+    fit(EMA(0.5), EMA(0.9, evaluate=False))
