@@ -30,9 +30,12 @@ log = logging.getLogger(__name__)
 def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int, collate: Any,
                  device: torch.device) -> DataLoader:
     lengths = getattr(data, "lengths", None)
+    # Workers kept across epochs hold the dataset as they got it: a user's IterableDataset would
+    # never see set_epoch there (nlptrain's stream keeps its epoch in shared memory).
+    epoch_reaches = not isinstance(data, IterableDataset) or getattr(data, "epoch_reaches_workers", False)
     common: dict[str, Any] = dict(
         collate_fn=collate, num_workers=config.num_workers,
-        pin_memory=device.type == "cuda", persistent_workers=config.num_workers > 0,
+        pin_memory=device.type == "cuda", persistent_workers=config.num_workers > 0 and epoch_reaches,
         # Its own generator: creating the iterator then draws no number from the global RNG, so
         # dropout after a resume is exactly that of an uninterrupted run.
         generator=torch.Generator().manual_seed(config.seed))
@@ -72,6 +75,9 @@ class RankShard(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(iter(self.data), self.rank, None, self.world_size)
+
+    def __len__(self) -> int:  # this rank's share, where the dataset knows its length
+        return max(0, len(self.data) - self.rank + self.world_size - 1) // self.world_size
 
     def set_epoch(self, epoch: int) -> None:  # a stream that reshuffles by epoch
         if hasattr(self.data, "set_epoch"):
@@ -127,9 +133,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
         (log.warning if dist.is_main else log.debug)(
             "resuming mid-epoch by reading past the epoch's first %d batches (a stream or a "
             "loader of your own cannot start at a row)", skip)
-    # A list of batches has no `dataset`; a DataLoader over a stream has `__len__`, no length.
-    if hasattr(loader, "__len__") and not isinstance(getattr(loader, "dataset", None),
-                                                     IterableDataset):
+    if _known_length(loader):
         local = len(loader) - skip
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
             local = min(local, config.steps_per_epoch * config.grad_accum
@@ -152,6 +156,24 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     if skip and epoch_random is not None:
         return _read_past(loader, skip, agreed, epoch_random)
     return itertools.islice(iter(loader), skip, skip + agreed)
+
+
+def _known_length(loader: Any) -> bool:
+    """Whether `len(loader)` is this rank's batches: a list of batches, a DataLoader over a
+    Dataset or over an IterableDataset of a user's with `__len__` (sharded by rank here); not
+    over nlptrain's stream, whose length is the whole file's."""
+    if not hasattr(loader, "__len__"):
+        return False
+    dataset = getattr(loader, "dataset", None)
+    if not isinstance(dataset, IterableDataset):
+        return True
+    if getattr(dataset, "shards_by_rank", False):
+        return False
+    try:
+        len(dataset)
+    except TypeError:
+        return False
+    return True
 
 
 def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]) -> Iterator:

@@ -14,7 +14,7 @@ from conftest import write_toy_tsv
 from ddp import run_ranks
 from torch.utils.data import DataLoader
 
-from nlptrain import Callback, DistTrainer, TrainConfig
+from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
 from nlptrain.config import FileSpec
 from nlptrain.data import Collator
 from nlptrain.data.readers import iter_rows
@@ -193,7 +193,8 @@ def test_a_stream_stopped_mid_epoch_resumes_only_with_the_readers_it_was_read_by
 
 
 class OwnStream(torch.utils.data.IterableDataset):
-    """A user's IterableDataset that knows nothing of ranks: rows 0..47, tokenized."""
+    """A user's IterableDataset that knows nothing of ranks: rows 0..47, tokenized, in an order
+    of each epoch's (set_epoch), each DataLoader worker taking its share as torch's docs ask."""
 
     def __init__(self, model_dir: str, rows: int = 48) -> None:
         from nlptrain.data import TokenizedDataset
@@ -201,9 +202,21 @@ class OwnStream(torch.utils.data.IterableDataset):
         texts = [f"row number {i}" for i in range(rows)]
         self.rows = TokenizedDataset.from_texts(texts, [i % 2 for i in range(rows)],
                                                 load_tokenizer(model_dir), 16)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.rows)
 
     def __iter__(self):
-        return (self.rows[i] for i in range(len(self.rows)))
+        import random
+
+        order = list(range(len(self.rows)))
+        random.Random(self.epoch).shuffle(order)
+        worker = torch.utils.data.get_worker_info()
+        return (self.rows[i] for i in (order[worker.id::worker.num_workers] if worker else order))
 
 
 def own_stream_job(rank: int, world: int, model_dir: str) -> dict:
@@ -213,7 +226,7 @@ def own_stream_job(rank: int, world: int, model_dir: str) -> dict:
     record = RecordIndex()
     torch.manual_seed(0)
     trainer = DistTrainer(load_model(model_dir, ["neg", "pos"]), OwnStream(model_dir), None,
-                          config=TrainConfig(epochs=1, batch_size=8, steps_per_epoch=3, timeout=60),
+                          config=TrainConfig(epochs=1, batch_size=8, timeout=60),  # its len
                           callbacks=[record], dist=dist, progress=False)
     try:
         trainer.fit()
@@ -227,5 +240,18 @@ def test_an_iterable_dataset_of_your_own_is_sharded_by_rank(tmp_path, tiny_model
     (the README said IterableDatasets are sharded): each rank now keeps every 2nd item."""
     ranks = run_ranks(own_stream_job, 2, tmp_path, str(tiny_model_dir))
     seen = [i for rows in ranks for i in rows[0]]
-    assert sorted(seen) == list(range(48))
-    assert sorted(ranks[0][0]) == list(range(0, 48, 2))
+    assert sorted(seen) == list(range(48))  # 3 batches a rank, from its len: no steps_per_epoch
+    assert len(ranks[0][0]) == len(ranks[1][0]) == 24
+
+
+def test_an_iterable_dataset_of_your_own_is_read_in_each_epochs_order_by_its_workers(
+        tmp_path, tiny_model_dir):
+    """Workers kept from one epoch to the next hold the dataset as they got it: set_epoch never
+    reached them, and every epoch repeated the first's order (a resume then skipped other rows)."""
+    record = RecordIndex()
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), OwnStream(str(tiny_model_dir)),
+                      config=TrainConfig(epochs=2, batch_size=8, num_workers=2), callbacks=[record],
+                      progress=False)
+    trainer.fit()
+    assert sorted(record.rows[0]) == sorted(record.rows[1]) == list(range(48))
+    assert record.rows[0] != record.rows[1]

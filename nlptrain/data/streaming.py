@@ -46,6 +46,7 @@ class StreamingDataset(IterableDataset):
     """
 
     shards_by_rank = True  # its readers read their own rows: the trainer shards it no more
+    epoch_reaches_workers = True  # set_epoch writes shared memory: workers may be kept
 
     def __init__(self, spec: FileSpec, data_dir: str | Path, label_ids: dict[str, int],
                  tokenizer: Any, max_length: int, rank: int = 0, world_size: int = 1,
