@@ -86,6 +86,9 @@ def default_max_length(model_dir: Path, tokenizer: Any, model: Any) -> int:
     return min(int(n) for n in limits if isinstance(n, int) and n > 0)
 
 
+PREDICTED_NUMBERS = ("probability", "label_probabilities", "score")  # the kinds' (`predicted`)
+
+
 def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
             kind: TaskKind | None = None) -> Iterable[dict]:
     """One dict per text, in input order: row (from 1), line (where the text is in the input file:
@@ -99,7 +102,8 @@ def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
     kept = getattr(texts, "kept", None)
     for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
         predicted = kind.predicted(p, names)
-        taken = {"row", "line", "probabilities", "text", "text_pair", *predicted}
+        # Any kind's numbers too: a kept "score" is not taken for (nor written as) a prediction.
+        taken = {"row", "line", "probabilities", "text", "text_pair", *PREDICTED_NUMBERS, *predicted}
         row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {})}
         if kept:
             row.update({f"input_{k}" if k in taken else k: v for k, v in kept[i].items()})
@@ -110,9 +114,6 @@ def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
         if pairs is not None:
             row["text_pair"] = pairs[i]
         yield row
-
-
-PREDICTED_NUMBERS = ("probability", "label_probabilities", "score")  # the kinds' (`predicted`)
 
 
 def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str],
@@ -131,8 +132,12 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
         if isinstance(value, float) and key in PREDICTED_NUMBERS:
             return f"{value:.6f}"
         # The input's own (kept) values as given, to join the output on: an id 1234567.891 stays
-        # so, a JSON null is an empty cell.
-        return "" if value is None else str(value).translate(clean)
+        # so, a JSON null is an empty cell, true and {"a": 1} are written as JSON writes them.
+        if value is None:
+            return ""
+        if isinstance(value, bool | dict):
+            return json.dumps(value, ensure_ascii=False).translate(clean)
+        return str(value).translate(clean)
 
     head: list[str] | None = None  # the prediction's columns; then p_<label>s; then the texts
     texts = ("text", "text_pair")
