@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options
+from nlptrain.launch import EXITED, INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, resolve_task
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as ended:  # sys.exit(n) in a user's code: no traceback, no record of its
         # own, so the launcher would name a rank that only followed it; this one is dated now
         if ended.code not in (None, 0):
-            tell_launcher(f"exited with {ended.code}" if isinstance(ended.code, int) else str(ended.code))
+            tell_launcher(f"{EXITED}({ended.code})" if isinstance(ended.code, int) else str(ended.code))
         raise
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
         # checkpoints), or the first one before training began

@@ -181,6 +181,7 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
 
 PIPE_CLOSED = 141  # a worker's exit code when its stdout's reader went away (cli.main)
 INTERRUPTED_AT_ONCE = "interrupted"  # a worker's record: a KeyboardInterrupt, not the agreed stop
+EXITED = "sys.exit"  # a worker's record: it ended by sys.exit(n), with no error to show
 
 
 def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> str:
@@ -193,6 +194,8 @@ def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> 
     if exitcode == Interrupted.exit_code:  # no failure: a SIGTERM/SIGINT to one worker stops all
         return (f"the {nproc} workers stopped after the same step, on a signal sent to a worker "
                 "(not to this launcher); the line above says how to go on")
+    if exitcode >= 0 and message.startswith(EXITED):
+        return f"rank {rank} of {nproc} ended by {message}, with no error of its own"
     if exitcode >= 0:
         return f"rank {rank} of {nproc} failed (exit code {exitcode}); its error is above"
     name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"

@@ -113,7 +113,7 @@ def test_a_worker_that_exits_by_itself_is_named_not_the_rank_that_followed_it(to
                           f"{SCAFFOLD}:ExitRank1"], cwd=toy_folder, env=child_env(AT_STEP="2"),
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 3, out.stderr[-3000:]
-    assert "error: rank 1 of 2 failed (exit code 3); its error is above" in out.stderr
+    assert "error: rank 1 of 2 ended by sys.exit(3), with no error of its own" in out.stderr
 
 
 @pytest.mark.distributed
