@@ -133,6 +133,7 @@ class Trainer(ProgressCounters):
         self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
         self._loader_for: tuple[Any, Any] = (None, None)
         self._failed, self._owns_dist = False, dist is None
+        self._loaded_optimizer = self.optimizer if self.resumed_from is not None else None
         if self.resumed_from is not None:
             try:  # weights, optimizer, progress, every rank's RNG, the callbacks' state
                 checkpoint.load_checkpoint(self, self.resumed_from)
@@ -157,6 +158,10 @@ class Trainer(ProgressCounters):
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
         evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
+        if self._loaded_optimizer not in (None, self.optimizer):  # its state would be lost
+            raise ConfigError("trainer.optimizer was replaced after resume_from loaded the checkpoint "
+                              "into the Trainer's own: give Trainer(optimizer=make) instead, which "
+                              "builds yours before the checkpoint loads into it")
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)

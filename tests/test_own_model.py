@@ -319,3 +319,28 @@ def test_two_emas_that_evaluate_are_refused(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError, match=r"2 EMA callbacks evaluate their average"):
         fit(EMA(0.5), EMA(0.9))
     fit(EMA(0.5), EMA(0.9, evaluate=False))
+
+
+def test_an_optimizer_replaced_after_a_resume_loaded_the_checkpoint_is_refused(tmp_path,
+                                                                              tiny_model_dir):
+    """The checkpoint loads into the Trainer's own optimizer; one put in its place after that
+    would go on without the saved state (or fail on its groups). Refused, naming optimizer=."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.models import load_model
+
+    train, test = toy_datasets(tmp_path, tiny_model_dir)
+
+    def make(**more) -> Trainer:
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                       config=TrainConfig(epochs=1, batch_size=8), progress=False, **more)
+
+    make(callbacks=[Checkpointer(tmp_path / "ckpt")]).fit()
+    resumed = make(resume_from=tmp_path / "ckpt")
+    resumed.optimizer = torch.optim.SGD(resumed.unwrapped_model.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match=r"give Trainer\(optimizer=make\) instead"):
+        resumed.fit()
+    fresh = make()  # no resume: any optimizer may be put in its place
+    fresh.optimizer = torch.optim.SGD(fresh.unwrapped_model.parameters(), lr=0.1)
+    fresh.fit()
