@@ -25,7 +25,7 @@ from nlptrain.config import TaskConfig, file_spec, validate
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError, Interrupted
+from nlptrain.errors import ConfigError, Interrupted, every_rank
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
@@ -321,32 +321,35 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     check_max_length(model, task.model.max_length, f"task {task.name} [model]")
     names = [model.config.id2label[i] for i in range(model.config.num_labels)]
     kind = kinds.from_task(task)
-    trained = kinds.from_model_config(model.config)
-    if kind.problem_type != trained.problem_type:
-        raise ConfigError(f"{model_dir}: the model was trained for {trained.name}, the task is "
-                          f"{kind.name}")
-    if getattr(kind, "threshold", None) != getattr(trained, "threshold", None) and dist.is_main:
-        log.warning("scoring at threshold %g; the model was trained and tested at %g "
-                    "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
-                    trained.threshold)
-    trained_length = getattr(model.config, "nlptrain_max_length", None)
-    if trained_length and trained_length != task.model.max_length and dist.is_main:
-        log.warning("scoring at max_length %d (task %s); the model was trained at %d (--set "
-                    "model.max_length=%d scores as its run did)", task.model.max_length, task.name,
-                    trained_length, trained_length)
-    if task.data.labels and kind.has_classes:  # before any row is read
-        from nlptrain.data import LabelVocab
+    try:  # facts of the model, the task and their files, alike on every rank: said once
+        trained = kinds.from_model_config(model.config)
+        if kind.problem_type != trained.problem_type:
+            raise ConfigError(f"{model_dir}: the model was trained for {trained.name}, the task is "
+                              f"{kind.name}")
+        if getattr(kind, "threshold", None) != getattr(trained, "threshold", None) and dist.is_main:
+            log.warning("scoring at threshold %g; the model was trained and tested at %g "
+                        "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
+                        trained.threshold)
+        trained_length = getattr(model.config, "nlptrain_max_length", None)
+        if trained_length and trained_length != task.model.max_length and dist.is_main:
+            log.warning("scoring at max_length %d (task %s); the model was trained at %d (--set "
+                        "model.max_length=%d scores as its run did)", task.model.max_length, task.name,
+                        trained_length, trained_length)
+        if task.data.labels and kind.has_classes:  # before any row is read
+            from nlptrain.data import LabelVocab
 
-        _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
-    sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
-    if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
-        _check_model_labels(model_dir, names, sets.vocab.names)
-    dataset = getattr(sets, split)
-    if dataset is None:
-        held_out = f" (or {split}_size)" if split != "train" else ""
-        raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
-                          f"the task a [data] {split} file{held_out}")
-    _check_pairs(model_dir, model.config, dataset, split)
+            _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
+        sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
+        if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
+            _check_model_labels(model_dir, names, sets.vocab.names)
+        dataset = getattr(sets, split)
+        if dataset is None:
+            held_out = f" (or {split}_size)" if split != "train" else ""
+            raise ConfigError(f"task '{task.name}' has no {split} set; choose another --split, or give "
+                              f"the task a [data] {split} file{held_out}")
+        _check_pairs(model_dir, model.config, dataset, split)
+    except ConfigError as error:
+        raise every_rank(error) from None
     model.to(dist.device)
     chosen = precision.for_scoring(task.train.precision,
                                    getattr(model.config, "nlptrain_precision", None), dist.device, dist)

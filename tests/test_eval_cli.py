@@ -249,3 +249,15 @@ def test_eval_refuses_pairs_for_a_model_of_single_texts_and_says_when_it_cuts_ot
     assert "Give --no-header" in capsys.readouterr().err
     assert main([*numbered, "--no-header"]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == 2
+
+
+@pytest.mark.distributed
+def test_a_model_that_does_not_fit_the_task_is_said_once_by_two_processes(toy_task: Path,
+                                                                          labelled_model: Path) -> None:
+    """Every rank finds the same mismatch (the model's and the task's facts): rank 0 says it."""
+    done = run_cli(["eval", "--model", str(labelled_model), "--task", str(toy_task), "--set",
+                    "data.kind=regression", "--set", "data.labels=[]"], cwd=toy_task.parent, nproc=2)
+    assert done.returncode == 1
+    said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "[rank"))]
+    assert len(said) == 1 and said[0].endswith("the model was trained for single_label, the task "
+                                               "is regression"), done.stderr[-3000:]
