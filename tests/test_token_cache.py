@@ -239,3 +239,14 @@ def test_a_data_folder_marked_read_only_gets_no_cache_even_from_root(tmp_path, m
         assert default_cache_dir(tmp_path / "data") == tmp_path / "home-cache" / "nlptrain"
     finally:
         (tmp_path / "data").chmod(0o755)
+
+
+def test_an_installed_packages_data_gets_its_cache_in_the_users_cache_folder(tmp_path, monkeypatch):
+    """The default task's data, installed in site-packages: a cache written there would stay
+    behind after pip uninstall."""
+    from nlptrain.data.tokenized import default_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    installed = tmp_path / "lib" / "python3.11" / "site-packages" / "nlptrain" / "data"
+    installed.mkdir(parents=True)
+    assert default_cache_dir(installed) == tmp_path / "home-cache" / "nlptrain"

@@ -248,8 +248,10 @@ def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dic
 def default_cache_dir(data_folder: Path) -> Path:
     """Next to the data when that folder is writable, else the user's cache folder. A folder
     with no write permission bits counts as not writable for root too (who may write anyway):
-    a data set marked read-only is left as it is."""
-    if os.access(data_folder, os.W_OK) and _has_write_bits(data_folder):
+    a data set marked read-only is left as it is, and so is an installed package's (the default
+    task's data in site-packages: a cache there would outlive an uninstall)."""
+    installed = any(part in ("site-packages", "dist-packages") for part in Path(data_folder).parts)
+    if os.access(data_folder, os.W_OK) and _has_write_bits(data_folder) and not installed:
         return data_folder / ".nlptrain_cache"
     home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(home) / "nlptrain"
