@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from conftest import REPO
 
+PACKAGED = ("setup.cfg", "pyproject.toml", "README.md", "nlptrain", "callbacks", "tasks", "data")
 FIND = """
 from nlptrain.task_options import find_task
 from nlptrain.config import load_task, file_spec
@@ -22,9 +24,14 @@ for which in ("train", "test"):
 def test_the_default_tasks_data_is_installed_where_the_task_looks(tmp_path: Path) -> None:
     """`python -m nlptrain train` (the default task) reads data/sentiment, also from an install
     that is not the checkout: it used to say "train file not found" in site-packages."""
-    target = tmp_path / "site"
+    source, target = tmp_path / "source", tmp_path / "site"
+    source.mkdir()
+    for name in PACKAGED:  # a copy: the build leaves its build/ there, not in the checkout
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns(
+            "__pycache__", ".nlptrain_cache")} if (REPO / name).is_dir() else {}))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-index", "--target", str(target), str(REPO)], check=True, capture_output=True)
+                    "--no-index", "--target", str(target), str(source)], check=True, capture_output=True)
     found = subprocess.run([sys.executable, "-c", FIND], cwd=tmp_path, env={"PYTHONPATH": str(target)},
                            capture_output=True, text=True, check=True).stdout.split("\n")
     assert [line.split()[0] for line in found if line] == ["train", "test"]
