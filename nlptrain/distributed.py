@@ -5,26 +5,24 @@
 backend of `DistTrainer`. Both are a `Backend`, so the training loop never asks which one it has
 and never tests `rank == 0` itself. Every collective here is called by every rank, in the same
 order, from the same place in the loop. How the model is placed on them (DDP, FSDP2) is the
-strategy's business: `nlptrain.strategies`.
+strategy's business: `nlptrain.strategies`; how the ranks find each other, `nlptrain.rendezvous`.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from nlptrain import environments
+from nlptrain import environments, rendezvous
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError, RemoteRankError
+from nlptrain.errors import RemoteRankError
 
 log = logging.getLogger(__name__)
 FAILED_TEARDOWN_S = 5.0  # how long a teardown after an error may take
@@ -155,8 +153,7 @@ class Distributed(Backend):
             backend = "nccl" if self.device.type == "cuda" else "gloo"
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
-            with _port_taken_said(self.environment):
-                self._join(backend, timedelta(seconds=timeout_s))
+            rendezvous.join(self.environment, backend, timedelta(seconds=timeout_s))
         # A CPU group for objects and flags: cheap, and never blocks a GPU stream.
         self.cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s)) \
             if self.device.type == "cuda" else None  # (new_group's own default: 30 minutes)
@@ -165,18 +162,6 @@ class Distributed(Backend):
         # meant to catch hangs.
         self.main_work_group = dist.new_group(backend="gloo", timeout=timedelta(
             seconds=max(timeout_s, MAIN_WORK_TIMEOUT_S)))
-
-    def _join(self, backend: str, timeout: timedelta) -> None:
-        store = _attempt_store(self.environment, timeout) or _job_store(self.environment, timeout)
-        if store is None:  # rank 0 hosts the store at the environment's master address
-            host = self.environment.master_addr
-            host = f"[{host}]" if ":" in host else host
-            dist.init_process_group(backend, init_method=f"tcp://{host}:"
-                                    f"{self.environment.master_port}", rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
-        else:
-            dist.init_process_group(backend, store=store, rank=self.rank,
-                                    world_size=self.world_size, timeout=timeout)
 
     def _flags(self, values: list[float], op: dist.ReduceOp) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
@@ -266,98 +251,6 @@ class Distributed(Backend):
         if teardown.is_alive():
             log.warning("process group teardown still waiting after %.0f s; exiting without it",
                         FAILED_TEARDOWN_S)
-
-
-def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
-    """Under torchrun the workers share the launcher's store, and a failed attempt's keys stay in
-    it: after `--max-restarts` a new attempt could read the old ranks' addresses and never connect
-    (pytorch #135712). The same holds for a second process group made in one attempt (two
-    trainers one after the other). Each attempt, and each group in it, gets its own key prefix:
-    every rank makes its groups in the same order, so the numbers agree."""
-    if not environment.uses_agent_store:
-        return None
-    store = dist.TCPStore(environment.master_addr, environment.master_port,
-                          environment.world_size, is_master=False, timeout=timeout)
-    return _group_keys(store, f"attempt-{environment.restart_count}")
-
-
-_groups_made = 0  # process groups this process made through the launcher's store or a job's
-
-
-def _group_keys(store: dist.Store, scope: str) -> dist.Store:
-    """`store` under a key prefix of this process group's own, within `scope`."""
-    global _groups_made
-    _groups_made += 1
-    return dist.PrefixStore(f"nlptrain/{scope}/group-{_groups_made}", store)
-
-OWNER_KEY = "nlptrain/rendezvous-of"
-
-
-def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
-    """Rank 0 hosts the rendezvous at a port that another job may have been given too (two srun
-    steps of one allocation share its job id's port; a MASTER_PORT exported for both). A rank
-    that reached the other job's store would join its rendezvous and wait there, silent, for
-    the rest of the timeout. So rank 0 writes whose store it is and the other ranks read it
-    before joining: a rank of another job is refused at once. The job's own key prefix keeps
-    it off the other job's keys meanwhile."""
-    job = environment.rendezvous_id
-    if job is None:  # no launcher's id to tell jobs apart: torch's own tcp:// rendezvous
-        return None
-    host, port = environment.master_addr, environment.master_port
-    # Rank 0 does not wait for a count of ranks here: a rank that counts others is refused below.
-    store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
-                          timeout=timeout, multi_tenant=True,  # as torch's tcp:// makes it
-                          use_libuv=os.environ.get("USE_LIBUV", "1") == "1", wait_for_workers=False)
-    if environment.rank == 0:
-        store.set(OWNER_KEY, job)
-    elif (owner := store.get(OWNER_KEY).decode()) != job:
-        raise ConfigError(
-            f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
-            f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
-            "of one allocation running at once need one each)")
-    keys = _group_keys(store, job)
-    _check_world_size(keys, environment)
-    return keys
-
-
-def _check_world_size(store: dist.Store, environment: Environment) -> None:
-    """Every rank must count the same ranks (a launcher's variables set by hand, one task of a
-    job given another count): else gloo's mesh waits, past the timeout, for ranks that never
-    come, and ends in a traceback. Each rank writes its count; rank 0 reads every other's, the
-    others rank 0's: each rank of a mismatch is refused at once, naming both counts."""
-    rank, world = environment.rank, environment.world_size
-
-    def check(other: int, counted: int) -> None:
-        if counted != world:
-            raise ConfigError(
-                f"rank {rank} counts {world} ranks in {environment.rendezvous_id}, rank {other} "
-                f"counts {counted}: every rank of a job needs the same world size; check the "
-                f"launcher's settings ({', '.join(environment.variables)})")
-
-    if rank == 0:
-        store.set("world-size/0", str(world))
-        for other in range(1, world):
-            check(other, int(store.get(f"world-size/{other}")))
-    else:  # rank 0's count read before this one is written: rank 0 may end (and its store) then
-        counted = int(store.get("world-size/0"))
-        store.set(f"world-size/{rank}", str(world))
-        check(0, counted)
-
-
-@contextmanager
-def _port_taken_said(environment: Environment) -> Iterator[None]:
-    """The rendezvous port in use by another program (often another job's rendezvous): said as
-    this rank's own error, with the fix, not taken for a peer's failure (a DistError)."""
-    try:
-        yield
-    except dist.DistNetworkError as err:
-        if "EADDRINUSE" not in str(err) and "address already in use" not in str(err):
-            raise
-        raise ConfigError(
-            f"rank {environment.rank} cannot host the job's rendezvous at "
-            f"{environment.master_addr}:{environment.master_port}: the port is in use (another "
-            "job's?); give this job a free one (MASTER_PORT; torchrun's --master_port or "
-            "--rdzv-endpoint HOST:PORT)") from None
 
 
 def timed_out(error: BaseException) -> bool:
