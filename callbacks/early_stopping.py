@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from nlptrain import kinds
+from nlptrain import scores
 from nlptrain.events import Callback
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class EarlyStopping(Callback):
         self.waited = 0 if is_best else self.waited + 1
         if self.waited >= self.patience:
             name, best = trainer.metric_for_best, trainer.best_metric
-            score = kinds.best_score(metrics, name)
+            score = scores.best_score(metrics, name)
             best_text = "none yet" if best is None else f"{best:.4f}"
             times = f"{self.waited} evaluation{'' if self.waited == 1 else 's'}"
             log.info(f"early stop at step {trainer.global_step}: {name} {score:.4f}, not better "

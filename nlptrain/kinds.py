@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nlptrain.errors import ConfigError, DataError
+from nlptrain.scores import metric_label
 
 if TYPE_CHECKING:
     import torch
@@ -109,28 +110,6 @@ class TaskKind:
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         """One row of `predict`'s output."""
         raise NotImplementedError
-
-
-def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
-    """The numbers among `metrics` (not counts, per-class tables or matrices), in their order."""
-    return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float) and not
-            isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch", "threshold")}
-
-
-def best_score(metrics: dict[str, Any], metric: str) -> float:
-    """`metrics[metric]`: the score that picks the best model, or an error naming those there are
-    (a user's metric misspelt, say)."""
-    if metric not in scalar_metrics(metrics):  # (a list, say a per-class one, orders nothing)
-        said = "is not a number" if metric in metrics else "is not among the evaluation's metrics"
-        raise ConfigError(f"metric_for_best = {metric!r} {said}: pick one of "
-                          f"{', '.join(scalar_metrics(metrics))}")
-    return metrics[metric]
-
-
-def metric_label(key: str) -> str:
-    return {"macro_f1": "macro-F1", "micro_f1": "micro-F1", "f1": "F1", "mcc": "MCC",
-            "subset_accuracy": "subset accuracy", "mse": "MSE", "mae": "MAE", "pearson": "Pearson",
-            "spearman": "Spearman"}.get(key, key)
 
 
 def _per_class(truth: np.ndarray, guess: np.ndarray, label_names: Sequence[str]) -> dict:

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.durable import write_text
-from nlptrain.kinds import from_run_config, scalar_metrics
+from nlptrain.kinds import from_run_config
 from nlptrain.report import train_settings
+from nlptrain.scores import scalar_metrics
 
 CARD_FILE = "README.md"
 SETTINGS = ("epochs", "max_steps", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",

@@ -123,7 +123,7 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
     `metric_for_best=None`: no model was chosen on these evaluations (the test set)."""
     from matplotlib.figure import Figure
 
-    from nlptrain.kinds import metric_label
+    from nlptrain.scores import metric_label
 
     fig = Figure(figsize=WIDE, dpi=DPI, layout="constrained")
     ax = fig.subplots()

@@ -42,7 +42,7 @@ def train_settings(config: dict[str, Any]) -> dict[str, Any]:
 def metrics_text(metrics: dict[str, Any]) -> str:
     """Every scalar metric, then (classification) per-class precision/recall/F1 and the
     confusion matrix, as text tables."""
-    from nlptrain.kinds import metric_label, scalar_metrics
+    from nlptrain.scores import metric_label, scalar_metrics
 
     scalars = "  ".join(f"{metric_label(k)} {v:.4f}" for k, v in scalar_metrics(metrics).items())
     at = f"  (at threshold {metrics['threshold']:g})" if "threshold" in metrics else ""
@@ -96,7 +96,7 @@ def _results_section(results: dict[str, Any], evals: list[dict[str, Any]], eval_
     if results.get("test"):
         which = "the best model" if best is not None else "the last model"
         rows.append((f"test, {which} (model/)", results["test"]))
-    from nlptrain.kinds import metric_label
+    from nlptrain.scores import metric_label
 
     shown = [k for k in (*kind.metric_names, "loss") if any(k in m for _, m in rows)]
     table = _table(["", "step", "epoch", "rows", *map(metric_label, shown)],

@@ -29,6 +29,7 @@ from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
+from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class Trainer(ProgressCounters):
             return {}
         self.callbacks.fire("on_valid_start", self)
         metrics = self.evaluate(self.eval_data)
-        score = kinds.best_score(metrics, self.metric_for_best)
+        score = best_score(metrics, self.metric_for_best)
         # Metrics are gathered, hence equal on every rank: so is this decision.
         is_best = self.kind.is_better(self.metric_for_best, score, self.best_metric, self.config.best_is)
         if is_best:
