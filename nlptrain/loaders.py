@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from nlptrain.checkpoint import rng_state, set_rng_state
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, every_rank
+from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
 
@@ -133,7 +133,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
         (log.warning if dist.is_main else log.debug)(
             "resuming mid-epoch by reading past the epoch's first %d batches (a stream or a "
             "loader of your own cannot start at a row)", skip)
-    if _known_length(loader):
+    if _known_length(loader, config):
         local = len(loader) - skip
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
             local = min(local, config.steps_per_epoch * config.grad_accum
@@ -141,6 +141,10 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
         local = config.steps_per_epoch * config.grad_accum - progress.batch_in_epoch
         loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
+    elif config.num_workers > 1 and hasattr(getattr(loader, "dataset", None), "__len__"):
+        raise ConfigError(f"{config.num_workers} DataLoader workers each batch their own share of "
+                          "an IterableDataset, so its __len__ does not count the epoch's batches: "
+                          "set [train] steps_per_epoch")
     else:
         raise ConfigError("the training data has no length: set [train] steps_per_epoch")
     # Uneven shards: every rank takes as many batches as the shortest, else DDP hangs.
@@ -155,25 +159,42 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     if skip and epoch_random is not None:
         return _read_past(loader, skip, agreed, epoch_random)
-    return itertools.islice(iter(loader), skip, skip + agreed)
+    batches = itertools.islice(iter(loader), skip, skip + agreed)
+    dataset = getattr(loader, "dataset", None)
+    return _as_long_as_said(batches, agreed, dataset) if isinstance(dataset, IterableDataset) \
+        else batches
 
 
-def _known_length(loader: Any) -> bool:
+def _known_length(loader: Any, config: TrainConfig) -> bool:
     """Whether `len(loader)` is this rank's batches: a list of batches, a DataLoader over a
-    Dataset or over an IterableDataset of a user's with `__len__` (sharded by rank here); not
-    over nlptrain's stream, whose length is the whole file's."""
+    Dataset, or over an IterableDataset of a user's with `__len__` (sharded by rank here) read by
+    at most one DataLoader worker, where no steps_per_epoch is set (several workers each batch
+    their own share: more batches than its length says). Not over nlptrain's stream, whose
+    length is the whole file's."""
     if not hasattr(loader, "__len__"):
         return False
     dataset = getattr(loader, "dataset", None)
     if not isinstance(dataset, IterableDataset):
         return True
-    if getattr(dataset, "shards_by_rank", False):
+    if getattr(dataset, "shards_by_rank", False) or config.num_workers > 1 or config.steps_per_epoch:
         return False
     try:
         len(dataset)
     except TypeError:
         return False
     return True
+
+
+def _as_long_as_said(batches: Iterator, count: int, data: Any) -> Iterator:
+    """`count` batches of `batches`; one that ends before is an error naming its dataset (its
+    `__len__` said more), not a rank gone quiet while the others wait in a collective."""
+    given = 0
+    for batch in batches:
+        given += 1
+        yield batch
+    if given < count:
+        raise DataError(f"{type(data).__name__} yielded {given} batches on this rank, but its "
+                        f"__len__ says {count} or more: make __len__ count the rows it yields")
 
 
 def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]) -> Iterator:

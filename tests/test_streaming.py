@@ -250,8 +250,32 @@ def test_an_iterable_dataset_of_your_own_is_read_in_each_epochs_order_by_its_wor
     reached them, and every epoch repeated the first's order (a resume then skipped other rows)."""
     record = RecordIndex()
     trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), OwnStream(str(tiny_model_dir)),
-                      config=TrainConfig(epochs=2, batch_size=8, num_workers=2), callbacks=[record],
+                      config=TrainConfig(epochs=2, batch_size=8, num_workers=2, steps_per_epoch=6),
+                      callbacks=[record],
                       progress=False)
     trainer.fit()
     assert sorted(record.rows[0]) == sorted(record.rows[1]) == list(range(48))
     assert record.rows[0] != record.rows[1]
+
+
+class OverstatedStream(OwnStream):
+    """48 rows that say they are 60."""
+
+    def __len__(self) -> int:
+        return 60
+
+
+@pytest.mark.parametrize(("stream_class", "workers", "said"), [
+    (OverstatedStream, 0, r"OverstatedStream yielded 6 batches on this rank, but its __len__ "
+                          r"says 8 or more"),
+    (OwnStream, 2, r"2 DataLoader workers each batch their own share of an IterableDataset, so "
+                   r"its __len__ does not count the epoch's batches: set \[train\] steps_per_epoch")])
+def test_an_iterable_datasets_len_counts_the_epoch_only_where_it_can(tmp_path, tiny_model_dir,
+                                                                    stream_class, workers, said):
+    """A __len__ that says more rows than come is one error (the rank ran dry while the others
+    waited in a collective); with several workers, each batching its share, it counts no epoch."""
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]),
+                      stream_class(str(tiny_model_dir)),
+                      config=TrainConfig(epochs=1, batch_size=8, num_workers=workers), progress=False)
+    with pytest.raises((ConfigError, DataError), match=said):
+        trainer.fit()
