@@ -80,8 +80,8 @@ class EMA(Callback):
             # Each swaps its average in and out around an evaluation: the second swapped the
             # first's average back as the weights trained on.
             raise ConfigError(f"{len(evaluating)} EMA callbacks evaluate their average "
-                              f"({', '.join(type(c).__name__ for c in evaluating)}; [train] "
-                              "ema_decay makes one): keep one, or give the others evaluate=False")
+                              f"({', '.join(type(c).__name__ for c in evaluating)}): keep one, or "
+                              "give the others evaluate=False")
         if self.average is None:  # else loaded from a checkpoint
             self.average = {name: p.detach().float().clone()
                             for name, p in self.averaged(trainer).items()}

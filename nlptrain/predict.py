@@ -103,7 +103,8 @@ def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
     for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
         predicted = kind.predicted(p, names)
         # Any kind's numbers too: a kept "score" is not taken for (nor written as) a prediction.
-        taken = {"row", "line", "probabilities", "text", "text_pair", *PREDICTED_NUMBERS, *predicted}
+        taken = {"row", "line", "probabilities", "text", "text_pair", *PREDICTED_NUMBERS, *predicted,
+                 *(f"p_{name}" for name in names)}  # (--all-probs' columns in a TSV)
         row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {})}
         if kept:
             row.update({f"input_{k}" if k in taken else k: v for k, v in kept[i].items()})

@@ -3,6 +3,7 @@ that picks the best model."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from nlptrain.errors import ConfigError
@@ -17,11 +18,12 @@ def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
 def best_score(metrics: dict[str, Any], metric: str) -> float:
     """`metrics[metric]`: the score that picks the best model, or an error naming those there are
     (a user's metric misspelt, say)."""
-    if metric not in scalar_metrics(metrics):  # (a list, say a per-class one, orders nothing)
+    value = metrics.get(metric)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # a list orders nothing
         said = "is not a number" if metric in metrics else "is not among the evaluation's metrics"
         raise ConfigError(f"metric_for_best = {metric!r} {said}: pick one of "
                           f"{', '.join(scalar_metrics(metrics))}")
-    return metrics[metric]
+    return value
 
 
 def metric_label(key: str) -> str:

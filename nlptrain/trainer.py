@@ -159,13 +159,10 @@ class Trainer(ProgressCounters):
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
         evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
-        if self._loaded_optimizer not in (None, self.optimizer):  # its state would be lost
-            raise ConfigError("trainer.optimizer was replaced after resume_from loaded the checkpoint "
-                              "into the Trainer's own: give Trainer(optimizer=make) instead, which "
-                              "builds yours before the checkpoint loads into it")
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
+                self._check_resumed_optimizer()
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True
@@ -193,6 +190,15 @@ class Trainer(ProgressCounters):
                 self.validate()  # at each epoch end, unless eval_every just did
             self.callbacks.fire("on_epoch_end", self)
             self.progress.next_epoch()
+
+    def _check_resumed_optimizer(self) -> None:
+        """An optimizer put in place of the one a checkpoint loaded into (before fit, or in
+        on_train_start) would go on without its state: refused, once (a later fit may)."""
+        loaded, self._loaded_optimizer = self._loaded_optimizer, None
+        if loaded not in (None, self.optimizer):
+            raise ConfigError("trainer.optimizer was replaced after resume_from loaded the checkpoint "
+                              "into the Trainer's own: give Trainer(optimizer=make) instead, which "
+                              "builds yours before the checkpoint loads into it")
 
     def _agree_on_stop(self, interrupt: bool = True) -> bool:
         """A stop asked on any rank (also in an evaluation) is every rank's; a signal's raises."""

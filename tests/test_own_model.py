@@ -3,13 +3,14 @@ user's metric on the gathered predictions, checkpoint and resume exactly, 1 and 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from ddp import run_ranks
 from nlptrain.callbacks import Checkpointer
 from own_model import MeanPoolClassifier, expected_rate, positive_rate, toy_sets
 
-from nlptrain import TrainConfig, Trainer
+from nlptrain import Callback, TrainConfig, Trainer
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
 from nlptrain.kinds import SingleLabel
 
@@ -298,6 +299,12 @@ def test_metric_for_best_must_name_a_number_not_a_list(tmp_path, tiny_model_dir)
     with pytest.raises(ConfigError, match=r"metric_for_best = 'per' is not a number: pick one of "
                        r"accuracy, "):
         trainer.fit()
+    # A number of any name picks, also one named like a count the tables leave out.
+    picked = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
+                     config=TrainConfig(epochs=1, batch_size=8, metric_for_best="threshold"),
+                     metrics=[lambda found: {"threshold": np.float32(0.5)}], progress=False)
+    picked.fit()
+    assert picked.best_metric == 0.5
 
 
 def test_two_emas_that_evaluate_are_refused(tmp_path, tiny_model_dir):
@@ -332,15 +339,25 @@ def test_an_optimizer_replaced_after_a_resume_loaded_the_checkpoint_is_refused(t
 
     train, test = toy_datasets(tmp_path, tiny_model_dir)
 
-    def make(**more) -> Trainer:
+    def make(epochs: int = 1, **more) -> Trainer:
         return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
-                       config=TrainConfig(epochs=1, batch_size=8), progress=False, **more)
+                       config=TrainConfig(epochs=epochs, batch_size=8), progress=False, **more)
+
+    class SwapOptimizer(Callback):
+        def on_train_start(self, trainer) -> None:
+            trainer.optimizer = torch.optim.SGD(trainer.unwrapped_model.parameters(), lr=0.1)
 
     make(callbacks=[Checkpointer(tmp_path / "ckpt")]).fit()
     resumed = make(resume_from=tmp_path / "ckpt")
     resumed.optimizer = torch.optim.SGD(resumed.unwrapped_model.parameters(), lr=0.1)
     with pytest.raises(ConfigError, match=r"give Trainer\(optimizer=make\) instead"):
         resumed.fit()
+    with pytest.raises(ConfigError, match=r"give Trainer\(optimizer=make\) instead"):
+        make(resume_from=tmp_path / "ckpt", callbacks=[SwapOptimizer()]).fit()  # in on_train_start
+    again = make(2, resume_from=tmp_path / "ckpt")
+    again.fit()  # its state used: a later fit may go on with another optimizer
+    again.optimizer = torch.optim.SGD(again.unwrapped_model.parameters(), lr=0.1)
+    again.fit()
     fresh = make()  # no resume: any optimizer may be put in its place
     fresh.optimizer = torch.optim.SGD(fresh.unwrapped_model.parameters(), lr=0.1)
     fresh.fit()

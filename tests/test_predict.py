@@ -399,13 +399,16 @@ def test_tsv_output_writes_the_inputs_kept_values_as_given() -> None:
 
     texts = SimpleNamespace(texts=["good", "bad"], pairs=None, lines=None,
                             kept=[{"id": 1234567.891, "ts": 1e-9, "score": 0.123456789, "ok": True,
-                                   "meta": {"a": "x"}},
-                                  {"id": None, "ts": 2.5, "score": 1.0, "ok": False, "meta": {}}])
+                                   "meta": {"a": "x"}, "p_pos": 0.3},
+                                  {"id": None, "ts": 2.5, "score": 1.0, "ok": False, "meta": {},
+                                   "p_pos": 0.6}])
     out = io.StringIO()
-    write_rows(rows_of(texts, np.array([[0.25, 0.75], [0.9, 0.1]]), ["neg", "pos"], False), out,
-               "tsv", ["neg", "pos"], False)
-    # A kept "score" (a regression's output name) is the input's, named so, and not rounded.
+    write_rows(rows_of(texts, np.array([[0.25, 0.75], [0.9, 0.1]]), ["neg", "pos"], True), out,
+               "tsv", ["neg", "pos"], True)
+    # A kept "score" (a regression's output name) or "p_pos" (--all-probs') is the input's,
+    # named so, and not rounded.
     assert out.getvalue().splitlines() == [
-        "row\tid\tts\tinput_score\tok\tmeta\tlabel\tprobability\ttext",
-        '1\t1234567.891\t1e-09\t0.123456789\ttrue\t{"a": "x"}\tpos\t0.750000\tgood',
-        "2\t\t2.5\t1.0\tfalse\t{}\tneg\t0.900000\tbad"]
+        "row\tid\tts\tinput_score\tok\tmeta\tinput_p_pos\tlabel\tprobability\tp_neg\tp_pos\ttext",
+        '1\t1234567.891\t1e-09\t0.123456789\ttrue\t{"a": "x"}\t0.3\tpos\t0.750000\t0.250000\t'
+        '0.750000\tgood',
+        "2\t\t2.5\t1.0\tfalse\t{}\t0.6\tneg\t0.900000\t0.900000\t0.100000\tbad"]
