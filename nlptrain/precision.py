@@ -171,7 +171,7 @@ def warn_if_fp16_is_slow_here() -> None:
     faster = "bf16 (--precision bf16, or auto)" if probe["bf16_speedup"] >= CLEARLY_FASTER \
         else "fp32"
     log.warning("precision fp16 on a CPU: fp16 matmuls run %.2fx as fast as fp32's here (bf16's "
-                "%.2fx), and fp16 adds a loss scaler; %s trains faster on this CPU",
+                "%.2fx), and fp16 adds a loss scaler; %s runs faster on this CPU",
                 probe["fp16_speedup"], probe["bf16_speedup"], faster)
 
 

@@ -276,8 +276,8 @@ def test_fp16_asked_for_on_a_cpu_without_fp16_units_says_what_is_faster(monkeypa
         monkeypatch.setattr(precision, "probe_cpu_matmuls", lambda precisions: {
             "fp16_speedup": fp16, "bf16_speedup": bf16})
 
-    for fp16, bf16, said in ((0.9, 5.2, "bf16 (--precision bf16, or auto) trains faster"),
-                             (0.1, 0.03, "fp32 trains faster"), (3.0, 3.0, None)):
+    for fp16, bf16, said in ((0.9, 5.2, "bf16 (--precision bf16, or auto) runs faster"),
+                             (0.1, 0.03, "fp32 runs faster"), (3.0, 3.0, None)):
         measured(fp16, bf16)
         caplog.clear()
         with caplog.at_level("WARNING", logger="nlptrain"):

@@ -250,3 +250,5 @@ def test_an_installed_packages_data_gets_its_cache_in_the_users_cache_folder(tmp
     installed = tmp_path / "lib" / "python3.11" / "site-packages" / "nlptrain" / "data"
     installed.mkdir(parents=True)
     assert default_cache_dir(installed) == tmp_path / "home-cache" / "nlptrain"
+    monkeypatch.chdir(installed)  # the same folder, named from inside it
+    assert default_cache_dir(Path(".")) == tmp_path / "home-cache" / "nlptrain"

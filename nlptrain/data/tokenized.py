@@ -250,7 +250,8 @@ def default_cache_dir(data_folder: Path) -> Path:
     with no write permission bits counts as not writable for root too (who may write anyway):
     a data set marked read-only is left as it is, and so is an installed package's (the default
     task's data in site-packages: a cache there would outlive an uninstall)."""
-    installed = any(part in ("site-packages", "dist-packages") for part in Path(data_folder).parts)
+    installed = any(part in ("site-packages", "dist-packages")
+                    for part in Path(data_folder).resolve().parts)  # "." inside one too
     if os.access(data_folder, os.W_OK) and _has_write_bits(data_folder) and not installed:
         return data_folder / ".nlptrain_cache"
     home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
