@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # Metrics where a smaller value is better; every other metric is better when larger, unless
 # [train] best_is says otherwise (a user's own error metric).
 LOWER_IS_BETTER = frozenset({"loss", "mse", "mae"})
+ADD_LABEL = "[data] labels in a task file, label_names= in Python"  # where the labels are named
 Where = Callable[[int], tuple[str, int]]  # row number -> (file, line), for error messages
 
 
@@ -143,7 +144,7 @@ class SingleLabel(TaskKind):
             if not isinstance(cell, str) or cell not in ids:
                 path, line = where(i)
                 raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "
-                                f"{_values(ids)}; fix the row, or train with it in [data] labels")
+                                f"{_values(ids)}; fix the row, or add it to the labels ({ADD_LABEL})")
             out[i] = ids[cell]
         return out
 
@@ -227,8 +228,8 @@ class MultiLabel(TaskKind):
                 if value not in ids:
                     path, line = where(i)
                     raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) is not one of "
-                                    f"the task's labels {_values(ids)}; fix the row, or train with "
-                                    "it in [data] labels")
+                                    f"the task's labels {_values(ids)}; fix the row, or add it to "
+                                    f"the labels ({ADD_LABEL})")
                 out[i, ids[value]] = 1.0
         return out
 
