@@ -31,6 +31,7 @@ from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
 
 log = logging.getLogger(__name__)
+TRAINERS_KEYS = ("epoch", "step")  # added to an evaluation's metrics by the trainer
 PROGRESS_EVERY_S = 30.0  # a long scoring (predict on a big file, eval of a big set) says how far
 
 
@@ -158,6 +159,10 @@ def _user_metrics(metric_fn: Callable[[Predictions], dict[str, Any]], prediction
     plain = {key: value.tolist() if hasattr(value, "tolist") else value
              for key, value in found.items()}
     for key, value in plain.items():
+        if key in TRAINERS_KEYS:
+            raise ConfigError(f"metrics= function {name} returned '{key}', which the trainer adds "
+                              f"to every evaluation's metrics; give yours another name, e.g. "
+                              f"'{name}_{key}'")
         if key in taken:
             raise ConfigError(f"metrics= function {name} returned '{key}', a metric this task "
                               f"already reports; give yours another name, e.g. '{name}_{key}'")

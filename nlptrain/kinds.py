@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 # Metrics where a smaller value is better; every other metric is better when larger, unless
 # [train] best_is says otherwise (a user's own error metric).
 LOWER_IS_BETTER = frozenset({"loss", "mse", "mae"})
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 ADD_LABEL = "[data] labels in a task file, label_names= in Python"  # where the labels are named
 Where = Callable[[int], tuple[str, int]]  # row number -> (file, line), for error messages
 
@@ -215,6 +216,12 @@ class MultiLabel(TaskKind):
         self.decision_rule = (f"a label is predicted where its probability is at least {threshold:g}"
                               " (`[data] threshold`); the metrics are at that threshold")
 
+    def check_labels(self, label_names: Sequence[str], source: str) -> None:
+        # A head of 0 outputs: its loss, a mean over nothing, is NaN at the first step.
+        if not label_names:
+            raise ConfigError(f"{source}: a multi_label task needs one label or more; no train "
+                              "row has a label (check [data] label_column, or name [data] labels)")
+
     def label_values(self, cell: str | list[str]) -> list[str]:
         if isinstance(cell, list):
             return [str(v).strip() for v in cell]
@@ -293,13 +300,18 @@ class Regression(TaskKind):
         for i, cell in enumerate(cells):
             try:
                 # (Python reads "1_000" as 1000: a data file's number holds no underscore)
-                out[i] = float(cell) if isinstance(cell, str) and "_" not in cell else float("nan")
+                score = float(cell) if isinstance(cell, str) and "_" not in cell else math.nan
             except ValueError:
-                out[i] = float("nan")
-            if not math.isfinite(out[i]):
+                score = math.nan
+            if not math.isfinite(score):
                 path, line = where(i)
                 raise DataError(f"{path}:{line}: score {cell!r} is not a number; a regression "
                                 "task needs a number in the label column")
+            if abs(score) > FLOAT32_MAX:  # trained in float32: it would be inf
+                path, line = where(i)
+                raise DataError(f"{path}:{line}: score {cell!r} is beyond float32's range "
+                                f"(±{FLOAT32_MAX:.3g}); rescale the scores")
+            out[i] = score
         return out
 
     def output_size(self, label_names: Sequence[str]) -> int:

@@ -90,6 +90,11 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     from transformers import AutoModelForSequenceClassification
 
     kind = kind or SingleLabel()
+    if not kind.has_classes:  # one output, the score: transformers sizes a head by id2label
+        if list(label_names) not in ([], ["score"]):
+            raise ConfigError(f"a {kind.name} model has one output, the score, and no labels: "
+                              f"got {list(label_names)}; pass []")
+        label_names = ["score"]
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
     depth = getattr(load_config(name), "num_hidden_layers", None)

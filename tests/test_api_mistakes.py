@@ -317,6 +317,8 @@ def test_a_kind_given_to_the_trainer_is_the_one_its_export_predicts_with(tiny_mo
                                r"\(neg, pos\)$"),
     ("multi", [1, 0], r"^train data: its targets are 1-D \(\(2,\)\); a multi-label task takes "
                       r"a 0/1 row, one column a label$"),
+    ("multi", [[1, 0], [1, -1]], r"^train data: row index 1 has the targets \[1(\.0)?, -1(\.0)?\]; a "
+                                 r"multi-label task takes 0/1 rows"),  # a -1/+1 encoding
     ("regression", [0.5, float("nan")], r"^train data: row index 1 has the score nan, not a "
                                         r"finite number; drop the row or give it its score$"),
 ])

@@ -91,6 +91,10 @@ def test_regression_targets_are_floats_and_a_bad_score_names_the_line(tmp_path):
     (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"s.tsv:5: score '3_5' is not a number"):
         LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
+    lines[4] = lines[4].rsplit("\t", 1)[0] + "\t1e39"  # a number, but inf in float32
+    (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"s.tsv:5: score '1e39' is beyond float32's range"):
+        LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
 
 
 def test_pairs_are_encoded_as_real_pairs_with_type_ids(tiny_model_dir):
@@ -231,6 +235,42 @@ def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, t
     assert not (tmp_path / "run").exists()
     with pytest.raises(ConfigError, match=r"a single_label task needs two labels or more; it has 1"):
         Trainer(load_model(str(tiny_model_dir), ["pos"]), None, None)
+
+
+def test_a_multi_label_task_whose_rows_have_no_label_is_refused_before_training(tmp_path,
+                                                                               tiny_model_dir, capsys):
+    """No label found in any train row: a head of 0 outputs, whose loss is NaN at step 1, was
+    said to be a non-finite loss to resume at a lower lr."""
+    from conftest import write_toy_task
+
+    from nlptrain import Trainer
+    from nlptrain.cli import main
+    from nlptrain.models import load_model
+
+    task = write_toy_task(tmp_path, tiny_model_dir)
+    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', 'kind = "multi_label"\n'))
+    for name in ("train.tsv", "test.tsv"):
+        rows = (tmp_path / name).read_text().splitlines()
+        (tmp_path / name).write_text("\n".join([rows[0]] + [r.rsplit("\t", 1)[0] + "\t" for r in rows[1:]])
+                                     + "\n")
+    code = main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "task toy: a multi_label task needs one label or more" in err, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match=r"a multi_label task needs one label or more"):
+        Trainer(load_model(str(tiny_model_dir), [], kind=MultiLabel()), None, None)
+
+
+def test_load_model_gives_a_regression_one_output_whatever_it_is_told(tiny_model_dir):
+    """transformers sizes the head by id2label: [] gave 0 outputs, which the Trainer refused."""
+    from nlptrain.models import load_model
+
+    for names in ([], ["score"]):
+        model = load_model(str(tiny_model_dir), names, kind=Regression())
+        assert model.config.num_labels == 1 and model.config.id2label == {0: "score"}
+    with pytest.raises(ConfigError, match=r"a regression model has one output, the score"):
+        load_model(str(tiny_model_dir), ["a", "b"], kind=Regression())
 
 
 def test_a_transformers_model_of_one_output_without_problem_type_is_a_regression():

@@ -227,6 +227,8 @@ def test_a_metric_that_returns_no_dict_is_named_in_one_error():
 @pytest.mark.parametrize("returned, says", [
     ({"accuracy": 0.5}, r"metrics= function mine returned 'accuracy', a metric this task already "
                         r"reports; give yours another name, e\.g\. 'mine_accuracy'"),
+    ({"step": 123.0}, r"metrics= function mine returned 'step', which the trainer adds to every "
+                      r"evaluation's metrics; give yours another name, e\.g\. 'mine_step'"),
     ({"note": "good"}, r"metrics= function mine returned 'note': str \(good\), not a number"),
     ({"score": None}, r"metrics= function mine returned 'score': NoneType"),
 ])

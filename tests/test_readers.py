@@ -125,6 +125,10 @@ def test_label_vocab_from_table_and_inferred():
     vocab = LabelVocab.from_config({"1": "World", "2": "Sports"})
     assert vocab.values == ["1", "2"] and vocab.names == ["World", "Sports"]
     assert LabelVocab.infer(["10", "2", "1", "2"]).values == ["1", "2", "10"]  # numeric order
+    # isdigit() is True for these, and int() reads none of them: they are names, in text order
+    assert LabelVocab.infer(["--1", "1"]).values == ["--1", "1"]
+    assert LabelVocab.infer(["\u2460", "2"]).values == ["2", "\u2460"]
+    assert LabelVocab.infer(["-3", "-10", "2"]).values == ["-10", "-3", "2"]
 
 
 def test_stratified_split_is_seeded_and_keeps_class_balance():

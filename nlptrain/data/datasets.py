@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ class LabelVocab:
     @classmethod
     def infer(cls, values: list[str]) -> LabelVocab:
         unique = set(values)
-        numeric = all(v.lstrip("-").isdigit() for v in unique)
+        numeric = all(re.fullmatch(r"-?[0-9]+", v) for v in unique)  # what int() reads, no more
         ordered = sorted(unique, key=int if numeric else str)
         return cls(ordered, ordered)
 

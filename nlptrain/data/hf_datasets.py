@@ -112,6 +112,10 @@ def check_targets(targets: np.ndarray, kind: TaskKind, label_names: Sequence[str
     if targets.ndim != (2 if kind.empty_label_ok else 1):
         raise DataError(f"{what} data: its targets are {targets.ndim}-D ({targets.shape}); a "
                         f"{kind.name.replace('_', '-')} task takes {shape}")
+    if kind.empty_label_ok and not np.isin(targets, (0, 1)).all():  # e.g. a -1/+1 encoding
+        row = int(np.flatnonzero(~np.isin(targets, (0, 1)).all(axis=1))[0])
+        raise DataError(f"{what} data: row index {row} has the targets {targets[row].tolist()}; a "
+                        "multi-label task takes 0/1 rows (1: the row has that label)")
     if not kind.empty_label_ok and targets.dtype.kind == "f":  # (cross-entropy takes ints)
         raise DataError(f"{what} data: its class ids are floats ({targets[0]}, ...); a "
                         "single-label task takes ints 0 to n-1 (e.g. labels.astype(int))")
