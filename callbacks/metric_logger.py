@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,14 +50,15 @@ class MetricLogger(Callback):
         if self.handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.handle = open(self.path, "a", encoding="utf-8")  # append: resume continues it
-        self.handle.write(json.dumps(row) + "\n")
+        # strict JSON: a non-finite number (a diverged loss) is null, which every parser reads
+        plain = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in row.items()}
+        self.handle.write(json.dumps(plain) + "\n")
         self.handle.flush()
 
     def on_epoch_start(self, trainer: Trainer) -> None:
-        loss_window = self.loss_sum, self.batches
-        self._reset(time.perf_counter())
-        if trainer.batch_in_epoch:  # resumed mid-epoch: the window of the steps before goes on
-            self.loss_sum, self.batches = loss_window
+        # The loss window goes on across epochs (the steps after an epoch's last row are in the
+        # next row); the throughput's starts again, past the epoch end's evaluation.
+        self.rows_sum, self.window_start = 0, time.perf_counter()
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
@@ -103,9 +105,10 @@ class MetricLogger(Callback):
         state["metric_logger"] = {"loss_sum": float(self.loss_sum), "batches": self.batches}
 
     def on_train_start(self, trainer: Trainer) -> None:
-        # A run that starts from step 0 (a restart, or a resume, of an attempt that died before
-        # its first checkpoint) writes every step again: the dead attempt's rows go.
-        if trainer.global_step == 0 and self._drop_rows_past(0):
+        # A resume of an attempt that died before its first checkpoint starts from step 0 and
+        # writes every step again: the dead attempt's rows go. (Not a new trainer's, writing
+        # after another's: the earlier run's rows are kept.)
+        if trainer.global_step == 0 and trainer.resume_asked and self._drop_rows_past(0):
             log.info("%s: dropped the rows of an earlier attempt, which stopped before its first "
                      "checkpoint: this run starts at step 0", self.path)
 

@@ -41,9 +41,10 @@ class TensorBoardLogger(Callback):
             return
         # On resume, events past the checkpoint's step are dropped, not drawn twice; its own step
         # was logged before the checkpoint was written, and is not logged again: it stays. A
-        # start from step 0 where events are already (an attempt that died before its first
-        # checkpoint) drops them all.
-        earlier = trainer.global_step or any(self.log_dir.glob("events.out.tfevents.*"))
+        # resume from step 0 where events are already (of an attempt that died before its first
+        # checkpoint) drops them all; a new run beside an earlier one's events keeps them.
+        earlier = trainer.global_step or \
+            (trainer.resume_asked and any(self.log_dir.glob("events.out.tfevents.*")))
         self.writer = SummaryWriter(str(self.log_dir),
                                     purge_step=trainer.global_step + 1 if earlier else None)
         self._since, self._rows = time.perf_counter(), 0

@@ -74,6 +74,7 @@ class Trainer(ProgressCounters):
         self.config = config = train_config(config)  # checked; its precision decided below
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
+        self.resume_asked = resume_from is not None  # also where no checkpoint was written yet
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
         self.kind = kind or kinds.from_model_config(model_config)

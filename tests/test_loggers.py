@@ -134,5 +134,42 @@ def test_tensorboard_of_a_run_restarted_before_its_first_checkpoint_has_each_ste
     with pytest.raises(RuntimeError, match="crash after step 5"):
         make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "tb"),
                                                 RaiseAfterStep(5)], **STEPS).fit()
-    make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "tb")], **STEPS).fit()
+    make_trainer(tmp_path, tiny_model_dir, [TensorBoardLogger(tmp_path / "tb")],
+                 resume_from=tmp_path / "checkpoints", **STEPS).fit()  # none there: from step 0
     assert scalars(tmp_path / "tb") == scalars(tmp_path / "whole")
+
+
+def test_a_new_trainer_logging_to_an_earlier_runs_file_keeps_its_rows(tmp_path, tiny_model_dir):
+    """Two stages (say frozen, then unfrozen), each its own Trainer, one metrics.jsonl: only a
+    resume drops rows, never a new run's start."""
+    log = tmp_path / "metrics.jsonl"
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 2)], **{**STEPS, "log_every": 2}).fit()
+    first = rows(log)
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 2)], **{**STEPS, "log_every": 2}).fit()
+    assert len(first) == 4 and rows(log) == first + first
+
+
+def test_a_row_after_an_epoch_end_means_every_step_since_the_row_before(tmp_path, tiny_model_dir):
+    """6 steps an epoch, a row every 4: the row of step 8 is the mean of steps 5-8, not of 7-8
+    (steps 5 and 6, the first epoch's tail, were in no row)."""
+    each, every4 = tmp_path / "each.jsonl", tmp_path / "every4.jsonl"
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(each, 1)], **{**STEPS, "epochs": 2}).fit()
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(every4, 4)],
+                 **{**STEPS, "epochs": 2, "log_every": 4}).fit()
+    losses = {r["step"]: r["loss"] for r in train_rows(each)}
+    by_step = {r["step"]: r["loss"] for r in train_rows(every4)}
+    assert sorted(losses) == list(range(1, 13)) and sorted(by_step) == [4, 8, 12]
+    assert by_step[8] == pytest.approx(sum(losses[s] for s in (5, 6, 7, 8)) / 4, rel=1e-5)
+
+
+def test_a_diverged_loss_is_written_as_json_null(tmp_path):
+    """A bare NaN is no JSON: a strict reader (JavaScript's JSON.parse, jq --strict) refuses the
+    file of exactly the runs people look into."""
+    from types import SimpleNamespace
+
+    logger = MetricLogger(tmp_path / "metrics.jsonl", 1)
+    logger._write({"kind": "train", "step": 2, "loss": float("nan"), "lr": float("inf")})
+    logger.on_train_end(SimpleNamespace())
+    line = (tmp_path / "metrics.jsonl").read_text()
+    assert json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}")) == {
+        "kind": "train", "step": 2, "loss": None, "lr": None}
