@@ -55,6 +55,12 @@ def load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, shards
                  if not any(key.startswith(f"optimizer.state.{name}.") for key in saved)]
     for name in stateless:
         del optimizer_state["state"][name]
+    # A schedule's base lr (`initial_lr`, put in the groups by the scheduler, which a resume
+    # makes only later) is read only where the template has the key; without it the resumed
+    # run took the lr of the checkpoint's step for its base, and said the lr had changed.
+    for i, group in enumerate(optimizer_state["param_groups"]):
+        if f"optimizer.param_groups.{i}.initial_lr" in saved:
+            group.setdefault("initial_lr", group["lr"])
     try:
         with warnings.catch_warnings():
             # One process reads every shard itself, as meant; DCP warns of it even when told.

@@ -54,6 +54,7 @@ class Strategy(Protocol):
     def rewrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager: ...
+    def evaluating(self, model: torch.nn.Module) -> contextlib.AbstractContextManager: ...
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float: ...
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            folder: Path) -> CheckpointWeights: ...
@@ -87,6 +88,10 @@ class SingleDevice:
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
         yield
+
+    def evaluating(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Around an evaluation's forwards (no backward follows them)."""
+        return contextlib.nullcontext()
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         """Clip in place; the global norm before clipping, on the device (read it when needed)."""
@@ -234,6 +239,21 @@ class FSDP2(SingleDevice):
         # No no_sync() in FSDP2: micro-steps keep whole local gradients, the last reduce-scatters.
         model.set_requires_gradient_sync(not skip_sync)
         yield
+
+    @contextlib.contextmanager
+    def evaluating(self, model: torch.nn.Module) -> Iterator[None]:
+        # With reshard_after_forward false a layer is resharded by its backward, and evaluation
+        # has none: its weights would stay gathered, plain tensors in place of the sharded
+        # parameters, for every callback until the next backward (EMA's copy_ fails, Freeze
+        # finds other parameters). Sharded again here.
+        from torch.distributed.fsdp import FSDPModule
+
+        try:
+            yield
+        finally:
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor

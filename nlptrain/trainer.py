@@ -281,9 +281,10 @@ class Trainer(ProgressCounters):
     def evaluate(self, data: Dataset) -> dict[str, Any]:
         """Metrics on `data`, computed from every rank's predictions, duplicates excluded: the
         kind's, then the user's own (`metrics=`), all on the same gathered predictions."""
-        found = predict(self.unwrapped_model, self._as_dataset(data, "eval"), self.dist, self.collate,
-                        self.config.eval_batch_size, self.config.precision, self.kind,
-                        equal_steps=self.strategy.eval_needs_equal_steps)
+        with self.strategy.evaluating(self.model):
+            found = predict(self.unwrapped_model, self._as_dataset(data, "eval"), self.dist,
+                            self.collate, self.config.eval_batch_size, self.config.precision,
+                            self.kind, equal_steps=self.strategy.eval_needs_equal_steps)
         self.predictions = found
         return compute_metrics(found, self.label_names, self.kind, self.metric_fns, warn=self.is_main)
 

@@ -192,6 +192,27 @@ def freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
     return out
 
 
+def unsharded_after_eval_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    """FSDP2 keeping the weights gathered after forward (reshard_after_forward false): the
+    weights after an evaluation (sharded DTensors, or plain tensors left gathered), and a run
+    with an evaluating EMA and an evaluation every 2 steps, which swaps weights after each."""
+    from torch.distributed.tensor import DTensor
+
+    dist = distributed.from_env(60)
+    own = Path(folder) / f"rank{rank}"
+    train, test = toy_set(own, model_dir, "train", 6 * 4 * world, 1), toy_set(own, model_dir, "test", 12, 2)
+    trainer = make_trainer(dist, model_dir, train, test, "fsdp", [], reshard_after_forward=False,
+                           ema_decay=0.9, eval_every=2)
+    trainer.evaluate(test)
+    sharded = all(isinstance(p, DTensor) for p in trainer.model.parameters())
+    trainer.fit()
+    out = {"sharded": sharded, "steps": trainer.global_step,
+           "final": trainer.strategy.full_state_dict(trainer.model)}
+    trainer.close()
+    dist.close()
+    return out
+
+
 def compile_worker(rank: int, world: int, folder: str, model_dir: str, strategy: str,
                    compiled: bool) -> tuple[float, bool]:
     """One epoch of the toy task under `strategy`, eager or compiled, dropout off: the evaluation

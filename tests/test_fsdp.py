@@ -19,6 +19,7 @@ from strategy_workers import (
     make_trainer,
     scale_worker,
     toy_set,
+    unsharded_after_eval_worker,
 )
 
 from nlptrain.checkpoint import list_checkpoints, load_checkpoint
@@ -113,6 +114,9 @@ def test_sharded_checkpoints_resume_exactly_and_with_other_world_sizes(tmp_path,
     trained = [p for p in trainer.model.parameters() if p.requires_grad]
     assert len(trainer.optimizer.state) == len(trained)  # every parameter's moments came back
     assert all(int(s["step"]) == 6 for s in trainer.optimizer.state.values())
+    # The schedule's base lr came back too: the run's lr, not step 6's point on the schedule
+    # (which a resume took for the base, and logged as a change of lr).
+    assert [g["initial_lr"] for g in trainer.optimizer.param_groups] == [1e-3, 1e-3]
 
 
 def test_ema_and_frozen_blocks_under_fsdp2_checkpoint_whole_and_resume_exactly(tmp_path,
@@ -148,6 +152,15 @@ def test_freezing_under_fsdp2_trains_like_ddp_and_fgm_is_refused(tmp_path, tiny_
     assert not torch.equal(start["classifier.weight"], fsdp[2]["classifier.weight"])
     for step in range(7):
         assert max_gap(ddp[step], fsdp[step]) < 1e-5, step
+
+
+def test_weights_kept_gathered_after_forward_are_sharded_again_after_an_evaluation(tmp_path,
+                                                                                   tiny_model_dir):
+    """An evaluation has no backward, which is what reshards them: every callback after it saw
+    plain tensors in place of the parameters (EMA's swap failed; Freeze unfroze nothing)."""
+    ranks = run_ranks(unsharded_after_eval_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert [r["sharded"] for r in ranks] == [True, True]
+    assert ranks[0]["steps"] == 6 and ranks[0]["final"]
 
 
 def test_fsdp_run_exports_whole_weights_that_pipeline_scores_as_nlptrain(toy_task, tmp_path):
