@@ -306,3 +306,40 @@ def test_the_bar_reads_the_loss_back_only_at_log_steps(tmp_path, tiny_model_dir,
     if plain:
         lines = [line for line in out.getvalue().splitlines() if ": batch " in line]
         assert [" loss " in line for line in lines] == [False, False, True, True, True, True]
+
+
+def test_best_folder_is_the_best_the_resumed_checkpoint_names_after_a_crash(tmp_path,
+                                                                            tiny_model_dir):
+    """A best scored after the latest checkpoint, then a crash: the resume discards that
+    training, so best/ must hold the best the checkpoint names (step 4), not step 6's weights
+    while results say step 4's scores."""
+    from nlptrain.callbacks import Checkpointer
+    from safetensors.torch import load_file
+    from toy_trainer import RaiseAfterStep
+
+    at_step = {}
+
+    def scripted(trainer, scores):
+        def evaluate(data):
+            step = trainer.global_step
+            at_step[step] = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+            return {"accuracy": scores.get(step, 0.1), "macro_f1": 0.0}
+        trainer.evaluate = evaluate
+        return trainer
+
+    best, checkpoints = tmp_path / "best", tmp_path / "checkpoints"
+    settings = dict(epochs=3, batch_size=4, eval_every=2)  # 6 steps an epoch
+    with pytest.raises(RuntimeError, match="crash after step 6"):
+        scripted(make_trainer(tmp_path, tiny_model_dir, [SaveBestModel(best), Checkpointer(checkpoints, 4),
+                                                          RaiseAfterStep(6)], **settings),
+                 {2: 0.5, 4: 0.6, 6: 0.9}).fit()
+    resumed = SaveBestModel(best)
+    trainer = scripted(make_trainer(tmp_path, tiny_model_dir, [resumed, Checkpointer(checkpoints, 4)],
+                                    resume_from=checkpoints, **settings), {})
+    assert trainer.global_step == 4
+    trainer.fit()  # no later evaluation beats step 4's 0.6
+    assert resumed.saved_metrics["accuracy"] == 0.6 and resumed.saved_metrics["step"] == 4
+    weights = load_file(best / "model.safetensors")
+    assert all(torch.equal(weights[k], at_step[4][k]) for k in weights)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("best")) == ["best"]
+    assert json.loads((best / "nlptrain_best.json").read_text()) == {"step": 4}
