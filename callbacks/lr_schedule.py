@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
 from nlptrain.events import Callback
+from nlptrain.optim import logged_lr
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -113,13 +114,13 @@ class LRSchedule(Callback):
             if saved is not None and self.plan.progress(step) >= 1.0:  # ended: more epochs given
                 self.plan = Plan(0, 0.0, total)
                 self._set_warmup(None, total)
-                ended = trainer.scheduler.get_last_lr()[0]
+                ended = max(trainer.scheduler.get_last_lr())
                 for group, base in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs,
                                        strict=True):
                     group["lr"] = base * self.shape(self.plan.progress(step))
                 log.info("lr schedule: it had ended at step %d (lr %.3g); planned again over %d "
                          "steps as if from the start: lr %.3g from step %d", step, ended, total,
-                         trainer.optimizer.param_groups[0]["lr"], step + 1)
+                         logged_lr(trainer.optimizer), step + 1)
             else:
                 self.plan = Plan(step, self.plan.progress(step), total)
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from nlptrain.durable import write_text
 from nlptrain.events import Callback
+from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
 
@@ -62,7 +63,7 @@ class MetricLogger(Callback):
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
-        self.step_lr = trainer.optimizer.param_groups[0]["lr"]
+        self.step_lr = logged_lr(trainer.optimizer)
 
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:

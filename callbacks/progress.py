@@ -12,6 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from nlptrain.events import Callback
+from nlptrain.optim import logged_lr
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -63,7 +64,7 @@ class ProgressBar(Callback):
                             unit="batch", dynamic_ncols=True, leave=True, file=self._out())
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        lr = trainer.optimizer.param_groups[0]["lr"]
+        lr = logged_lr(trainer.optimizer)
         every = self.refresh_every or trainer.config.log_every
         if trainer.is_update_step and trainer.global_step % every == 0:
             self.loss = trainer.last_loss  # a device sync: only where the loop logs it anyway

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
+from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
 
@@ -61,7 +62,7 @@ class TensorBoardLogger(Callback):
             return
         now = time.perf_counter()
         self.writer.add_scalar("train/loss", trainer.last_loss, step)
-        self.writer.add_scalar("train/lr", trainer.optimizer.param_groups[0]["lr"], step)
+        self.writer.add_scalar("train/lr", logged_lr(trainer.optimizer), step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             self.writer.add_scalar("train/grad_norm", grad_norm, step)

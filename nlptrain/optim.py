@@ -112,6 +112,12 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig, world_size: int,
     return (make or adamw)((groups_of or param_groups)(model, lr, config), config)
 
 
+def logged_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The lr the logs show: the largest group's, which is the run's lr on its schedule (with
+    layer-wise decay the head's; the first group, the embeddings', is lr x decay^(layers+1))."""
+    return max(group["lr"] for group in optimizer.param_groups)
+
+
 def group_settings(optimizer: torch.optim.Optimizer) -> list[dict[str, float]]:
     """Each parameter group's lr and weight decay, as this run's config made them."""
     return [{key: group[key] for key in ("lr", "weight_decay") if key in group}

@@ -173,3 +173,15 @@ def test_a_diverged_loss_is_written_as_json_null(tmp_path):
     line = (tmp_path / "metrics.jsonl").read_text()
     assert json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in {line}")) == {
         "kind": "train", "step": 2, "loss": None, "lr": None}
+
+
+def test_the_lr_logged_under_layer_wise_decay_is_the_runs_not_the_embeddings(tmp_path,
+                                                                             tiny_model_dir):
+    """The first parameter group is the embeddings', at lr x 0.5^3 with 2 layers: the curve sat
+    8x below the lr the user set."""
+    log = tmp_path / "metrics.jsonl"
+    trainer = make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 2)], **STEPS, lr=1e-3,
+                           layer_lr_decay=0.5, scheduler="constant", warmup_ratio=0.0)
+    trainer.fit()
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.25e-4)
+    assert [r["lr"] for r in train_rows(log)] == [pytest.approx(1e-3)] * 3
