@@ -127,11 +127,16 @@ def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """Exit 2 with the command's usage (not the top level's) and the nearest option's name."""
     import difflib
 
+    from nlptrain.task_options import NOT_ON_COMMAND_LINE
+
     command = args.commands.get(args.command, parser)
     options = [flag for action in command._actions for flag in action.option_strings]
-    near = difflib.get_close_matches(unknown[0].split("=")[0], options, n=1)
-    command.error(f"unrecognized arguments: {' '.join(unknown)}"
-                  + (f" (did you mean {near[0]}?)" if near else ""))
+    flag = unknown[0].split("=")[0]
+    near = difflib.get_close_matches(flag, options, n=1)
+    keys = [(section, key) for section, key in NOT_ON_COMMAND_LINE if flag == f"--{key.replace('_', '-')}"]
+    hint = f" (a list, set in the task file or as --set {keys[0][0]}.{keys[0][1]}='[\"a\", \"b\"]')" \
+        if keys else f" (did you mean {near[0]}?)" if near else ""
+    command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def check_train(args: argparse.Namespace) -> None:

@@ -7,6 +7,7 @@ what a task file may say. Unknown keys and wrong types are errors that name the 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -147,10 +148,12 @@ class TrainConfig:
                                     "the last, so a hard crash loses no more (0: off)")
     keep_checkpoints: int = opt(2, "how many recent checkpoints to keep (0: all)")
     log_every: int = opt(10, "log loss and lr every N optimizer steps")
-    steps_per_epoch: int = opt(0, "fixed steps per epoch (0: one pass; needed for a Python "
-                               "iterable of your own without a length)")
-    max_steps: int = opt(0, "stop after this many optimizer steps in all, even inside an epoch; "
-                         "the lr schedule ends there (0: epochs decide)")
+    steps_per_epoch: int = opt(0, "steps per epoch: at most one pass of a dataset; exactly this "
+                               "many of a stream or an iterable without a length, which need it "
+                               "(0: one pass)")
+    max_steps: int = opt(0, "stop after at most this many optimizer steps in all, even inside an "
+                         "epoch, the lr schedule ending there; the epochs may end the run sooner "
+                         "(0: epochs decide)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
     timeout: int = opt(600, "seconds a rank waits for the others in a collective before failing")
     strategy: str = opt("auto", "auto (ddp when more than one rank) | ddp (a full replica per rank) "
@@ -243,7 +246,7 @@ def load_task(path: str | Path) -> TaskConfig:
     """Read a task file. Relative `data_dir` is taken relative to the file itself."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # (Notepad's BOM: no TOML)
     except FileNotFoundError:
         raise ConfigError(f"{path}: task file not found (see the files in tasks/)") from None
     except tomllib.TOMLDecodeError as err:
@@ -329,6 +332,10 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     positive = [("train", "epochs"), ("train", "batch_size"), ("train", "eval_batch_size"),
                 ("train", "grad_accum"), ("train", "log_every"), ("model", "max_length"),
                 ("train", "timeout"), ("train", "pad_to_multiple_of")]
+    for section in sections:  # NaN passes every comparison below (lr = nan: a torch traceback)
+        for key, number in vars(getattr(task, section)).items():
+            if isinstance(number, float) and not math.isfinite(number):
+                raise ConfigError(f"{source}: [{section}] {key} = {number}; give a finite number")
     for section, key in positive:
         if section in sections and value(section, key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
@@ -342,6 +349,9 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if set(sections) != set(SECTIONS):  # one section alone: nothing else to fit it to
         return
+    if not task.name or task.name in (".", "..") or any(c in task.name for c in "/\\"):
+        raise ConfigError(f"{source}: name = {task.name!r} names the run's folder (runs/<name>-"
+                          "<time>): give a name without / or \\")
     if task.train.max_tokens and (task.data.streaming or task.data.train_shards):
         # Batches by a token budget need every row's length up front, in one in-memory set.
         raise ConfigError(f"{source}: [train] max_tokens needs the train set in memory; it cannot "
@@ -365,8 +375,7 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     for which in FILES:  # a file's own table: its keys now, not when the file is read
         entry = getattr(task.data, which)
         if isinstance(entry, dict) and not _fill(FileSpec, entry, f"{source} [data] {which}").path:
-            raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path, "
-                              f"or --{which}-file)")
+            raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path)")
     # Each label is one output of the model: a name twice would train two outputs for one class
     # and fail at the end of the run (plots, the confusion matrix, the export's label2id).
     labels = task.data.labels

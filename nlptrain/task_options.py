@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import tomllib
 import typing
 from collections.abc import Collection
@@ -109,8 +110,12 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
             # default task may fit by chance (no folder at all: its own error comes next)
             log.warning("no --task, and no run's config.json beside %s: scoring on the default "
                         "task; give --task for the model's own", args.model)
-    task = task or load_task(find_task(args.task or "default"))
+    task_file = None if task else find_task(args.task or "default")
+    task = task or load_task(task_file)
+    model_before = task.model.name
     task = apply_overrides(task, args)
+    if task_file is not None or task.model.name != model_before:  # (not a run's recorded one)
+        task.model.name = model_folder(task.model.name, task_file)
     data_dir = args.data_dir or task.data_dir or os.environ.get("NLPTRAIN_DATA_DIR", "")
     if not data_dir:
         own_file = args.task and Path(args.task).is_file()  # not a shipped task: its data is near it
@@ -120,6 +125,18 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
         raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR{where}")
     task.data_dir = str(Path(data_dir).resolve())
     return task
+
+
+def model_folder(name: str, task_file: Path | None) -> str:
+    """A model folder given by a relative path, made absolute: where the user stands, else beside
+    the task file (as its data_dir). config.json records it, and a resume from elsewhere finds it."""
+    path = Path(name).expanduser()
+    if path.is_absolute():
+        return name
+    for base in (Path.cwd(), Path(task_file).parent if task_file else None):
+        if base is not None and (base / path / "config.json").is_file():
+            return str((base / path).resolve())
+    return name  # a short name (minilm), or a folder that is not there: its own error follows
 
 
 def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
@@ -155,6 +172,7 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
         try:
             validate(task, SOURCE)
         except ConfigError as err:  # named: the options the message is about, else all given
-            about = [flag for flag, key in given if key in str(err)] or [flag for flag, _ in given]
+            about = [flag for flag, key in given if re.search(rf"{re.escape(key)}(?!\w)", str(err))] \
+                or [flag for flag, _ in given]  # ([data] valid is not [data] valid_size)
             raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
     return task

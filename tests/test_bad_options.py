@@ -152,6 +152,10 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     assert stopped.value.code == 2
     assert "nlptrain train: error: unrecognized arguments: --lrr 1e-3 (did you mean --lr?)" in err
     assert err.startswith("usage: nlptrain train ")
+    with pytest.raises(SystemExit):  # a list, kept off the command line: not --label-smoothing
+        main(["train", "--labels", "neg,pos"])
+    assert "unrecognized arguments: --labels neg,pos (a list, set in the task file or as --set " \
+        "data.labels='[\"a\", \"b\"]')" in capsys.readouterr().err
 
 
 def test_max_restarts_without_nproc_is_refused_not_ignored(capsys, toy_task, tmp_path):

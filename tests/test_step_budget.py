@@ -113,3 +113,14 @@ def test_every_rank_ends_at_max_steps(tmp_path, tiny_model_dir):
     (step0, weights0), (step1, weights1) = run_ranks(_two_rank_budget, 2, tmp_path, str(tmp_path),
                                                      str(tiny_model_dir))
     assert step0 == step1 == 5 and weights0 == weights1
+
+
+def test_a_budget_the_epochs_end_first_is_said(tmp_path, tiny_model_dir, caplog):
+    """transformers' max_steps lengthens a run past its epochs, ours only ends one: 1 epoch of 6
+    steps with max_steps 20 trained 6 without a word."""
+    trainer = make_trainer(tmp_path, tiny_model_dir, [], epochs=1, batch_size=4, max_steps=20)
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    assert trainer.global_step == 6
+    assert "max_steps 20: the run's 1 epoch(s) ended it first, at step 6 (max_steps stops a run, " \
+        "it does not lengthen one: raise epochs for more steps)" in caplog.text

@@ -82,3 +82,50 @@ def test_a_task_built_in_python_is_checked_as_a_task_file_is(tmp_path) -> None:
         with pytest.raises(ConfigError, match=f"^task mine: .*{message}"):
             recipe.train(task, recipe.RunOptions(output_dir=str(tmp_path / "run")), SingleProcess())
         assert not (tmp_path / "run").exists()
+
+
+def test_a_model_folder_given_relative_is_recorded_where_it_is(toy_task, tiny_model_dir, tmp_path,
+                                                               monkeypatch):
+    """config.json kept "tiny" as typed: a resume from any other folder found no model. A task
+    file's relative model is read beside the file when it is not where the user stands, as its
+    data_dir is."""
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "models" / "tiny")
+    monkeypatch.chdir(tmp_path / "models")
+    typed = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task), "--model", "tiny"]))
+    assert typed.model.name == str(tmp_path / "models" / "tiny")
+    project = tmp_path / "project"
+    (project / "models").mkdir(parents=True)
+    shutil.copytree(tiny_model_dir, project / "models" / "mine")
+    task = project / "mine.toml"
+    task.write_text(toy_task.read_text().replace(str(tiny_model_dir), "models/mine"))
+    monkeypatch.chdir(tmp_path)
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(task)])).model.name == \
+        str(project / "models" / "mine")
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(task), "--model", "minilm"])
+                        ).model.name == "minilm"  # a short name stays one
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (["--set", 'name="a/b"'], r"name = 'a/b' names the run's folder \(runs/<name>-<time>\): give "
+                              r"a name without /"),
+    (["--set", 'name=".."'], r"name = '\.\.' names the run's folder"),
+    (["--lr", "nan"], r"^--lr: \[train\] lr = nan; give a finite number$"),
+    (["--max-grad-norm", "inf"], r"^--max-grad-norm: \[train\] max_grad_norm = inf; give a finite"),
+    (["--set", "data.valid.header=false"], r"\[data\] valid has no path \(set data\.valid\.path\)$"),
+    (["--valid-file", "v.tsv", "--valid-size", "1.5"], r"^--valid-size: \[data\] valid_size must"),
+])
+def test_values_that_would_fail_late_or_write_elsewhere_are_refused_naming_the_option(
+        toy_task, given, message):
+    """A name with / was a FileNotFoundError traceback ("../x" wrote outside runs/); NaN passed
+    every range check (a torch traceback, or a "lower the lr" error); the advice named an option
+    eval has not; --valid-file was blamed for valid_size as its key is a prefix of the other."""
+    with pytest.raises(ConfigError, match=message):
+        resolve_task(build_parser().parse_args(["train", "--task", str(toy_task), *given]))
+
+
+def test_a_task_file_saved_with_a_byte_order_mark_is_read(toy_task):
+    """Windows' Notepad writes one; TOML has no place for it ("Invalid statement at line 1")."""
+    toy_task.write_bytes(b"\xef\xbb\xbf" + toy_task.read_bytes())
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(toy_task)])).name == "toy"
