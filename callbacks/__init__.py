@@ -51,7 +51,9 @@ def config_callbacks(config: TrainConfig, progress: bool = False
 def with_config_callbacks(callbacks: list[Callback], config: TrainConfig, progress: bool = False
                           ) -> list[Callback]:
     """The user's callbacks between those the config asks for (`config_callbacks`); a user's own
-    callback of a class the config would make replaces the made one."""
-    given = {type(c) for c in callbacks}
-    first, last = ([c for c in made if type(c) not in given] for made in config_callbacks(config, progress))
+    callback of a class the config would make (or of a subclass) replaces the made one."""
+    def given(made: Callback) -> bool:
+        return any(isinstance(c, type(made)) for c in callbacks)
+
+    first, last = ([c for c in made if not given(c)] for made in config_callbacks(config, progress))
     return [*first, *callbacks, *last]

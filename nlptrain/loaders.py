@@ -84,6 +84,11 @@ class RankShard(IterableDataset):
             self.data.set_epoch(epoch)
 
 
+def _has_len(data: Any) -> bool:
+    """Whether a user's dataset says its length (a RankShard has `__len__` whatever it wraps)."""
+    return hasattr(data.data if isinstance(data, RankShard) else data, "__len__")
+
+
 def _shard_by_rank(data: IterableDataset, world_size: int, rank: int, workers: int) -> IterableDataset:
     """`data` as this rank's share: every rank running the same `__iter__` trained each row once
     per rank. A dataset that deals its rows itself says so (`shards_by_rank = True`, as
@@ -141,7 +146,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
         local = config.steps_per_epoch * config.grad_accum - progress.batch_in_epoch
         loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
-    elif config.num_workers > 1 and hasattr(getattr(loader, "dataset", None), "__len__"):
+    elif config.num_workers > 1 and _has_len(getattr(loader, "dataset", None)):
         raise ConfigError(f"{config.num_workers} DataLoader workers each batch their own share of "
                           "an IterableDataset, so its __len__ does not count the epoch's batches: "
                           "set [train] steps_per_epoch")

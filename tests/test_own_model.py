@@ -330,6 +330,18 @@ def test_two_emas_that_evaluate_are_refused(tmp_path, tiny_model_dir):
     fit(EMA(0.5), EMA(0.9, evaluate=False))
 
 
+    class MyEMA(EMA):
+        pass
+
+    # A subclass of yours replaces ema_decay's, as EMA itself does: the README says so, and the
+    # refusal's advice (evaluate=False) is not one a user can give the EMA the config makes.
+    mine = MyEMA(0.9)
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test, callbacks=[mine],
+                      config=TrainConfig(epochs=1, batch_size=8, max_steps=2, ema_decay=0.99),
+                      progress=False)
+    assert [c for c in trainer.callbacks.callbacks if isinstance(c, EMA)] == [mine]
+
+
 def test_an_optimizer_replaced_after_a_resume_loaded_the_checkpoint_is_refused(tmp_path,
                                                                               tiny_model_dir):
     """The checkpoint loads into the Trainer's own optimizer; one put in its place after that

@@ -279,3 +279,23 @@ def test_an_iterable_datasets_len_counts_the_epoch_only_where_it_can(tmp_path, t
                       config=TrainConfig(epochs=1, batch_size=8, num_workers=workers), progress=False)
     with pytest.raises((ConfigError, DataError), match=said):
         trainer.fit()
+
+
+def test_a_stream_without_a_length_under_several_workers_is_told_it_has_none():
+    """The rank's RankShard has a __len__ whatever it wraps: the error blamed a __len__ the
+    user's dataset never had."""
+    from types import SimpleNamespace
+
+    from nlptrain.loaders import epoch_batches, train_loader
+    from nlptrain.progress import Progress
+
+    class Unsized(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(10))
+
+    config = TrainConfig(batch_size=2, num_workers=2)
+    loader = train_loader(Unsized(), config, 2, 0, lambda rows: rows, torch.device("cpu"))
+    rank0 = SimpleNamespace(is_main=True, world_size=2, rank=0, agree_min=lambda n: n)
+    with pytest.raises(ConfigError, match=r"^the training data has no length: set \[train\] "
+                                          r"steps_per_epoch$"):
+        epoch_batches(loader, config, Progress(), rank0, 0)
