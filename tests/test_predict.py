@@ -15,7 +15,8 @@ from nlptrain.cli import build_parser, main
 from nlptrain.data.readers import read_texts
 from nlptrain.distributed import SingleProcess
 from nlptrain.errors import ConfigError, DataError
-from nlptrain.predict import default_max_length, output_format, rows_of, run_predict, write_rows
+from nlptrain.predict import default_max_length, run_predict
+from nlptrain.predict_output import output_format, rows_of, write_rows
 
 
 def varied_texts(count: int) -> list[str]:
@@ -412,3 +413,10 @@ def test_tsv_output_writes_the_inputs_kept_values_as_given() -> None:
         '1\t1234567.891\t1e-09\t0.123456789\ttrue\t{"a": "x"}\t0.3\tpos\t0.750000\t0.250000\t'
         '0.750000\tgood',
         "2\t\t2.5\t1.0\tfalse\t{}\t0.6\tneg\t0.900000\t0.900000\t0.100000\tbad"]
+    # predict's own output scored again keeps score and input_score both: the first was
+    # renamed onto the second, which it replaced without a word.
+    again = SimpleNamespace(texts=["good"], pairs=None, lines=None,
+                            kept=[{"score": 0.5, "input_score": "x", "input_input_score": 1}])
+    row = next(rows_of(again, np.array([[0.25, 0.75]]), ["neg", "pos"], False))
+    assert {k: v for k, v in row.items() if "score" in k} == {
+        "input_input_input_score": 0.5, "input_score": "x", "input_input_score": 1}

@@ -1,0 +1,156 @@
+"""predict's output: one row per input text (the input's kept columns, the prediction, the text)
+as TSV or JSON lines, to a file written whole or to stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from nlptrain.durable import open_durably
+from nlptrain.errors import ConfigError, NlptrainError
+from nlptrain.kinds import SingleLabel, TaskKind
+
+log = logging.getLogger("nlptrain")
+
+
+OUTPUT_FORMATS = {".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}
+
+
+def output_format(output: str | None, chosen: str | None) -> str:
+    if chosen:
+        return chosen
+    if not output or output == "-":
+        return "tsv"
+    suffix = Path(output).suffix.lower()
+    if suffix not in OUTPUT_FORMATS:
+        raise ConfigError(f"{output}: cannot tell the output format from '{suffix}'; name the "
+                          "file .tsv or .jsonl, or pass --format tsv|jsonl")
+    return OUTPUT_FORMATS[suffix]
+
+
+def check_output(output: str | None, input_file: str | None = None) -> None:
+    """Refuse an output path that cannot be written before any text is scored (else the error
+    comes as a traceback after the whole input was scored), or that is the input itself (which
+    the predictions would replace); makes its folder."""
+    if not output or output == "-":
+        return
+    path = Path(output)
+    if input_file and path.exists() and path.resolve() == Path(input_file).resolve():
+        raise ConfigError(f"{output}: --output is the input file; the predictions would replace "
+                          "its texts. Give another file")
+    if path.is_dir():
+        raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"{output}: cannot make its folder ({err.strerror})") from None
+    if not os.access(path.parent, os.W_OK):
+        raise ConfigError(f"{output}: its folder {path.parent} is not writable")
+
+
+PREDICTED_NUMBERS = ("probability", "label_probabilities", "score")  # the kinds' (`predicted`)
+
+
+def rows_of(texts: Any, outputs: Any, names: list[str], all_probs: bool,
+            kind: TaskKind | None = None) -> Iterable[dict]:
+    """One dict per text, in input order: row (from 1), line (where the text is in the input file:
+    blank lines are skipped, a header counts), the input's kept columns (one named like an
+    output column as input_<name>), the prediction (single-label: label and its probability;
+    multi-label: every label over the threshold and its probability; regression: the score),
+    [every label's probability], the text [and its pair].
+    `texts`: an `Examples` (texts, pairs, kept columns) or a list of texts."""
+    kind = kind or SingleLabel()
+    pairs, lines = getattr(texts, "pairs", None), getattr(texts, "lines", None)
+    kept = getattr(texts, "kept", None)
+    for i, (text, p) in enumerate(zip(getattr(texts, "texts", texts), outputs, strict=True)):
+        predicted = kind.predicted(p, names)
+        # Any kind's numbers too: a kept "score" is not taken for (nor written as) a prediction.
+        taken = {"row", "line", "probabilities", "text", "text_pair", *PREDICTED_NUMBERS, *predicted,
+                 *(f"p_{name}" for name in names)}  # (--all-probs' columns in a TSV)
+        row: dict[str, Any] = {"row": i + 1, **({"line": lines[i]} if lines else {})}
+        if kept:
+            row.update({name: kept[i][k] for k, name in kept_names(list(kept[i]), taken).items()})
+        row.update(predicted)
+        if all_probs and kind.has_classes:
+            row["probabilities"] = {name: float(v) for name, v in zip(names, p, strict=True)}
+        row["text"] = text
+        if pairs is not None:
+            row["text_pair"] = pairs[i]
+        yield row
+
+
+def kept_names(keys: list[str], taken: set[str]) -> dict[str, str]:
+    """Each kept column's output name: its own, or input_<name> where an output has that name
+    (input_input_<name> where a kept column is input_<name> already, as in predict's own output)."""
+    used = taken | {k for k in keys if k not in taken}
+    names = {}
+    for key in keys:
+        name = key
+        while name in taken or (name != key and name in used):
+            name = f"input_{name}"
+        used.add(name)
+        names[key] = name
+    return names
+
+
+def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str],
+               all_probs: bool) -> None:
+    if fmt == "jsonl":
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return
+    # TSV without quoting, like the readers: tabs and line breaks inside a text become spaces;
+    # a list (multi-label) is one cell, its items joined by commas.
+    clean = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
+
+    def cell(value: Any, key: str = "") -> str:
+        if isinstance(value, list):
+            return ",".join(cell(v, key) for v in value)
+        if isinstance(value, float) and key in PREDICTED_NUMBERS:
+            return f"{value:.6f}"
+        # The input's own (kept) values as given, to join the output on: an id 1234567.891 stays
+        # so, a JSON null is an empty cell, true and {"a": 1} are written as JSON writes them.
+        if value is None:
+            return ""
+        if isinstance(value, bool | dict):
+            return json.dumps(value, ensure_ascii=False).translate(clean)
+        return str(value).translate(clean)
+
+    head: list[str] | None = None  # the prediction's columns; then p_<label>s; then the texts
+    texts = ("text", "text_pair")
+    for row in rows:
+        if head is None:
+            head = [k for k in row if k not in ("probabilities", *texts)]
+            probs = [f"p_{n}" for n in names] if "probabilities" in row else []
+            handle.write("\t".join([*head, *probs, *(k for k in texts if k in row)]) + "\n")
+        cells = [cell(row[k], k) for k in head]
+        cells += [f"{row['probabilities'][n]:.6f}" for n in names] if "probabilities" in row else []
+        handle.write("\t".join([*cells, *(cell(row[k]) for k in texts if k in row)]) + "\n")
+
+
+def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list[str],
+                 all_probs: bool) -> None:
+    """To stdout, or to the file `output`, replaced whole (never half a file); a link's target
+    is the file replaced, and a device or a pipe (/dev/null, a fifo) is written to as it is."""
+    to_stdout = not output or output == "-"
+    try:
+        if to_stdout:
+            write_rows(rows, sys.stdout, fmt, names, all_probs)
+            sys.stdout.flush()
+            return
+        path = Path(output).resolve()
+        durably = not path.exists() or path.is_file()
+        with (open_durably if durably else open)(path, "w", encoding="utf-8", newline="\n") as handle:
+            write_rows(rows, handle, fmt, names, all_probs)
+    except BrokenPipeError:  # `predict ... | head`: the reader has what it wanted (cli.main)
+        raise
+    except OSError as err:
+        raise NlptrainError(f"{'stdout' if to_stdout else output}: the predictions cannot be "
+                            f"written ({err.strerror or err})") from None
+    log.info("%s: predictions written", output)
+
