@@ -162,21 +162,28 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
             elastic_launch(_config(nproc, max_restarts, "spawn"), sys.executable)(
                 "-m", "nlptrain", *argv)
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        code = failure.exitcode
-        if code == PIPE_CLOSED:  # `predict ... | head`: the reader has what it wanted
-            return PIPE_CLOSED
-        said = failure.message.get("message", "") if isinstance(failure.message, dict) \
-            else str(failure.message)  # (the worker's record: `tell_launcher`)
-        if said.startswith(INTERRUPTED_AT_ONCE):  # (the agent may have ended it with SIGTERM as
-            code = Interrupted.exit_code         # it left)
-        print(f"error: {failure_summary(rank, nproc, code, said)}"
-              f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
-        return code if code > 0 else 1
+        return reported_failure(err, nproc, max_restarts)
     except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
         print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
         return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
+
+
+def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
+    """The launcher's exit code for its workers' failure (`ChildFailedError`), and its line."""
+    # `predict ... | head`: the reader has what it wanted. Whichever rank's failure is dated
+    # first: the one that wrote to the closed pipe keeps no record, the others' stops do.
+    if any(failure.exitcode == PIPE_CLOSED for failure in err.failures.values()):
+        return PIPE_CLOSED
+    rank, failure = err.get_first_failure()
+    code = failure.exitcode
+    said = failure.message.get("message", "") if isinstance(failure.message, dict) \
+        else str(failure.message)  # (the worker's record: `tell_launcher`)
+    if said.startswith(INTERRUPTED_AT_ONCE):  # (the agent may have ended it with SIGTERM as
+        code = Interrupted.exit_code         # it left)
+    print(f"error: {failure_summary(rank, nproc, code, said)}"
+          f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
+    return code if code > 0 else 1
 
 
 PIPE_CLOSED = 141  # a worker's exit code when its stdout's reader went away (cli.main)

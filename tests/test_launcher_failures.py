@@ -143,6 +143,22 @@ def test_a_reader_that_closes_the_pipe_is_no_failure_under_nproc(tiny_model_dir,
     assert out.returncode == 141 and "failed" not in out.stderr, out.stderr[-3000:]
 
 
+def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsys):
+    """1 run in 17: rank 1's record ("stopped: another rank failed") was dated before the agent
+    noticed rank 0's exit 141, and the launcher said "rank 1 of 2 failed (exit code 1)"."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from nlptrain.launch import PIPE_CLOSED, reported_failure
+
+    closed, follower = ProcessFailure(0, 11, PIPE_CLOSED, "<N/A>"), ProcessFailure(1, 12, 1, "<N/A>")
+    closed.timestamp, follower.timestamp = 200, 100  # the follower's first
+    assert reported_failure(ChildFailedError("nlptrain", {0: closed, 1: follower}), 2) == PIPE_CLOSED
+    assert capsys.readouterr().err == ""
+    failed = ProcessFailure(1, 12, 1, "<N/A>")
+    assert reported_failure(ChildFailedError("nlptrain", {1: failed}), 2) == 1
+    assert "error: rank 1 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
+
+
 @pytest.mark.distributed
 def test_a_rendezvous_port_in_use_is_this_ranks_own_error_with_its_fix(toy_task, tmp_path):
     """Rank 0 cannot listen on MASTER_PORT (another job's rendezvous holds it): its error says
