@@ -12,7 +12,7 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.kinds import from_run_config
-from nlptrain.report import train_settings
+from nlptrain.report import processes, train_settings
 from nlptrain.scores import scalar_metrics
 
 CARD_FILE = "README.md"
@@ -63,7 +63,7 @@ def model_card(run_dir: Path) -> str:
     out += [f"Fine-tuned from `{base}` ({model_config.get('model_type', '?')}, "
             + (f"its first {layers} encoder layers, " if layers else "")
             + f"max length {task.get('model', {}).get('max_length', '?')} tokens) on the "
-            f"`{name}` task, with {run.get('world_size', 1)} process(es); nlptrain "
+            f"`{name}` task, with {processes(run)[1]} process(es); nlptrain "
             f"{versions.get('nlptrain', '?')}, torch {versions.get('torch', '?')}, transformers "
             f"{versions.get('transformers', '?')}.", "", "## Data", "",
             "| split | rows | source |", "| --- | ---: | --- |"]

@@ -22,6 +22,14 @@ PLOT_CAPTIONS = {"training.png": "Loss and learning rate per optimizer step",
                  "scatter.png": "Predicted against true score"}
 
 
+def processes(config: dict[str, Any]) -> tuple[int, str]:
+    """The processes the run ends with, and as said: "2", or "1, then 2 (resumed)" where a
+    resume ran with another count."""
+    counts = [config.get("world_size", 1), *(r.get("world_size", 1) for r in config.get("resumes", []))]
+    told = [n for i, n in enumerate(counts) if i == 0 or n != counts[i - 1]]
+    return counts[-1], str(told[0]) if len(told) == 1 else f"{', then '.join(map(str, told))} (resumed)"
+
+
 def train_settings(config: dict[str, Any]) -> dict[str, Any]:
     """config.json's [train] settings as they acted: the precision "auto" chose (recorded once
     the run started), the metric that picked the best model when left to the kind, max_steps
@@ -118,7 +126,7 @@ def report_markdown(run_dir: Path) -> str:
     train_cfg, model_cfg = train_settings(config), task.get("model", {})
     train, evals = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else ([], [])
     eval_name = eval_set_name(run_dir)
-    world = config.get("world_size", 1)
+    world, said = processes(config)
     if train_cfg.get("max_tokens"):  # rows per step vary: the budget is what was asked
         batch = f"batches of up to {train_cfg['max_tokens']} tokens per process"
     else:
@@ -133,7 +141,7 @@ def report_markdown(run_dir: Path) -> str:
             f"- model: `{model_cfg.get('name', '?')}`, max length {model_cfg.get('max_length')} "
             "tokens" + (f", first {model_cfg['num_hidden_layers']} layers"
                         if model_cfg.get("num_hidden_layers") else ""),
-            f"- processes: {world} ({batch})",
+            f"- processes: {said} ({batch})",
             f"- versions: {versions or '?'}; git commit {config.get('git_commit') or 'none'}"]
     if train:
         speed = statistics.median(r["samples_per_s"] for r in train)

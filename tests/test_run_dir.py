@@ -288,6 +288,24 @@ def test_the_log_and_report_state_the_global_batch(toy_task: Path, tmp_path: Pat
     assert evals and not any("is_best" in row for row in evals)
 
 
+def test_the_report_and_model_card_count_the_processes_a_resume_ran_with(toy_task: Path,
+                                                                          tmp_path: Path) -> None:
+    """They read config.json's first world size: a run resumed on 2 processes for most of its
+    steps was said to have run on 1, at the first one's global batch."""
+    from nlptrain.cli import main
+    from nlptrain.model_card import model_card
+    from nlptrain.report import report_markdown
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--steps-per-epoch", "1"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    config["resumes"] = [{"world_size": 2}, {"world_size": 2}]  # as two resumes on 2 record it
+    (run / "config.json").write_text(json.dumps(config))
+    assert "processes: 1, then 2 (resumed) (global batch 16 per optimizer step)" in report_markdown(run)
+    assert "with 1, then 2 (resumed) process(es)" in model_card(run)
+
+
 def test_a_run_shorter_than_log_every_without_evaluation_ends_well(toy_task: Path,
                                                                     tmp_path: Path) -> None:
     """No validation or test set and fewer steps than log_every: the run's end is still logged,
