@@ -339,6 +339,9 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
             from nlptrain.data import LabelVocab
 
             _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
+        elif kind.has_classes:  # the model's, in its order: no train file is read for them (its
+            # format is not the scored file's, which eval's --data-format etc. describe)
+            task = dataclasses.replace(task, data=dataclasses.replace(task.data, labels=list(names)))
         sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
         if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
             _check_model_labels(model_dir, names, sets.vocab.names)

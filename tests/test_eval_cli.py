@@ -109,25 +109,40 @@ def test_eval_of_a_file_elsewhere_caches_its_tokens_next_to_that_file(
     assert not (tmp_path / "task" / ".nlptrain_cache").exists()
 
 
-def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_refused(
+def test_a_model_whose_labels_are_in_another_order_than_the_tasks_found_ones_is_scored_by_name(
         toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
-    """Without [data] labels the task's come from the train rows (neg, pos); a model saying
-    (pos, neg) was scored by position: each row's truth read as the other label."""
+    """Without [data] labels, eval takes the model's own (no train file is read for them): a
+    model saying (pos, neg) is scored by name. Scored by position (the bug once), each row's
+    truth was read as the other label; here the swapped names flip every prediction."""
     from transformers import AutoConfig
 
     task = toy_task.read_text().replace('labels = ["neg", "pos"]\n', "")
     toy_task.write_text(task)
     args = ["eval", "--task", str(toy_task), "--json", "--no-cache"]
     assert main([*args, "--model", str(labelled_model)]) == 0  # the same labels: scored
-    capsys.readouterr()
+    kept = json.loads(capsys.readouterr().out)
     swapped = tmp_path / "swapped"
     shutil.copytree(labelled_model, swapped)
     config = AutoConfig.from_pretrained(swapped)
     config.id2label, config.label2id = {0: "pos", 1: "neg"}, {"pos": 0, "neg": 1}
     config.save_pretrained(swapped)
-    assert main([*args, "--model", str(swapped)]) == 1
-    err = capsys.readouterr().err
-    assert "swapped: the model's labels ['pos', 'neg'] are not the task's ['neg', 'pos']" in err, err
+    assert main([*args, "--model", str(swapped)]) == 0
+    flipped = json.loads(capsys.readouterr().out)
+    assert flipped["accuracy"] == pytest.approx(1 - kept["accuracy"])
+    assert 0.05 < kept["accuracy"] < 0.95  # (else the flip would show nothing)
+
+
+def test_a_file_of_another_format_is_scored_without_reading_the_train_file_in_it(
+        toy_task: Path, labelled_model: Path, tmp_path: Path, capsys) -> None:
+    """A task without [data] labels: eval read the train file for them, with the options meant
+    for the scored file (a headerless CSV): 'train.tsv:1: 1 column(s), expected at least 2'."""
+    toy_task.write_text(toy_task.read_text().replace('labels = ["neg", "pos"]\n', ""))
+    scored = tmp_path / "plain.csv"
+    scored.write_text("pos,a great film\nneg,awful and dull\npos,a joy\n")
+    assert main(["eval", "--task", str(toy_task), "--model", str(labelled_model), "--no-cache",
+                 "--json", "--test-file", str(scored), "--data-format", "csv", "--no-header",
+                 "--text-column", "1", "--label-column", "0"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["rows"] == 3
 
 
 def test_a_file_of_other_column_names_is_scored_with_the_options_its_error_names(
