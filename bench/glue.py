@@ -51,8 +51,8 @@ def data_dir() -> str:
 
 def load_task(name: str, args: argparse.Namespace):
     """The shipped task with the run_glue settings (and the contender's own, if any)."""
-    from nlptrain.config import apply_override, validate
-    from nlptrain.config import load_task as read
+    from nlptrain.task_files import apply_override, validate
+    from nlptrain.task_files import load_task as read
 
     task = read(BENCH.parent / "tasks" / f"{name}.toml")
     task.data_dir = data_dir()

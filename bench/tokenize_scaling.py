@@ -29,9 +29,9 @@ def job(task_name: str, data_dir: str, cache: str, timeout: float) -> dict:
     import torch
 
     from nlptrain import distributed
-    from nlptrain.config import load_task
     from nlptrain.data import build_datasets
     from nlptrain.models import load_tokenizer
+    from nlptrain.task_files import load_task
 
     torch.set_num_threads(1)
     task = load_task(BENCH.parent / "tasks" / f"{task_name}.toml")

@@ -11,8 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker reads; at run time __getattr__ imports on first use
-    from nlptrain.config import DataConfig, ModelConfig, TaskConfig, TrainConfig, load_task
+    from nlptrain.config import DataConfig, ModelConfig, TaskConfig, TrainConfig
     from nlptrain.events import EVENTS, Callback
+    from nlptrain.task_files import load_task
     from nlptrain.trainer import DistTrainer, Trainer
 
 from nlptrain.version import __version__ as __version__  # the package's (one place)
@@ -22,7 +23,7 @@ _EXPORTS = {
     "Callback": "nlptrain.events", "EVENTS": "nlptrain.events",
     "TaskConfig": "nlptrain.config", "TrainConfig": "nlptrain.config",
     "DataConfig": "nlptrain.config", "ModelConfig": "nlptrain.config",
-    "load_task": "nlptrain.config",
+    "load_task": "nlptrain.task_files",
 }
 # _EXPORTS' names, and the TYPE_CHECKING imports' (tests/test_typing.py)
 __all__ = ["Callback", "DataConfig", "DistTrainer", "EVENTS", "ModelConfig", "TaskConfig",

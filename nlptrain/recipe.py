@@ -21,7 +21,7 @@ import torch
 
 from nlptrain import distributed, kinds, losses, models, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.config import TaskConfig, file_spec, validate
+from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
@@ -41,6 +41,7 @@ from nlptrain.runs import (
     record_in_config,
 )
 from nlptrain.signals import stopped_message
+from nlptrain.task_files import validate
 from nlptrain.trainer import DistTrainer
 
 log = logging.getLogger("nlptrain")

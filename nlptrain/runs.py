@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig, task_from_dict
+from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import CheckpointError, ConfigError
 from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
+from nlptrain.task_files import task_from_dict
 
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)

@@ -16,8 +16,9 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import SECTIONS, TaskConfig, apply_override, load_task, validate
+from nlptrain.config import SECTIONS, TaskConfig
 from nlptrain.errors import ConfigError
+from nlptrain.task_files import apply_override, load_task, validate
 
 log = logging.getLogger("nlptrain")
 

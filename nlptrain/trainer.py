@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nlptrain import checkpoint, distributed, host_memory, kinds, losses, models, optim, precision, strategies
-from nlptrain.config import TrainConfig, train_config
+from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
@@ -31,6 +31,7 @@ from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
+from nlptrain.task_files import train_config
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss

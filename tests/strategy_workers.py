@@ -15,11 +15,12 @@ from transformers import AutoTokenizer
 
 from nlptrain import Callback, DistTrainer, TrainConfig, distributed
 from nlptrain.checkpoint import checkpoint_name, load_checkpoint
-from nlptrain.config import FileSpec, load_task
+from nlptrain.config import FileSpec
 from nlptrain.data import LabelVocab, TokenizedDataset, build_datasets
 from nlptrain.data.readers import read_examples
 from nlptrain.errors import ConfigError
 from nlptrain.models import load_model
+from nlptrain.task_files import load_task
 
 LABELS = ["neg", "pos"]
 

@@ -54,14 +54,14 @@ def test_unknown_task_key_lists_the_valid_ones(capsys, toy_task, tmp_path):
     edit(toy_task, "epochs = 2", "epochs = 2\nlearning_rate = 1e-3")
     code, err = train(capsys, toy_task, tmp_path / "run")
     assert code == 1
-    assert "toy.toml [train]: unknown key 'learning_rate'. Valid keys: epochs, batch_size" in err
+    assert "toy.toml:14 [train]: unknown key 'learning_rate'. Valid keys: epochs, batch_size" in err
     assert " lr," in err
 
 
 def test_wrong_type_in_task_file(capsys, toy_task, tmp_path):
     edit(toy_task, "epochs = 2", 'epochs = "two"')
     code, err = train(capsys, toy_task, tmp_path / "run")
-    assert code == 1 and "toy.toml [train]: 'epochs' must be int, got str 'two'" in err
+    assert code == 1 and "toy.toml:13 [train]: 'epochs' must be int, got str 'two'" in err
 
 
 def test_invalid_toml_names_the_line(capsys, toy_task, tmp_path):
@@ -82,8 +82,8 @@ def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_pa
     edit(toy_task, 'labels = ["neg", "pos"]', f"labels = {labels}")
     code, err = train(capsys, toy_task, tmp_path / "run")
     assert code == 1 and "Traceback" not in err
-    assert "toy.toml: [data] labels: 'neg' named more than once" in err or \
-        "toy.toml: [data] labels: 'pos' named more than once" in err, err
+    assert "toy.toml:7: [data] labels: 'neg' named more than once" in err or \
+        "toy.toml:7: [data] labels: 'pos' named more than once" in err, err
     assert not (tmp_path / "run").exists()
 
 

@@ -91,7 +91,7 @@ def test_labels_on_a_regression_task_are_refused_not_dropped(capsys, toy_task, t
     reg.write_text(toy_task.read_text().replace('labels = ["neg", "pos"]',
                                                 'labels = ["neg", "pos"]\nkind = "regression"'))
     code, err = train(capsys, reg, tmp_path / "run")
-    assert code == 1 and f"{reg}: [data] labels name classes" in err, err
+    assert code == 1 and f"{reg}:7: [data] labels name classes" in err, err
 
 
 def test_a_kind_switched_to_regression_leaves_the_tasks_class_labels_out(capsys, toy_task,

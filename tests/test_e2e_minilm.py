@@ -7,9 +7,9 @@ import torch
 from conftest import REPO, SHARED_DATA, needs_shared_data
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.config import load_task
 from nlptrain.data import build_datasets
 from nlptrain.models import load_model, load_tokenizer
+from nlptrain.task_files import load_task
 
 
 @needs_shared_data

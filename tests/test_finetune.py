@@ -14,12 +14,12 @@ from nlptrain.callbacks import EMA, FGM, Checkpointer, Freeze, RDrop
 from nlptrain import TrainConfig, Trainer
 from nlptrain.checkpoint import load_checkpoint, save_checkpoint
 from nlptrain.cli import main
-from nlptrain.config import task_from_dict
 from nlptrain.cpu_dropout import use_cpu_dropout
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import model_inputs
 from nlptrain.kinds import MultiLabel, Regression, SingleLabel
 from nlptrain.losses import task_loss
+from nlptrain.task_files import task_from_dict
 
 # -- class weights and label smoothing ---------------------------------------------------------
 

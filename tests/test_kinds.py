@@ -10,11 +10,12 @@ import pytest
 import torch
 from kinds_data import write_multi_label_tsv, write_pairs, write_scores
 
-from nlptrain.config import DataConfig, FileSpec, TaskConfig, task_from_dict
+from nlptrain.config import DataConfig, FileSpec, TaskConfig
 from nlptrain.data import Collator, LabelVocab, TokenizedDataset, read_examples
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.evaluate import model_inputs
 from nlptrain.kinds import MultiLabel, Regression, SingleLabel, from_task
+from nlptrain.task_files import task_from_dict
 
 
 def test_pair_columns_in_tsv_csv_jsonl(tmp_path):

@@ -15,11 +15,11 @@ from nlptrain.callbacks import PerRankData
 from safetensors.torch import load_file
 
 from nlptrain.cli import main
-from nlptrain.config import load_task
 from nlptrain.data import TokenizedDataset, build_datasets
 from nlptrain.data.split import Manifest, split_task
 from nlptrain.data.streaming import StreamingDataset
 from nlptrain.models import load_tokenizer
+from nlptrain.task_files import load_task
 
 
 def rows_of(dataset) -> list[tuple]:

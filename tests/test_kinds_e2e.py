@@ -12,9 +12,10 @@ from conftest import run_cli
 from kinds_data import write_kind_task
 
 from nlptrain.cli import main
-from nlptrain.config import file_spec, load_task
+from nlptrain.config import file_spec
 from nlptrain.data.readers import read_examples
 from nlptrain.report import metrics_text
+from nlptrain.task_files import load_task
 
 KINDS = ("pair", "multi_label", "regression")
 METRICS = {"pair": {"accuracy", "macro_f1", "mcc", "f1"},

@@ -12,7 +12,8 @@ from conftest import REPO
 PACKAGED = ("setup.cfg", "pyproject.toml", "README.md", "nlptrain", "callbacks", "tasks", "data")
 FIND = """
 from nlptrain.task_options import find_task
-from nlptrain.config import load_task, file_spec
+from nlptrain.config import file_spec
+from nlptrain.task_files import load_task
 from pathlib import Path
 task = load_task(find_task("default"))
 for which in ("train", "test"):

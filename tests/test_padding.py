@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.config import train_config
 from nlptrain.data import Collator
 from nlptrain.errors import ConfigError
 from nlptrain.models import load_model, usable_positions
+from nlptrain.task_files import train_config
 
 
 def rows(*lengths: int) -> list[dict]:

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from conftest import SHARED_DATA, needs_shared_data
 
-from nlptrain.config import FileSpec, file_spec, load_task
+from nlptrain.config import FileSpec, file_spec
 from nlptrain.data import LabelVocab, stratified_split
 from nlptrain.data.readers import iter_rows, read_examples
 from nlptrain.errors import DataError
+from nlptrain.task_files import load_task
 
 
 def read(tmp_path, name: str, content: bytes | str, **spec):

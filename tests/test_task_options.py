@@ -129,3 +129,23 @@ def test_a_task_file_saved_with_a_byte_order_mark_is_read(toy_task):
     """Windows' Notepad writes one; TOML has no place for it ("Invalid statement at line 1")."""
     toy_task.write_bytes(b"\xef\xbb\xbf" + toy_task.read_bytes())
     assert resolve_task(build_parser().parse_args(["train", "--task", str(toy_task)])).name == "toy"
+
+
+@pytest.mark.parametrize(("mistake", "line", "said"), [
+    ('lr = "3e-5"', 9, " [train]: 'lr' must be float, got str '3e-5'"),
+    ("lrr = 1e-3", 9, " [train]: unknown key 'lrr'"),
+    ("lr = -1.0", 9, ": [train] lr must be at least 0"),
+    ('test = {path = "t.tsv", headr = true}', 5, " [data] test: unknown key 'headr'"),
+    ("colour = 1", 2, ": unknown key 'colour'"),
+])
+def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
+    """tomllib gives the line of a syntax error alone: a wrong key or value named the file."""
+    from nlptrain.task_files import load_task
+
+    text = 'name = "x"\n{top}\n[data]\ntrain = "a.tsv"\n{test}\n\n[train]\nepochs = 2\n{train}\n'
+    parts = {"top": "", "test": 'test = "t.tsv"', "train": "lr = 1e-3"}
+    key = {2: "top", 5: "test", 9: "train"}[line]
+    (tmp_path / "t.toml").write_text(text.format(**{**parts, key: mistake}))
+    with pytest.raises(ConfigError) as raised:
+        load_task(tmp_path / "t.toml")
+    assert str(raised.value).startswith(f"{tmp_path / 't.toml'}:{line}{said}"), str(raised.value)

@@ -104,7 +104,7 @@ def test_batched_data_is_refused_not_batched_by_rows_instead(tmp_path, tiny_mode
 @pytest.mark.parametrize("data, named", [({"streaming": True}, "a stream"),
                                          ({"train_shards": "parts"}, "per-rank files")])
 def test_the_cli_refuses_a_budget_it_cannot_apply_before_reading_data(data, named):
-    from nlptrain.config import task_from_dict
+    from nlptrain.task_files import task_from_dict
 
     raw = {"name": "t", "data": {"train": "t.tsv", **data}, "train": {"max_tokens": 256}}
     with pytest.raises(ConfigError, match=f"t.toml: \\[train\\] max_tokens needs the train set in "

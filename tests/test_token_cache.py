@@ -17,13 +17,14 @@ from kinds_data import write_multi_label_tsv
 from nlptrain.callbacks import PerRankData
 
 from nlptrain import TrainConfig, Trainer
-from nlptrain.config import FileSpec, TaskConfig, load_task
+from nlptrain.config import FileSpec, TaskConfig
 from nlptrain.data import LabelVocab, build_datasets, load_file, read_examples
 from nlptrain.data.split import Manifest, split_task
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, cached
 from nlptrain.errors import DataError
 from nlptrain.kinds import MultiLabel
 from nlptrain.models import load_model, load_tokenizer
+from nlptrain.task_files import load_task
 
 
 class Counting:

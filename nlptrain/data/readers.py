@@ -14,10 +14,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nlptrain.config import CHOICES, FileSpec
+from nlptrain.config import FileSpec
 from nlptrain.data.parquet import parquet_rows  # (pyarrow is imported only when asked)
 from nlptrain.data.rows import TASK_FIX, Roles, Row, checked_row, column_fix, role_text, roles_of
 from nlptrain.errors import DataError
+from nlptrain.task_files import CHOICES
 
 # Where a file's format is said, for a file read in another than its own.
 TASK_FORMAT_FIX = "Say so in its own table (--set data.<train|valid|test>.format={format})"
