@@ -76,6 +76,19 @@ def test_parquet_errors_name_the_file_and_row(tmp_path, table, spec, message):
         read_examples(FileSpec(path="t.parquet", **spec), tmp_path, [])
 
 
+def test_binary_text_columns_are_read_as_text_and_duplicate_columns_refused(tmp_path):
+    """Older Spark and Hive writers store strings as binary: str() trained on "b'good one'";
+    a column named twice was pyarrow's KeyError traceback."""
+    pq.write_table(pa.table({"text": pa.array([b"good one", b"bad one"], pa.binary()),
+                             "label": pa.array([b"pos", b"neg"], pa.binary())}), tmp_path / "b.parquet")
+    examples = read_examples(FileSpec(path="b.parquet"), tmp_path, [])
+    assert (examples.texts, examples.labels) == (["good one", "bad one"], ["pos", "neg"])
+    pq.write_table(pa.table([pa.array(["a"]), pa.array(["pos"]), pa.array(["neg"])],
+                            names=["text", "label", "label"]), tmp_path / "d.parquet")
+    with pytest.raises(DataError, match=r"d\.parquet: the file names 2 columns 'label'; rename"):
+        read_examples(FileSpec(path="d.parquet"), tmp_path, [])
+
+
 def test_a_damaged_parquet_file_is_named(tmp_path):
     (tmp_path / "t.parquet").write_bytes(b"PAR1 cut short")
     with pytest.raises(DataError, match="t.parquet: not a readable Parquet file"):

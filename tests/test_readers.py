@@ -232,6 +232,15 @@ def test_a_repeated_header_row_is_refused_not_read_as_a_class(tmp_path):
     with pytest.raises(DataError, match=r"a\.tsv:4: the header row again \(files joined with "
                                         r"cat\?\)"):
         read(tmp_path, "a.tsv", "text\tlabel\nok\tpos\nbad\tneg\ntext\tlabel\nfine\tpos\n")
+    export = "\ufefftext,label\r\nhello,pos\r\nbye,neg\r\n".encode()  # Excel's CSV UTF-8
+    with pytest.raises(DataError, match=r"b\.csv:4: the header row again"):  # its BOM kept
+        read(tmp_path, "b.csv", export + export)
+
+
+def test_a_null_inside_a_label_list_is_refused_not_a_label_named_none(tmp_path):
+    with pytest.raises(DataError, match=r"m\.jsonl:2: the label list holds a null"):
+        read(tmp_path, "m.jsonl", '{"text": "a", "label": ["joy"]}\n'
+                                  '{"text": "b", "label": ["joy", null]}\n')
 
 
 def _labelled_task(tmp_path, rows: list[tuple[str, str]], **data):

@@ -147,3 +147,24 @@ def test_split_a_task_file_from_the_cli(tmp_path, toy_task, capsys):
     assert manifest.by == "size" and sum(manifest.rows) == 160 and manifest.labels == ["neg", "pos"]
     assert main(["split", "--world-size", "2"]) == 1  # neither FILE nor --task: a clear error
     assert "give a FILE or --task" in capsys.readouterr().err
+
+
+def test_a_multi_label_file_split_as_single_label_trains_its_labels_not_their_combinations(
+        tmp_path, capsys):
+    """`split FILE` reads one label a row: the manifest then listed 'joy,fear' as a label, and
+    a multi-label task on those files trained a class for each combination."""
+    from nlptrain.cli import main
+    from nlptrain.data.streaming import per_rank_labels
+
+    (tmp_path / "tags.tsv").write_text("text\tlabel\na\tjoy\nb\tjoy,fear\nc\tfear,love\nd\tlove\n")
+    assert main(["split", str(tmp_path / "tags.tsv"), "--world-size", "1", "--out",
+                 str(tmp_path / "parts")]) == 0
+    task = TaskConfig(name="tags", data_dir=str(tmp_path))
+    task.data.kind, task.data.train_shards = "multi_label", "parts"
+    assert per_rank_labels(task, None, 1).names == ["fear", "joy", "love"]
+    # A row of none of the labels, read as single-label: the error says how to read it.
+    (tmp_path / "empty.tsv").write_text("text\tlabel\na\tjoy\nb\t\n")
+    assert main(["split", str(tmp_path / "empty.tsv"), "--world-size", "1", "--out",
+                 str(tmp_path / "parts2")]) == 1
+    assert "empty.tsv:3: the row has no label (read as single-label: a multi-label or regression " \
+        "file needs --set data.kind=multi_label" in capsys.readouterr().err

@@ -76,6 +76,35 @@ def test_key_follows_data_tokenizer_and_max_length(tmp_path, tiny_model_dir):
     assert cache_key([data], tokenizer, 32, {}) != key
 
 
+def test_key_follows_the_code_that_reads_the_files(tmp_path, tiny_model_dir, monkeypatch):
+    """An entry made before a reader check was added (the repeated header row, say) loaded as
+    if the checked code had read the file: the check never ran, and a 'label' class trained."""
+    import nlptrain.data.tokenized as tokenized
+
+    data = write_toy_tsv(tmp_path / "train.tsv", 30)
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    key = cache_key([data], tokenizer, 32, {})
+    monkeypatch.setattr(tokenized, "reading_code", lambda: "other readers")
+    assert cache_key([data], tokenizer, 32, {}) != key
+
+
+@pytest.mark.parametrize("damage", ["cut", "gone"])
+def test_a_damaged_entry_is_made_again_not_a_traceback(tmp_path, tiny_model_dir, caplog, damage):
+    tokenizer = Counting(load_tokenizer(str(tiny_model_dir)))
+
+    def build():
+        return TokenizedDataset.from_texts(["a short one", "a longer text here"], [0, 1],
+                                           tokenizer, 8), {"rows": 2}
+
+    expected = np.array(cached(tmp_path / "entry", build)[0].ids)  # (a copy: the map is cut too)
+    ids = tmp_path / "entry" / ("ids.npy" if damage == "cut" else "labels.npy")
+    ids.write_bytes(ids.read_bytes()[:100]) if damage == "cut" else ids.unlink()
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        again, _ = cached(tmp_path / "entry", build)
+    assert "a damaged token cache entry" in caplog.text and tokenizer.calls == 2
+    assert np.array_equal(np.asarray(again.ids), expected)
+
+
 def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):
     """Both change the tokens a row keeps: a left-truncating tokenizer must not map the entry a
     right-truncating one wrote."""

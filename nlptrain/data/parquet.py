@@ -23,6 +23,10 @@ def parquet_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> It
     except Exception as err:  # pyarrow's errors have no common base worth naming
         raise DataError(f"{path}: not a readable Parquet file ({err})") from None
     names = table.schema_arrow.names
+    twice = next((name for name in names if names.count(name) > 1), None)
+    if twice is not None:  # pyarrow's KeyError otherwise, as a traceback
+        raise DataError(f"{path}: the file names {names.count(twice)} columns '{twice}'; rename "
+                        "all but one")
     columns = {}
     for role, name in roles:
         if isinstance(name, int):

@@ -145,8 +145,9 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                 continue  # blank line
             if spec.header and header is None:
                 header = [cell.strip() for cell in row]
-            elif header is not None and row[0].strip() == header[0] and \
-                    [cell.strip() for cell in row] == header:  # read as data, it would be a class
+            elif header is not None and row[0].strip().removeprefix("\ufeff") == header[0] and \
+                    [cell.strip().removeprefix("\ufeff") for cell in row] == header:  # (joined
+                # BOM'd exports keep their BOM); read as data, it would be a class
                 raise DataError(f"{path}:{line}: the header row again (files joined with cat?); "
                                 "remove it, e.g. join them with tail -n +2 for each file after "
                                 "the first")

@@ -35,7 +35,7 @@ def checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok:
 
 
 def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok: bool) -> Row:
-    text, pair, label = cells["text"], cells.get("pair"), cells.get("label")
+    text, pair, label = (_decoded(cells.get(role), path, line) for role in ("text", "pair", "label"))
     # JSONL and Parquet cells have types: a list or an object is no text, and str() of it
     # would train on its Python repr (or make one label class of it).
     for role, value in (("text", text), ("second text", pair), ("label", label)):
@@ -56,6 +56,9 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
     if "label" not in cells:
         return Row(str(text), "", str(path), line, pair)
     if isinstance(label, list):  # JSONL: a list of labels (multi-label); may be empty
+        if any(v is None for v in label):  # str() would make a label "None"
+            raise DataError(f"{path}:{line}: the label list holds a null ({str(label)[:60]}); "
+                            "list the row's labels by name")
         names = [str(v) for v in label]
         twice = next((name for name in names if names.count(name) > 1), None)
         if twice is not None:  # a 0/1 row ([0, 1, 1]) would train labels "0" and "1"
@@ -69,6 +72,20 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
         raise DataError(f"{path}:{line}: the row has no label" + (
             " (null; an empty list or cell lists none of the labels)" if empty_label_ok else ""))
     return Row(str(text), str(label).strip(), str(path), line, pair)
+
+
+def _decoded(value: object, path: Path, line: int) -> object:
+    """A Parquet binary cell (older Spark and Hive writers' strings) as its text: str() of it
+    would train on "b'...'"."""
+    if isinstance(value, list):
+        return [_decoded(v, path, line) for v in value]
+    if not isinstance(value, bytes):
+        return value
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"{path}:{line}: a binary cell that is not UTF-8 text "
+                        f"({value[:30]!r}...)") from None
 
 
 Roles = list[tuple[str, str | int]]

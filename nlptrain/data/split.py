@@ -305,8 +305,15 @@ def cmd_split(args: argparse.Namespace) -> int:
     # Default: the current folder, never beside the input (data folders are often shared).
     stem = Path(spec.path).name.split(".")[0] if spec else "split"
     out = Path(args.out or f"{stem}-{args.world_size}-ranks").resolve()
-    manifest = split_task(task, out, args.world_size, args.by, args.shuffle, args.seed,
-                          args.which, args.overwrite)
+    try:
+        manifest = split_task(task, out, args.world_size, args.by, args.shuffle, args.seed,
+                              args.which, args.overwrite)
+    except DataError as err:  # a file of another kind, read as single-label: say how to say so
+        if task.data.kind == "single_label" and any(
+                said in str(err) for said in ("the row has no label", "distinct labels")):
+            raise DataError(f"{err} (read as single-label: a multi-label or regression file needs "
+                            "--set data.kind=multi_label or =regression, or its --task)") from None
+        raise
     rows = manifest.rows
     print(f"{sum(rows)} rows -> {len(rows)} files of {min(rows)}-{max(rows)} rows"
           f"{f', shuffled (seed {args.seed})' if args.shuffle else ''}, by {args.by}, in {out}\n"

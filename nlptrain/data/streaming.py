@@ -172,8 +172,10 @@ def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:
         folder = Path(task.data_dir or ".") / task.data.train_shards
         manifest = Manifest.load(folder)
         manifest.check_world_size(world_size, folder)  # before any model is loaded
-        if vocab is None:
-            return LabelVocab(list(manifest.labels), list(manifest.labels))
+        if vocab is None:  # (a multi-label file split as single-label saw "joy,fear" as one)
+            from nlptrain.kinds import from_task
+
+            return LabelVocab.for_kind(from_task(task), list(manifest.labels), [])
         # Checked now, from the labels `split` saw: a rank would find them only once training
         # began, after --overwrite had replaced the earlier run.
         from nlptrain.kinds import from_task

@@ -8,6 +8,7 @@ tokenizing. A split or shard is a view (`select`) that stores only row numbers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -134,7 +135,10 @@ class TokenizedDataset(Dataset):
         arrays = {name: np.load(folder / f"{name}.npy", mmap_mode="r")
                   for name in ("ids", "offsets", "labels", "type_ids")
                   if (folder / f"{name}.npy").is_file()}
-        return cls(**arrays)
+        loaded = cls(**arrays)
+        if int(loaded.offsets[-1]) != len(loaded.ids) or len(loaded.labels) != len(loaded.offsets) - 1:
+            raise ValueError(f"{folder}: its arrays do not fit together")
+        return loaded
 
 
 def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
@@ -239,10 +243,23 @@ def tokenizer_digest(tokenizer: Any) -> str:
 
 
 def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dict) -> str:
-    """Data bytes + tokenizer + max length + how rows were read: any change is a new entry."""
+    """Data bytes + tokenizer + max length + how rows were read + the code that read them: any
+    change is a new entry."""
     parts = [str(CACHE_VERSION), file_digest(paths), tokenizer_digest(tokenizer), str(max_length),
-             json.dumps(extra, sort_keys=True)]
+             json.dumps(extra, sort_keys=True), reading_code()]
     return hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
+
+
+@functools.cache
+def reading_code() -> str:
+    """A digest of the code that makes an entry of a file (the readers, the row checks, Parquet,
+    the kinds' targets, tokenizing): an entry that other code made (before a check was added to
+    the readers, say) is made again, not loaded as if this code had read the file."""
+    here = Path(__file__).parent
+    digest = hashlib.blake2b(digest_size=8)
+    for source in ("readers.py", "rows.py", "parquet.py", "tokenized.py", "../kinds.py"):
+        digest.update((here / source).read_bytes())
+    return digest.hexdigest()
 
 
 def default_cache_dir(data_folder: Path) -> Path:
@@ -269,10 +286,17 @@ def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDatas
     """Load the entry in `folder`, or build it (returns dataset, meta) and write it atomically."""
     start = time.perf_counter()
     if (folder / "meta.json").is_file():
-        dataset = TokenizedDataset.load(folder)
-        log.info("%s: %d rows from the token cache in %.2f s", what, len(dataset),
-                 time.perf_counter() - start)
-        return dataset, json.loads((folder / "meta.json").read_text())
+        try:
+            dataset = TokenizedDataset.load(folder)
+            meta = json.loads((folder / "meta.json").read_text())
+        except (OSError, ValueError, TypeError) as err:  # a file cut short, or gone
+            log.warning("%s: a damaged token cache entry (%s); it is made again", folder,
+                        str(err).splitlines()[0][:120])
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            log.info("%s: %d rows from the token cache in %.2f s", what, len(dataset),
+                     time.perf_counter() - start)
+            return dataset, meta
     dataset, meta = build()
     write_entry(folder, dataset, meta)
     log.info("%s: %d rows read and tokenized in %.2f s, cached in %s", what, len(dataset),
