@@ -22,7 +22,7 @@ log = logging.getLogger("nlptrain")
 class Checkpointer(Callback):
     # Every rank runs it: the RNG states of all ranks are gathered, rank 0 writes.
     # A step's checkpoint is written once the step is over: after its evaluation (eval_every, or
-    # the epoch's end, for the epoch's last step) and after what every callback made of it
+    # the epoch's end, for the epoch's last step and the run's) and after what every callback made of it
     # (runs_last: best_metric, early stopping's count, the best model's metrics). Written
     # sooner, it would miss them, and a resume from it would never run that evaluation again.
     runs_last = True
@@ -77,7 +77,8 @@ class Checkpointer(Callback):
             trainer.save_asked_at = asked = None
         every = self.every and trainer.global_step % self.every == 0
         due = trainer.is_update_step and (every or asked is not None)
-        if due and not trainer.progress.ended_epoch():  # an epoch's last step: at on_epoch_end
+        # An epoch's last step, or the run's (its evaluation is still to come): at on_epoch_end.
+        if due and not trainer.progress.ended_epoch() and not trainer.stopping:
             by_clock = self._asked  # the main rank's own request (the one that logs)
             self.save(trainer)
             if not every:  # asked for, by the clock or a callback: rare enough to say

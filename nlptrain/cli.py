@@ -133,7 +133,8 @@ def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
     options = [flag for action in command._actions for flag in action.option_strings]
     flag = unknown[0].split("=")[0]
     near = difflib.get_close_matches(flag, options, n=1)
-    keys = [(section, key) for section, key in NOT_ON_COMMAND_LINE if flag == f"--{key.replace('_', '-')}"]
+    keys = [(section, key) for section, key in NOT_ON_COMMAND_LINE
+            if flag == f"--{key.replace('_', '-')}" and "--set" in options]  # (predict has none)
     hint = f" (a list, set in the task file or as --set {keys[0][0]}.{keys[0][1]}='[\"a\", \"b\"]')" \
         if keys else f" (did you mean {near[0]}?)" if near else ""
     command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")

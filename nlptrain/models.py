@@ -90,11 +90,12 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     from transformers import AutoModelForSequenceClassification
 
     kind = kind or SingleLabel()
-    if not kind.has_classes:  # one output, the score: transformers sizes a head by id2label
-        if list(label_names) not in ([], ["score"]):
-            raise ConfigError(f"a {kind.name} model has one output, the score, and no labels: "
-                              f"got {list(label_names)}; pass []")
-        label_names = ["score"]
+    if not kind.has_classes:  # one output: transformers sizes a head by id2label
+        if len(label_names) > 1:
+            raise ConfigError(f"a {kind.name} model has one output, the score: got "
+                              f"{len(label_names)} label names {list(label_names)}; pass [] (or "
+                              "the score's one name)")
+        label_names = list(label_names) or ["score"]
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
     depth = getattr(load_config(name), "num_hidden_layers", None)

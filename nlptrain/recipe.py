@@ -25,7 +25,7 @@ from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError, Interrupted, every_rank
+from nlptrain.errors import ConfigError, DataError, Interrupted, every_rank
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
@@ -340,10 +340,20 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
             from nlptrain.data import LabelVocab
 
             _check_model_labels(model_dir, names, LabelVocab.from_config(task.data.labels).names)
-        elif kind.has_classes:  # the model's, in its order: no train file is read for them (its
+        model_labels = kind.has_classes and not task.data.labels
+        if model_labels:  # the model's, in its order: no train file is read for them (its
             # format is not the scored file's, which eval's --data-format etc. describe)
             task = dataclasses.replace(task, data=dataclasses.replace(task.data, labels=list(names)))
-        sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
+        try:
+            sets = build_datasets(task, tokenizer, dist, use_cache=use_cache, only=split)
+        except DataError as error:  # a label the model does not name: not the row's fault alone
+            if not (model_labels and "is not one of the task's labels" in str(error)):
+                raise
+            found = str(error).split("; fix the row")[0]
+            raise every_rank(DataError(
+                f"{found}; the task names no labels, so they are the model's ({model_dir}): if "
+                "the file writes them otherwise, give the task the model's table, e.g. --set "
+                f"data.labels='{{0 = \"{names[0]}\", ...}}'")) from None
         if kind.has_classes:  # also the labels found in the train rows: targets are ids in their order
             _check_model_labels(model_dir, names, sets.vocab.names)
         dataset = getattr(sets, split)

@@ -154,6 +154,12 @@ class Trainer(ProgressCounters):
         return self.dist.is_main
 
     @property
+    def stopping(self) -> bool:
+        """Every rank has agreed that the run ends after this step (max_steps, a stop read in
+        the flags, early stopping): the epoch's end (its evaluation, on_epoch_end) comes next."""
+        return self._stop_agreed
+
+    @property
     def last_loss(self) -> float:
         """The latest step's loss (all ranks), read to the host: a GPU sync (`step_loss` is not)."""
         return math.nan if self.step_loss is None else float(self.step_loss)

@@ -156,6 +156,9 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
         main(["train", "--labels", "neg,pos"])
     assert "unrecognized arguments: --labels neg,pos (a list, set in the task file or as --set " \
         "data.labels='[\"a\", \"b\"]')" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # predict has no --set: its labels are the model's
+        main(["predict", "--model", "m", "--input", "x", "--labels", "a"])
+    assert "--set" not in capsys.readouterr().err
 
 
 def test_max_restarts_without_nproc_is_refused_not_ignored(capsys, toy_task, tmp_path):

@@ -343,3 +343,24 @@ def test_best_folder_is_the_best_the_resumed_checkpoint_names_after_a_crash(tmp_
     assert all(torch.equal(weights[k], at_step[4][k]) for k in weights)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("best")) == ["best"]
     assert json.loads((best / "nlptrain_best.json").read_text()) == {"step": 4}
+
+
+def test_the_checkpoint_of_a_run_stopped_on_a_checkpoint_step_holds_its_last_evaluation(
+        tmp_path, tiny_model_dir):
+    """max_steps 8 on a checkpoint step, mid-epoch: the checkpoint was written before the stop's
+    evaluation, so it named the best before; a resume of the finished run then put that older
+    best back in best/ and model/, and deleted the better one."""
+    from nlptrain.callbacks import Checkpointer
+
+    from nlptrain.checkpoint import list_checkpoints
+
+    scores = {6: 0.5, 8: 0.9}
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SaveBestModel(tmp_path / "best"),
+                                                      Checkpointer(tmp_path / "checkpoints", 4)],
+                           epochs=3, batch_size=4, max_steps=8)  # 6 steps an epoch
+    trainer.evaluate = lambda data: {"accuracy": scores[trainer.global_step], "macro_f1": 0.0}
+    trainer.fit()
+    last = list_checkpoints(tmp_path / "checkpoints")[-1]
+    state = torch.load(last / "state.pt", weights_only=True)
+    assert last.name.endswith("08") and state["callbacks"]["best_model_step"] == 8
+    assert json.loads((tmp_path / "best" / "nlptrain_best.json").read_text()) == {"step": 8}

@@ -143,6 +143,16 @@ def test_a_file_of_another_format_is_scored_without_reading_the_train_file_in_it
                  "--json", "--test-file", str(scored), "--data-format", "csv", "--no-header",
                  "--text-column", "1", "--label-column", "0"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["rows"] == 3
+    # Labels written otherwise than the model names them: the model's labels are said to be
+    # the ones read, with the table that maps them (not "add '1' to the labels").
+    (tmp_path / "ids.csv").write_text("1,a great film\n0,awful and dull\n")
+    assert main(["eval", "--task", str(toy_task), "--model", str(labelled_model), "--no-cache",
+                 "--test-file", str(tmp_path / "ids.csv"), "--data-format", "csv", "--no-header",
+                 "--text-column", "1", "--label-column", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "ids.csv:1: label '1' is not one of the task's labels ['neg', 'pos']; the task names no " \
+        f"labels, so they are the model's ({labelled_model}): if the file writes them otherwise, " \
+        "give the task the model's table, e.g. --set data.labels='{0 = \"neg\", ...}'" in err, err
 
 
 def test_a_file_of_other_column_names_is_scored_with_the_options_its_error_names(

@@ -267,10 +267,10 @@ def test_load_model_gives_a_regression_one_output_whatever_it_is_told(tiny_model
     """transformers sizes the head by id2label: [] gave 0 outputs, which the Trainer refused."""
     from nlptrain.models import load_model
 
-    for names in ([], ["score"]):
+    for names, named in (([], "score"), (["score"], "score"), (["similarity"], "similarity")):
         model = load_model(str(tiny_model_dir), names, kind=Regression())
-        assert model.config.num_labels == 1 and model.config.id2label == {0: "score"}
-    with pytest.raises(ConfigError, match=r"a regression model has one output, the score"):
+        assert model.config.num_labels == 1 and model.config.id2label == {0: named}
+    with pytest.raises(ConfigError, match=r"a regression model has one output, the score: got 2"):
         load_model(str(tiny_model_dir), ["a", "b"], kind=Regression())
 
 
