@@ -157,13 +157,10 @@ def check_train(args: argparse.Namespace) -> None:
 def run_options(args: argparse.Namespace) -> Any:
     """The `train` options that are not part of the task, with the `--callback`s made."""
     from nlptrain import recipe
-    from nlptrain.events import check_callback
-
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
-                             callbacks=[check_callback(make_callback(spec))  # before the run dir
-                                        for spec in args.callback],
+                             callbacks=[make_callback(spec) for spec in args.callback],  # checked
                              callback_specs=[absolute_spec(spec) for spec in args.callback])
 
 

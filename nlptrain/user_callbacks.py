@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,17 @@ def check_file(spec: str) -> None:
 
 
 def make_callback(spec: str) -> Any:
-    """`--callback FILE.py:Class`: an instance of the class, made without arguments."""
+    """`--callback FILE.py:Class`: an instance of the class, made without arguments and checked
+    (`events.check_callback`), every error naming the spec."""
+    from nlptrain.events import Callback, check_callback
+
     made = load_object(spec)
+    if not isinstance(made, type):  # an instance, a function, a constant: nothing to make
+        raise ConfigError(f"--callback {spec}: names {_what(made)}, not a class: name the "
+                          "Callback class itself (it is made without arguments)")
+    if not issubclass(made, Callback):
+        raise ConfigError(f"--callback {spec}: {made.__name__} is not a Callback: subclass "
+                          "nlptrain.Callback and override the events you need")
     try:
         inspect.signature(made).bind()
     except TypeError as err:
@@ -30,7 +40,18 @@ def make_callback(spec: str) -> Any:
                           "environment)") from None
     except ValueError:  # no signature to read
         pass
-    return made()
+    try:
+        return check_callback(made())
+    except ConfigError as err:
+        raise ConfigError(f"--callback {spec}: {err}") from None
+
+
+def _what(found: Any) -> str:
+    if inspect.isroutine(found):
+        return f"the function {getattr(found, '__name__', found)!r}"
+    if isinstance(found, (int, float, str, bytes)):
+        return f"the value {found!r}"
+    return f"a {type(found).__name__} instance"
 
 
 def load_object(spec: str) -> Any:
@@ -38,14 +59,25 @@ def load_object(spec: str) -> Any:
     where, sep, name = spec.rpartition(":")
     if not sep or not where or not name:
         raise ConfigError(f"--callback {spec}: expected MODULE:CLASS or FILE.py:CLASS")
+    if ".py:" in where:  # FILE.py:Class:3: the class is made without arguments
+        raise ConfigError(f"--callback {spec}: expected FILE.py:CLASS or MODULE:CLASS, with no "
+                          "arguments (the class is made without any: give its parameters defaults)")
     try:
         if where.endswith(".py"):
             path = Path(where)
-            module_spec = importlib.util.spec_from_file_location(path.stem, path)
+            # Registered under a name of its own: a dataclass, pickle or typing looks the module
+            # up in sys.modules by the class's __module__.
+            module_name = f"nlptrain_callback_{path.stem}_{abs(hash(str(path.resolve())))}"
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
             if module_spec is None or not path.is_file():
                 raise ConfigError(f"--callback {spec}: file {where} not found")
             module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
+            sys.modules[module_name] = module
+            try:
+                module_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
         else:
             module = importlib.import_module(where)
         return getattr(module, name)
