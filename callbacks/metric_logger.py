@@ -36,6 +36,7 @@ class MetricLogger(Callback):
         self.handle: Any = None
         self.step_lr = 0.0
         self.step_epoch = 1  # the epoch (from 1) of the last step counted
+        self.closing_row: dict | None = None  # a resumed run's, kept until a step runs
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -68,6 +69,7 @@ class MetricLogger(Callback):
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
             return
+        self.closing_row = None  # a step ran: this run's end writes its own
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
         self.rows_sum = self.rows_sum + trainer.step_rows
         self.batches += 1
@@ -117,6 +119,9 @@ class MetricLogger(Callback):
         saved = state.get("metric_logger")
         if saved is not None:
             self.loss_sum, self.batches = float(saved["loss_sum"]), int(saved["batches"])
+        # The closing row of the run that stopped at this step goes (the resumed run's window
+        # goes on), but comes back as it was if no step runs (a finished run resumed).
+        self.closing_row = _closing_row_at(self.path, trainer.global_step)
         self._drop_rows_past(trainer.global_step)  # rows up to it were written before it
 
     def _drop_rows_past(self, step: int) -> bool:
@@ -130,11 +135,30 @@ class MetricLogger(Callback):
         return len(kept) < len(lines)
 
     def on_train_end(self, trainer: Trainer) -> None:
-        if self.batches:  # the last steps, fewer than log_every: the run's end is logged too
+        if self.closing_row is not None:  # resumed, and no step ran: the row as it was
+            self._write(self.closing_row)
+        elif self.batches:  # the last steps, fewer than log_every: the run's end is logged too
             self._log_window(trainer, closing=True)
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+
+
+def _closing_row_at(path: Path, step: int) -> dict | None:
+    """The closing row of the run that stopped at `step`, if the file ends with one."""
+    if not path.is_file():
+        return None
+    rows = [_row(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    closing = [row for row in rows if row and row.get("closing") and row.get("step") == step]
+    return closing[-1] if closing else None
+
+
+def _row(line: str) -> dict | None:
+    try:
+        row = json.loads(line)
+    except ValueError:  # a torn line (a crash mid-write)
+        return None
+    return row if isinstance(row, dict) else None
 
 
 def _kept_on_resume(line: str, step: int) -> bool:

@@ -311,8 +311,12 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         warn("%s was written by %d ranks, this job has %d: data order resumes exactly, dropout "
              "randomness does not", folder, meta["world_size"], trainer.dist.world_size)
     trainer.load_callback_states(state["callbacks"])
-    if trainer.epoch >= trainer.config.epochs:  # the run trained all it asked for (e.g. a crash
-        # in the final test or export): nothing is trained again; raise `epochs` to train on
+    if trainer.epoch >= trainer.config.epochs and trainer.batch_in_epoch:  # epochs lowered
+        warn("resumed from %s: the run stopped inside epoch %d (step %d), past the %d epoch(s) "
+             "asked for now: nothing more is trained, and it ends as it stopped, mid-epoch",
+             folder, trainer.epoch + 1, trainer.global_step, trainer.config.epochs)
+    elif trainer.epoch >= trainer.config.epochs:  # the run trained all it asked for (e.g. a
+        # crash in the final test or export): nothing is trained again; raise `epochs` to train on
         log.info("resumed from %s: the run had finished its %d epoch(s) (step %d); nothing left "
                  "to train", folder, trainer.config.epochs, trainer.global_step)
     else:

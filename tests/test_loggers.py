@@ -185,3 +185,17 @@ def test_the_lr_logged_under_layer_wise_decay_is_the_runs_not_the_embeddings(tmp
     trainer.fit()
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(1.25e-4)
     assert [r["lr"] for r in train_rows(log)] == [pytest.approx(1e-3)] * 3
+
+
+def test_a_finished_run_resumed_ends_its_file_as_it_was(tmp_path, tiny_model_dir):
+    """No step runs: the closing row, dropped at the load, was written again from an empty
+    window (lr 0, epoch 1, no grad_norm), and the plots drew the lr falling to 0 at the end."""
+    folder, log = tmp_path / "checkpoints", tmp_path / "run.jsonl"
+    config = {**STEPS, "log_every": 4}  # 6 steps: a row at 4, the closing one at 6
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
+                 **config).fit()
+    finished = log.read_text()
+    assert json.loads(finished.splitlines()[-1])["closing"]
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
+                 resume_from=folder, **config).fit()
+    assert log.read_text() == finished

@@ -195,3 +195,23 @@ def test_warmup_steps_warm_up_over_that_many_steps_and_resume_exactly(tmp_path, 
                                 batch_size=4, warmup_steps=3)
     for name, weight in whole.unwrapped_model.state_dict().items():
         assert torch.equal(weight, resumed.unwrapped_model.state_dict()[name]), name
+
+
+def test_a_resume_with_fewer_epochs_than_it_reached_says_it_stopped_mid_epoch(tmp_path,
+                                                                             tiny_model_dir):
+    """Stopped in epoch 2 and resumed with epochs 1: it said 'the run had finished its 1
+    epoch(s)', of a run that had trained 1.5."""
+    from toy_trainer import RaiseAfterStep
+
+    folder = tmp_path / "checkpoints"
+    settings = dict(epochs=2, batch_size=4)  # 24 rows: 6 steps an epoch
+    with pytest.raises(RuntimeError, match="crash after step 10"):
+        make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, 3), RaiseAfterStep(10)],
+                     **settings).fit()
+    with nlptrain_messages() as messages:
+        trainer = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, 3)],
+                               resume_from=folder, **{**settings, "epochs": 1})
+    assert trainer.global_step == 9
+    assert any("the run stopped inside epoch 2 (step 9), past the 1 epoch(s) asked for now: "
+               "nothing more is trained" in m for m in messages), messages
+    assert not any("finished its 1 epoch(s)" in m for m in messages)
