@@ -230,8 +230,14 @@ def with_line(message: str, path: str, text: str) -> str:
 
 def _line_of(text: str, table: str, key: str) -> int | None:
     """The line (from 1) where `key = ...` stands in `[table]`."""
-    current = ""
+    current, quote = "", None  # the multi-line string (its quotes) the line is inside, if any
     for number, line in enumerate(text.splitlines(), 1):
+        opened = quote
+        for mark in ('"""', "'''"):
+            if quote in (None, mark) and line.count(mark) % 2:
+                quote = None if quote else mark
+        if opened:  # a line of a string's text, not TOML
+            continue
         header = re.match(r"\s*\[\s*([\w.]+)\s*\]", line)
         if header:
             current = header.group(1)

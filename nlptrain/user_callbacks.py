@@ -80,6 +80,8 @@ def load_object(spec: str) -> Any:
                 raise
         else:
             module = importlib.import_module(where)
+        if not hasattr(module, name):  # (a file's module has a name of nlptrain's own)
+            raise ConfigError(f"--callback {spec}: {where} defines no {name!r}")
         return getattr(module, name)
     except SyntaxError as err:  # the user's file: its line, not our traceback
         raise ConfigError(f"{err.filename}:{err.lineno}: {err.msg} (--callback {spec})") from None

@@ -304,6 +304,7 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     ("make", "names the function 'make', not a class"),  # not called: no side effects
     ("Plain", "Plain is not a Callback: subclass nlptrain.Callback"),
     ("Notify:3", "expected FILE.py:CLASS or MODULE:CLASS, with no arguments"),
+    ("Nope", "{mine} defines no 'Nope'"),  # (not the module name nlptrain loaded it under)
 ])
 def test_a_callback_spec_naming_no_callback_class_says_what_it_names(capsys, toy_task, tmp_path,
                                                                      monkeypatch, spec, said):
@@ -316,7 +317,7 @@ def test_a_callback_spec_naming_no_callback_class_says_what_it_names(capsys, toy
                     "def make():\n    open('called', 'w').close()\n    return Notify()\n")
     monkeypatch.chdir(tmp_path)
     code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:{spec}")
-    assert code == 1 and f"error: --callback {mine}:{spec}: {said}" in err, err
+    assert code == 1 and f"error: --callback {mine}:{spec}: {said.format(mine=mine)}" in err, err
     assert not (tmp_path / "run").exists() and not (tmp_path / "called").exists()
 
 

@@ -4,6 +4,7 @@ directions; pairs encoded as real pairs with the same inputs in training and eva
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -214,10 +215,17 @@ def test_task_files_choose_the_kind_and_check_metric_for_best():
         task_from_dict({"data": {"kind": "multi"}}, "t.toml")
 
 
-def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, tiny_model_dir,
-                                                                     capsys):
+@pytest.mark.parametrize(("kind", "row", "said", "names"), [
+    (SingleLabel(), lambda row: None if row.endswith("\tneg") else row,
+     "a single_label task needs two labels or more; it has 1: 'pos'", ["pos"]),
+    (MultiLabel(), lambda row: row.rsplit("\t", 1)[0] + "\t",
+     "a multi_label task needs one label or more", []),
+], ids=lambda value: getattr(value, "name", None))
+def test_a_task_of_too_few_labels_is_refused_before_training(tmp_path, tiny_model_dir, capsys,
+                                                             kind, row, said, names):
     """Every train row 'pos': cross-entropy over one class is 0 whatever the model says, and the
-    run would report accuracy 1.0 for a model that learnt nothing."""
+    run reported accuracy 1.0 for a model that learnt nothing. No label in any multi-label row:
+    a head of 0 outputs, whose NaN loss at step 1 was blamed on the lr."""
     from conftest import write_toy_task
 
     from nlptrain import Trainer
@@ -225,42 +233,17 @@ def test_a_single_label_task_of_one_label_is_refused_before_training(tmp_path, t
     from nlptrain.models import load_model
 
     task = write_toy_task(tmp_path, tiny_model_dir)
-    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', ""))
+    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', f'kind = "{kind.name}"\n'))
     for name in ("train.tsv", "test.tsv"):
-        rows = (tmp_path / name).read_text().splitlines()
-        (tmp_path / name).write_text("\n".join(r for r in rows if not r.endswith("\tneg")) + "\n")
+        header, *rows = (tmp_path / name).read_text().splitlines()
+        (tmp_path / name).write_text("\n".join([header, *filter(None, map(row, rows))]) + "\n")
     code = main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err
-    assert "task toy: a single_label task needs two labels or more; it has 1: 'pos'" in err, err
+    assert f"task toy: {said}" in err, err
     assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError, match=r"a single_label task needs two labels or more; it has 1"):
-        Trainer(load_model(str(tiny_model_dir), ["pos"]), None, None)
-
-
-def test_a_multi_label_task_whose_rows_have_no_label_is_refused_before_training(tmp_path,
-                                                                               tiny_model_dir, capsys):
-    """No label found in any train row: a head of 0 outputs, whose loss is NaN at step 1, was
-    said to be a non-finite loss to resume at a lower lr."""
-    from conftest import write_toy_task
-
-    from nlptrain import Trainer
-    from nlptrain.cli import main
-    from nlptrain.models import load_model
-
-    task = write_toy_task(tmp_path, tiny_model_dir)
-    task.write_text(task.read_text().replace('labels = ["neg", "pos"]\n', 'kind = "multi_label"\n'))
-    for name in ("train.tsv", "test.tsv"):
-        rows = (tmp_path / name).read_text().splitlines()
-        (tmp_path / name).write_text("\n".join([rows[0]] + [r.rsplit("\t", 1)[0] + "\t" for r in rows[1:]])
-                                     + "\n")
-    code = main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")])
-    err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err
-    assert "task toy: a multi_label task needs one label or more" in err, err
-    assert not (tmp_path / "run").exists()
-    with pytest.raises(ConfigError, match=r"a multi_label task needs one label or more"):
-        Trainer(load_model(str(tiny_model_dir), [], kind=MultiLabel()), None, None)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        Trainer(load_model(str(tiny_model_dir), names, kind=kind), None, None)
 
 
 def test_load_model_gives_a_regression_one_output_whatever_it_is_told(tiny_model_dir):

@@ -3,6 +3,8 @@ reaching the key it names, typed as people type them, and never two for one key.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nlptrain.cli import build_parser, resolve_task
@@ -149,3 +151,14 @@ def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
     with pytest.raises(ConfigError) as raised:
         load_task(tmp_path / "t.toml")
     assert str(raised.value).startswith(f"{tmp_path / 't.toml'}:{line}{said}"), str(raised.value)
+
+
+def test_a_line_inside_a_multi_line_string_is_not_taken_for_the_key(tmp_path):
+    """A description's text line "epochs = 3 ..." was named for the top-level key at line 6."""
+    from nlptrain.task_files import load_task
+
+    (tmp_path / "t.toml").write_text('name = "x"\ndescription = """\nTuned with\nepochs = 3 and '
+                                     'lr = 5e-5\n"""\nepochs = 3\n[train]\nlr = 5e-5\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 't.toml'))}:6: unknown key "
+                                          r"'epochs'"):
+        load_task(tmp_path / "t.toml")
