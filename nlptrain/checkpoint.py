@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from torch.utils.data import IterableDataset
 
 from nlptrain import optim
-from nlptrain.config import DATA_ORDER_KEYS
+from nlptrain.config import data_order_keys
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
 from nlptrain.errors import CheckpointError
@@ -92,7 +92,8 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
             "world_size": trainer.dist.world_size, "precision": trainer.config.precision,
             "metric_for_best": trainer.metric_for_best, "best_is": trainer.config.best_is,
             "num_workers": trainer.config.num_workers,
-            "data_order": {key: getattr(trainer.config, key) for key in DATA_ORDER_KEYS}}
+            "data_order": {key: getattr(trainer.config, key)
+                           for key in data_order_keys(trainer.config.max_tokens)}}
 
     def write() -> None:
         with writing(folder) as staging:

@@ -221,6 +221,12 @@ FILES = ("train", "valid", "test")  # [data] entries that may be a table of thei
 DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length")
 
 
+def data_order_keys(max_tokens: int) -> tuple[str, ...]:
+    """DATA_ORDER_KEYS; with a token budget also pad_to_multiple_of, as the padded widths plan
+    the batches."""
+    return DATA_ORDER_KEYS + (("pad_to_multiple_of",) if max_tokens else ())
+
+
 def file_spec(task: TaskConfig, which: str) -> FileSpec | None:
     """The [data] entry `which` (train/valid/test) as a FileSpec, or None when not given."""
     entry = getattr(task.data, which)

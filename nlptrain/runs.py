@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import DATA_ORDER_KEYS, TaskConfig, TrainConfig
+from nlptrain.config import TaskConfig, TrainConfig, data_order_keys
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import CheckpointError, ConfigError
@@ -343,7 +343,7 @@ PARAM_GROUP_KEYS = ("layer_lr_decay",)
 def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
     """Refuse a resume whose parameter groups or data order differ from the run's."""
     for keys, what in ((PARAM_GROUP_KEYS, "optimizer parameter groups"),
-                       (DATA_ORDER_KEYS, "data order")):
+                       (data_order_keys(train.get("max_tokens", 0)), "data order")):
         changed = changed_settings(saved, train, keys)
         if changed:
             raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "

@@ -345,6 +345,12 @@ def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_mode
                                               r"rows would be trained twice, others never"):
         make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
     make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
+    budget = tmp_path / "budget"  # a token budget's batches are planned on the padded widths
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(budget, every=2)], max_tokens=256,
+                 epochs=1).fit()
+    with pytest.raises(CheckpointError, match=r"another data order \(pad_to_multiple_of 8 -> 1\)"):
+        make_trainer(tmp_path, tiny_model_dir, [], max_tokens=256, pad_to_multiple_of=1,
+                     resume_from=budget)
 
 
 def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task, tmp_path,

@@ -223,6 +223,20 @@ def test_a_resume_may_change_the_plan_and_the_lr_but_not_the_groups(tmp_path: Pa
         changed["train"][key] = value
         with pytest.raises(ConfigError, match=f"data order, and these changed: {key} "):
             prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
+    # pad_to_multiple_of plans a token budget's batches (the padded widths), and only then.
+    budget = copy.deepcopy(task)
+    budget["train"]["max_tokens"] = 256
+    budgeted = tmp_path / "budgeted"
+    assert not prepare_run_dir(budgeted, budget, 1, resume=False, overwrite=False)
+    for run, train in ((folder, task["train"]), (budgeted, budget["train"])):
+        changed = copy.deepcopy(task)
+        changed["train"] = {**train, "pad_to_multiple_of": 1}
+        if train.get("max_tokens"):
+            with pytest.raises(ConfigError, match="data order, and these changed: "
+                                                  "pad_to_multiple_of 8 -> 1"):
+                prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
+        else:
+            assert prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(
