@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from pathlib import Path
@@ -16,7 +15,7 @@ from nlptrain.data.readers import read_texts
 from nlptrain.distributed import SingleProcess
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.predict import default_max_length, run_predict
-from nlptrain.predict_output import output_format, rows_of, write_rows
+from nlptrain.predict_output import output_format
 
 
 def varied_texts(count: int) -> list[str]:
@@ -202,17 +201,6 @@ def test_a_tab_inside_a_tsv_text_is_an_error_not_a_cut_text(tmp_path: Path) -> N
         read_texts(tmp_path / "in.tsv")
 
 
-def test_tsv_output_keeps_one_line_per_row() -> None:
-    probs = np.array([[0.25, 0.75], [0.9, 0.1]])
-    out = io.StringIO()
-    write_rows(rows_of(["tab\there", "new\nline"], probs, ["neg", "pos"], True), out, "tsv",
-               ["neg", "pos"], True)
-    assert out.getvalue().splitlines() == [
-        "row\tlabel\tprobability\tp_neg\tp_pos\ttext",
-        "1\tpos\t0.750000\t0.250000\t0.750000\ttab here",
-        "2\tneg\t0.900000\t0.900000\t0.100000\tnew line"]
-
-
 def test_max_length_comes_from_the_run_else_from_the_model(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
@@ -391,32 +379,3 @@ def test_an_input_error_suggests_what_fits_the_file(tmp_path: Path, name: str, c
     with pytest.raises(DataError, match=says) as raised:
         read_texts(tmp_path / name, text_pair_column=pair)
     assert not_says is None or not_says not in str(raised.value)
-
-
-def test_tsv_output_writes_the_inputs_kept_values_as_given() -> None:
-    """Kept columns are for joining the output back: an id is not rounded to 6 decimals, a tiny
-    number not written as 0, a JSON null not as "None"; the prediction's own numbers are."""
-    from types import SimpleNamespace
-
-    texts = SimpleNamespace(texts=["good", "bad"], pairs=None, lines=None,
-                            kept=[{"id": 1234567.891, "ts": 1e-9, "score": 0.123456789, "ok": True,
-                                   "meta": {"a": "x"}, "p_pos": 0.3},
-                                  {"id": None, "ts": 2.5, "score": 1.0, "ok": False, "meta": {},
-                                   "p_pos": 0.6}])
-    out = io.StringIO()
-    write_rows(rows_of(texts, np.array([[0.25, 0.75], [0.9, 0.1]]), ["neg", "pos"], True), out,
-               "tsv", ["neg", "pos"], True)
-    # A kept "score" (a regression's output name) or "p_pos" (--all-probs') is the input's,
-    # named so, and not rounded.
-    assert out.getvalue().splitlines() == [
-        "row\tid\tts\tinput_score\tok\tmeta\tinput_p_pos\tlabel\tprobability\tp_neg\tp_pos\ttext",
-        '1\t1234567.891\t1e-09\t0.123456789\ttrue\t{"a": "x"}\t0.3\tpos\t0.750000\t0.250000\t'
-        '0.750000\tgood',
-        "2\t\t2.5\t1.0\tfalse\t{}\t0.6\tneg\t0.900000\t0.900000\t0.100000\tbad"]
-    # predict's own output scored again keeps score and input_score both: the first was
-    # renamed onto the second, which it replaced without a word.
-    again = SimpleNamespace(texts=["good"], pairs=None, lines=None,
-                            kept=[{"score": 0.5, "input_score": "x", "input_input_score": 1}])
-    row = next(rows_of(again, np.array([[0.25, 0.75]]), ["neg", "pos"], False))
-    assert {k: v for k, v in row.items() if "score" in k} == {
-        "input_input_input_score": 0.5, "input_score": "x", "input_input_score": 1}

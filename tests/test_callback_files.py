@@ -1,0 +1,76 @@
+"""`--callback FILE.py:Class`: a file or class that cannot serve is one error naming the spec
+(and the file's line), before any worker starts or the run directory is made; a valid file
+loads as an import would."""
+
+from __future__ import annotations
+
+import pytest
+from cli_errors import train
+
+
+def test_a_missing_callback_file_is_one_error_before_any_worker_starts(capsys, toy_task, tmp_path):
+    missing = tmp_path / "nope.py"
+    code, err = train(capsys, toy_task, tmp_path / "run", "--nproc", "2", "--callback",
+                      f"{missing}:Notify")
+    assert code == 1 and err.count("error:") == 1, err
+    assert f"error: --callback {missing}:Notify: file {missing} not found" in err
+    assert "launched by" not in err and not (tmp_path / "run").exists()
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(capsys, toy_task,
+                                                                             tmp_path):
+    mine = tmp_path / "mine.py"
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def on_valid_end(self, trainer):\n        pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1
+    assert f"error: --callback {mine}:Notify: callback Notify.on_valid_end(trainer) cannot take " \
+        "the event's arguments" in err, err
+    assert not (tmp_path / "run").exists()
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def __init__(self, url):\n        self.url = url\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: --callback {mine}:Notify: missing a required argument: 'url'; a --callback " \
+           "class is made without arguments" in err
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback)\n    pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: {mine}:3: expected ':' (--callback {mine}:Notify)" in err, err
+
+
+@pytest.mark.parametrize(("spec", "said"), [
+    ("instance", "names a Notify instance, not a class: name the Callback class itself"),
+    ("LIMIT", "names the value 3, not a class"),
+    ("make", "names the function 'make', not a class"),  # not called: no side effects
+    ("Plain", "Plain is not a Callback: subclass nlptrain.Callback"),
+    ("Notify:3", "expected FILE.py:CLASS or MODULE:CLASS, with no arguments"),
+    ("Nope", "{mine} defines no 'Nope'"),  # (not the module name nlptrain loaded it under)
+])
+def test_a_callback_spec_naming_no_callback_class_says_what_it_names(capsys, toy_task, tmp_path,
+                                                                     monkeypatch, spec, said):
+    """It said a non-callable needed parameter defaults, named neither spec nor file for a
+    class that is no Callback (after calling a function to find out), and read Notify:3 as a
+    module 'mine.py:Notify'."""
+    mine = tmp_path / "mine.py"
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback):\n    pass\n\n"
+                    "class Plain:\n    pass\n\ninstance = Notify()\nLIMIT = 3\n\n"
+                    "def make():\n    open('called', 'w').close()\n    return Notify()\n")
+    monkeypatch.chdir(tmp_path)
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:{spec}")
+    assert code == 1 and f"error: --callback {mine}:{spec}: {said.format(mine=mine)}" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "called").exists()
+
+
+def test_a_callback_file_of_a_dataclass_with_postponed_annotations_loads(capsys, toy_task,
+                                                                        tmp_path):
+    """dataclasses looks its module up in sys.modules, where the loaded file was not: "cannot
+    load it ('NoneType' object has no attribute '__dict__')"."""
+    mine = tmp_path / "mine.py"
+    mine.write_text("from __future__ import annotations\nfrom dataclasses import dataclass\n"
+                    "from nlptrain import Callback\n\n@dataclass\nclass Notify(Callback):\n"
+                    "    threshold: float = 0.9\n")
+    from nlptrain.user_callbacks import make_callback
+
+    assert make_callback(f"{mine}:Notify").threshold == 0.9
