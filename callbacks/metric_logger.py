@@ -36,7 +36,8 @@ class MetricLogger(Callback):
         self.handle: Any = None
         self.step_lr = 0.0
         self.step_epoch = 1  # the epoch (from 1) of the last step counted
-        self.closing_row: dict | None = None  # a resumed run's, kept until a step runs
+        self.closing_row: dict | None = None  # a resumed run's, given back if no step runs
+        self.stepped = False  # a step ran in this fit (else the window is the checkpoint's)
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -69,7 +70,7 @@ class MetricLogger(Callback):
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
             return
-        self.closing_row = None  # a step ran: this run's end writes its own
+        self.stepped = True  # this run's end writes its own closing row
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
         self.rows_sum = self.rows_sum + trainer.step_rows
         self.batches += 1
@@ -108,6 +109,7 @@ class MetricLogger(Callback):
         state["metric_logger"] = {"loss_sum": float(self.loss_sum), "batches": self.batches}
 
     def on_train_start(self, trainer: Trainer) -> None:
+        self.stepped = False
         # A resume of an attempt that died before its first checkpoint starts from step 0 and
         # writes every step again: the dead attempt's rows go. (Not a new trainer's, writing
         # after another's: the earlier run's rows are kept.)
@@ -135,8 +137,9 @@ class MetricLogger(Callback):
         return len(kept) < len(lines)
 
     def on_train_end(self, trainer: Trainer) -> None:
-        if self.closing_row is not None:  # resumed, and no step ran: the row as it was
-            self._write(self.closing_row)
+        if not self.stepped:  # resumed, and no step ran: the closing row as it was, if any (a
+            if self.closing_row is not None:  # row of the checkpoint's window alone would
+                self._write(self.closing_row)  # have this run's lr and epoch, which it has not)
         elif self.batches:  # the last steps, fewer than log_every: the run's end is logged too
             self._log_window(trainer, closing=True)
         if self.handle is not None:

@@ -229,18 +229,20 @@ def with_line(message: str, path: str, text: str) -> str:
 
 
 def _line_of(text: str, table: str, key: str) -> int | None:
-    """The line (from 1) where `key = ...` stands in `[table]`."""
-    current, quote = "", None  # the multi-line string (its quotes) the line is inside, if any
+    """The line (from 1) where `key = ...` stands in `[table]`; None where it is not found once
+    (a line of a multi-line string's text is no TOML line)."""
+    current, quote, found = "", None, []
     for number, line in enumerate(text.splitlines(), 1):
-        opened = quote
-        for mark in ('"""', "'''"):
-            if quote in (None, mark) and line.count(mark) % 2:
-                quote = None if quote else mark
-        if opened:  # a line of a string's text, not TOML
+        if quote:  # inside a multi-line string: its text, until the line that closes it
+            if line.replace("\\\\", "").replace(f"\\{quote}", "").count(quote) % 2:
+                quote = None
             continue
+        opens = re.match(r"\s*[\w.\"'-]+\s*=\s*(\"\"\"|\'\'\')(.*)", line)  # key = """...
+        if opens and opens.group(2).count(opens.group(1)) % 2 == 0:
+            quote = opens.group(1)
         header = re.match(r"\s*\[\s*([\w.]+)\s*\]", line)
         if header:
             current = header.group(1)
         elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
-            return number
-    return None
+            found.append(number)
+    return found[0] if len(found) == 1 else None

@@ -71,13 +71,15 @@ def load_object(spec: str) -> Any:
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             if module_spec is None or not path.is_file():
                 raise ConfigError(f"--callback {spec}: file {where} not found")
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module
-            try:
-                module_spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[module_name]
-                raise
+            module = sys.modules.get(module_name)  # a file named twice runs once, as an import
+            if module is None:
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[module_name] = module
+                try:
+                    module_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[module_name]
+                    raise
         else:
             module = importlib.import_module(where)
         if not hasattr(module, name):  # (a file's module has a name of nlptrain's own)

@@ -74,3 +74,20 @@ def test_a_callback_file_of_a_dataclass_with_postponed_annotations_loads(capsys,
     from nlptrain.user_callbacks import make_callback
 
     assert make_callback(f"{mine}:Notify").threshold == 0.9
+
+
+def test_one_file_named_twice_runs_once_as_an_import_does(tmp_path):
+    """Each spec ran the file again as a module of its own: two callbacks of one file shared no
+    module state, and the first's class was no longer its module's."""
+    import sys
+
+    from nlptrain.user_callbacks import make_callback
+
+    mine = tmp_path / "two.py"
+    mine.write_text("from nlptrain import Callback\n\nMADE = []\n\nclass A(Callback):\n"
+                    "    def __init__(self):\n        MADE.append('A')\n\n"
+                    "class B(Callback):\n    def __init__(self):\n        MADE.append('B')\n")
+    a, b = make_callback(f"{mine}:A"), make_callback(f"{mine}:B")
+    module = sys.modules[type(a).__module__]
+    assert module is sys.modules[type(b).__module__] and module.MADE == ["A", "B"]
+    assert isinstance(a, module.A)

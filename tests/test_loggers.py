@@ -199,3 +199,19 @@ def test_a_finished_run_resumed_ends_its_file_as_it_was(tmp_path, tiny_model_dir
     make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
                  resume_from=folder, **config).fit()
     assert log.read_text() == finished
+
+
+def test_a_resume_that_runs_no_step_makes_no_row_of_the_checkpoints_window(tmp_path,
+                                                                           tiny_model_dir):
+    """Resumed with fewer epochs than reached (nothing is trained): a closing row was made from
+    the checkpoint's window with this run's lr and epoch, which it never had (lr 0, epoch 1)."""
+    from toy_trainer import RaiseAfterStep
+
+    folder, log = tmp_path / "checkpoints", tmp_path / "run.jsonl"
+    config = {**STEPS, "epochs": 2, "log_every": 4}  # 6 steps an epoch
+    with pytest.raises(RuntimeError, match="crash after step 10"):
+        make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3),
+                                                RaiseAfterStep(10)], **config).fit()
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
+                 resume_from=folder, **{**config, "epochs": 1}).fit()
+    assert [(r["kind"], r["step"]) for r in rows(log)] == [("train", 4), ("eval", 6), ("train", 8)]

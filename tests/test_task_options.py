@@ -153,12 +153,19 @@ def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
     assert str(raised.value).startswith(f"{tmp_path / 't.toml'}:{line}{said}"), str(raised.value)
 
 
-def test_a_line_inside_a_multi_line_string_is_not_taken_for_the_key(tmp_path):
-    """A description's text line "epochs = 3 ..." was named for the top-level key at line 6."""
+@pytest.mark.parametrize(("before", "line"), [
+    ('description = """\nTuned with\nepochs = 3 and lr = 5e-5\n"""\n', 6),
+    ("# a description in \'\'\' quotes below\ndescription = \'\'\'\nepochs = 3 once\n\'\'\'\n", 6),
+    ('description = "it\'\'\'s odd"\n', 3),
+    ('description = """one line"""\n', 3),
+    ('description = """\nhe said \\""" hi\nepochs = 3 text\n"""\n', 6),
+])
+def test_a_line_inside_a_multi_line_string_is_not_taken_for_the_key(tmp_path, before, line):
+    """A description's text line "epochs = 3 ..." was named for the top-level key; a comment or
+    a one-line string holding triple quotes threw the count of strings off."""
     from nlptrain.task_files import load_task
 
-    (tmp_path / "t.toml").write_text('name = "x"\ndescription = """\nTuned with\nepochs = 3 and '
-                                     'lr = 5e-5\n"""\nepochs = 3\n[train]\nlr = 5e-5\n')
-    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 't.toml'))}:6: unknown key "
-                                          r"'epochs'"):
+    (tmp_path / "t.toml").write_text(f'name = "x"\n{before}epochs = 3\n[train]\nlr = 5e-5\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(tmp_path / 't.toml'))}:{line}: unknown "
+                                          r"key 'epochs'"):
         load_task(tmp_path / "t.toml")
