@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -67,7 +68,7 @@ def load_object(spec: str) -> Any:
             path = Path(where)
             # Registered under a name of its own: a dataclass, pickle or typing looks the module
             # up in sys.modules by the class's __module__.
-            module_name = f"nlptrain_callback_{path.stem}_{abs(hash(str(path.resolve())))}"
+            module_name = f"nlptrain_callback_{path.stem}_{_digest(path)}"  # (the file as it is)
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             if module_spec is None or not path.is_file():
                 raise ConfigError(f"--callback {spec}: file {where} not found")
@@ -89,6 +90,13 @@ def load_object(spec: str) -> Any:
         raise ConfigError(f"{err.filename}:{err.lineno}: {err.msg} (--callback {spec})") from None
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
+
+
+def _digest(path: Path) -> str:
+    try:
+        return hashlib.blake2b(f"{path.resolve()}".encode() + path.read_bytes(), digest_size=8).hexdigest()
+    except OSError:  # not there: said as such by the loader
+        return "missing"
 
 
 def absolute_spec(spec: str) -> str:
