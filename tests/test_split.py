@@ -116,6 +116,9 @@ def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):
         split_task(toy_task(tmp_path, "two.tsv"), tmp_path / "three", 3)  # a rank would get none
     assert not (tmp_path / "three").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ConfigError, match=r"a-file/parts: cannot be written .*choose another --out"):
+        split_task(task, tmp_path / "a-file" / "parts", 2)  # its parent cannot be made
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -221,8 +221,12 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
     files = source_files(spec, task.data_dir, values, which)
     _check_out(out, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as err:  # a parent that is a file, read-only, ...: said, not a traceback
+        raise ConfigError(f"{out}: cannot be written ({err.strerror or err}); choose another "
+                          "--out") from err
     try:
         kind = from_task(task)
         rows = iter_rows(spec, task.data_dir, values, which, empty_label_ok=kind.empty_label_ok)
