@@ -74,6 +74,7 @@ def load_object(spec: str) -> Any:
                 raise ConfigError(f"--callback {spec}: file {where} not found")
             module = sys.modules.get(module_name)  # a file named twice runs once, as an import
             if module is None:
+                _import_beside(path)
                 module = importlib.util.module_from_spec(module_spec)
                 sys.modules[module_name] = module
                 try:
@@ -90,6 +91,14 @@ def load_object(spec: str) -> Any:
         raise ConfigError(f"{err.filename}:{err.lineno}: {err.msg} (--callback {spec})") from None
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
+
+
+def _import_beside(path: Path) -> None:
+    """The file's folder is importable, as for `python FILE.py` (its helper modules beside it);
+    last on the path, so a file there never shadows an installed package."""
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)
 
 
 def _digest(path: Path) -> str:

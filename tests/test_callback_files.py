@@ -91,3 +91,21 @@ def test_one_file_named_twice_runs_once_as_an_import_does(tmp_path):
     module = sys.modules[type(a).__module__]
     assert module is sys.modules[type(b).__module__] and module.MADE == ["A", "B"]
     assert isinstance(a, module.A)
+
+
+def test_a_callback_file_imports_a_module_beside_it(tmp_path, monkeypatch):
+    """As `python FILE.py` would: the file's helpers sit beside it (it got 'No module named')."""
+    import sys
+
+    from nlptrain.user_callbacks import make_callback
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notify_helpers.py").write_text("GREETING = 'hello'\n")
+    (folder / "notify.py").write_text("from nlptrain import Callback\nimport notify_helpers\n\n"
+                                      "class Notify(Callback):\n"
+                                      "    greeting = notify_helpers.GREETING\n")
+    monkeypatch.chdir(tmp_path)
+    assert make_callback("mine/notify.py:Notify").greeting == "hello"
+    assert sys.path[-1] == str(folder)  # last: it shadows no installed package
