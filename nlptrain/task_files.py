@@ -171,8 +171,14 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
                           "leave them out (data.labels=[])")
     for which in FILES:  # a file's own table: its keys now, not when the file is read
         entry = getattr(task.data, which)
-        if isinstance(entry, dict) and not fill(FileSpec, entry, f"{source} [data] {which}").path:
+        if not isinstance(entry, dict):
+            continue
+        spec = fill(FileSpec, entry, f"{source} [data] {which}")
+        if not spec.path:
             raise ConfigError(f"{source}: [data] {which} has no path (set data.{which}.path)")
+        if spec.format not in CHOICES["data", "format"]:
+            raise ConfigError(f"{source}: [data] {which}.format = {spec.format!r}; choose one of "
+                              f"{', '.join(sorted(CHOICES['data', 'format']))}")
     # Each label is one output of the model: a name twice would train two outputs for one class
     # and fail at the end of the run (plots, the confusion matrix, the export's label2id).
     labels = task.data.labels
@@ -215,34 +221,64 @@ def with_line(message: str, path: str, text: str) -> str:
         return message
     rest = message[len(path):]
     found = re.match(r" \[(?P<table>[\w.]+)\](?: (?P<file>\w+))?: (?:unknown key '(?P<unknown>\w+)'"
-                     r"|'(?P<typed>\w+)' must be)|: \[(?P<checked>\w+)\] (?P<key>\w+)\b"
+                     r"|'(?P<typed>\w+)' must be)|: \[(?P<checked>\w+)\] (?P<key>\w+)"
+                     r"(?:\.(?P<file_key>\w+))?\b"
                      r"|: (?:unknown key '(?P<top>\w+)'|'(?P<top_typed>\w+)' must be)", rest)
     if not found:
         return message
     table = found["table"] or found["checked"] or ""
     key = found["unknown"] or found["typed"] or found["key"] or found["top"] or found["top_typed"]
-    if found["file"]:  # a file's own table: [data.test], or an inline table in [data]
-        table = f"{table}.{found['file']}"
-    line = _line_of(text, table, key) or (_line_of(text, table.rpartition(".")[0], found["file"])
-                                          if found["file"] else None)
+    file = found["file"]
+    if found["file_key"]:  # "[data] test.format = ...": a file's own key, checked
+        file, key = key, found["file_key"]
+    if file:  # a file's own table: [data.test], or an inline table in [data]
+        table = f"{table}.{file}"
+    line = _line_of(text, table, key) or (_line_of(text, table.rpartition(".")[0], file)
+                                          if file else None)
     return f"{path}:{line}{rest}" if line else message
 
 
 def _line_of(text: str, table: str, key: str) -> int | None:
     """The line (from 1) where `key = ...` stands in `[table]`; None where it is not found once
     (a line of a multi-line string's text is no TOML line)."""
-    current, quote, found = "", None, []
-    for number, line in enumerate(text.splitlines(), 1):
-        if quote:  # inside a multi-line string: its text, until the line that closes it
-            if line.replace("\\\\", "").replace(f"\\{quote}", "").count(quote) % 2:
-                quote = None
-            continue
-        opens = re.match(r"\s*[\w.\"'-]+\s*=\s*(\"\"\"|\'\'\')(.*)", line)  # key = """...
-        if opens and opens.group(2).count(opens.group(1)) % 2 == 0:
-            quote = opens.group(1)
+    current, found = "", []
+    for number, line in _lines_outside_strings(text):
         header = re.match(r"\s*\[\s*([\w.]+)\s*\]", line)
         if header:
             current = header.group(1)
         elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
             found.append(number)
     return found[0] if len(found) == 1 else None
+
+
+def _lines_outside_strings(text: str) -> list[tuple[int, str]]:
+    """The lines (numbered from 1, split at \\n alone, as TOML counts them) that do not begin
+    inside a multi-line string: scanned as TOML reads them, comments and escapes included."""
+    lines, open_quote = [], None  # the quotes of a multi-line string still open, if one is
+    for number, line in enumerate(text.split("\n"), 1):
+        if open_quote is None:
+            lines.append((number, line))
+        at = 0
+        while at < len(line):
+            if open_quote:
+                if open_quote == '"""' and line[at] == "\\":  # an escape (a literal string has none)
+                    at += 2
+                elif line.startswith(open_quote, at):  # up to two more quotes are its text
+                    at += 3
+                    while at < len(line) and line[at] == open_quote[0]:
+                        at += 1
+                    open_quote = None
+                else:
+                    at += 1
+            elif line[at] == "#":  # a comment: the rest of the line
+                break
+            elif line.startswith('"""', at) or line.startswith("'''", at):
+                open_quote, at = line[at:at + 3], at + 3
+            elif line[at] in "\"'":  # a one-line string: to its closing quote
+                quote, at = line[at], at + 1
+                while at < len(line) and line[at] != quote:
+                    at += 2 if quote == '"' and line[at] == "\\" else 1
+                at += 1
+            else:
+                at += 1
+    return lines

@@ -117,6 +117,8 @@ def test_a_model_folder_given_relative_is_recorded_where_it_is(toy_task, tiny_mo
     (["--max-grad-norm", "inf"], r"^--max-grad-norm: \[train\] max_grad_norm = inf; give a finite"),
     (["--set", "data.valid.header=false"], r"\[data\] valid has no path \(set data\.valid\.path\)$"),
     (["--valid-file", "v.tsv", "--valid-size", "1.5"], r"^--valid-size: \[data\] valid_size must"),
+    (["--set", "data.test.format=xml"], r"^--set data\.test\.format=xml: \[data\] test\.format = "
+                                        r"'xml'; choose one of auto, csv"),  # (checked at the read)
 ])
 def test_values_that_would_fail_late_or_write_elsewhere_are_refused_naming_the_option(
         toy_task, given, message):
@@ -139,6 +141,7 @@ def test_a_task_file_saved_with_a_byte_order_mark_is_read(toy_task):
     ("lr = -1.0", 9, ": [train] lr must be at least 0"),
     ('test = {path = "t.tsv", headr = true}', 5, " [data] test: unknown key 'headr'"),
     ("colour = 1", 2, ": unknown key 'colour'"),
+    ('test = {path = "t.tsv", format = "xml"}', 5, ": [data] test.format = 'xml'; choose one of"),
 ])
 def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
     """tomllib gives the line of a syntax error alone: a wrong key or value named the file."""
@@ -159,6 +162,10 @@ def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
     ('description = "it\'\'\'s odd"\n', 3),
     ('description = """one line"""\n', 3),
     ('description = """\nhe said \\""" hi\nepochs = 3 text\n"""\n', 6),
+    ('description = """x""" # ends with """\n', 3),  # a comment's quotes open nothing
+    ('description = """\nHe said \\""""\n', 4),  # an escaped quote, then the closing ones
+    ("description = '''\nC:\\'''\n", 4),  # a literal string escapes nothing
+    ('description = "a\u2028b"\n# c\u2029d\x85e\n', 4),  # TOML ends lines at \n alone
 ])
 def test_a_line_inside_a_multi_line_string_is_not_taken_for_the_key(tmp_path, before, line):
     """A description's text line "epochs = 3 ..." was named for the top-level key; a comment or
