@@ -7,7 +7,9 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -64,26 +66,7 @@ def load_object(spec: str) -> Any:
         raise ConfigError(f"--callback {spec}: expected FILE.py:CLASS or MODULE:CLASS, with no "
                           "arguments (the class is made without any: give its parameters defaults)")
     try:
-        if where.endswith(".py"):
-            path = Path(where)
-            # Registered under a name of its own: a dataclass, pickle or typing looks the module
-            # up in sys.modules by the class's __module__.
-            module_name = f"nlptrain_callback_{path.stem}_{_digest(path)}"  # (the file as it is)
-            module_spec = importlib.util.spec_from_file_location(module_name, path)
-            if module_spec is None or not path.is_file():
-                raise ConfigError(f"--callback {spec}: file {where} not found")
-            module = sys.modules.get(module_name)  # a file named twice runs once, as an import
-            if module is None:
-                _import_beside(path)
-                module = importlib.util.module_from_spec(module_spec)
-                sys.modules[module_name] = module
-                try:
-                    module_spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[module_name]
-                    raise
-        else:
-            module = importlib.import_module(where)
+        module = _run_file(Path(where), spec) if where.endswith(".py") else importlib.import_module(where)
         if not hasattr(module, name):  # (a file's module has a name of nlptrain's own)
             raise ConfigError(f"--callback {spec}: {where} defines no {name!r}")
         return getattr(module, name)
@@ -93,19 +76,43 @@ def load_object(spec: str) -> Any:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 
 
+def _run_file(path: Path, spec: str) -> Any:
+    """The file's module, run from the bytes read now (not a bytecode cache a rewrite within the
+    same second may leave stale), once for those bytes: a file named twice runs once, as an import."""
+    try:
+        source = path.read_bytes()
+    except OSError:
+        raise ConfigError(f"--callback {spec}: file {path} not found") from None
+    digest = hashlib.blake2b(f"{path.resolve()}".encode() + source, digest_size=8).hexdigest()
+    # Registered under a name of its own: a dataclass, pickle or typing looks the module up in
+    # sys.modules by the class's __module__ (a dot in it would name a package).
+    module_name = f"nlptrain_callback_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    code = compile(source, str(path), "exec")
+    module = importlib.util.module_from_spec(importlib.util.spec_from_file_location(module_name, path))
+    _import_beside(path)
+    sys.modules[module_name] = module
+    try:
+        exec(code, module.__dict__)
+    except Exception as err:  # the user's code failed: its line, as for a syntax error
+        del sys.modules[module_name]
+        lines = [f":{f.lineno}" for f in traceback.extract_tb(err.__traceback__)
+                 if f.filename == str(path)] or [""]
+        raise ConfigError(f"{path}{lines[-1]}: {type(err).__name__}: {err} (--callback {spec})"
+                          ) from err
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
 def _import_beside(path: Path) -> None:
     """The file's folder is importable, as for `python FILE.py` (its helper modules beside it);
     last on the path, so a file there never shadows an installed package."""
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.append(folder)
-
-
-def _digest(path: Path) -> str:
-    try:
-        return hashlib.blake2b(f"{path.resolve()}".encode() + path.read_bytes(), digest_size=8).hexdigest()
-    except OSError:  # not there: said as such by the loader
-        return "missing"
 
 
 def absolute_spec(spec: str) -> str:

@@ -109,3 +109,45 @@ def test_a_callback_file_imports_a_module_beside_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert make_callback("mine/notify.py:Notify").greeting == "hello"
     assert sys.path[-1] == str(folder)  # last: it shadows no installed package
+
+
+def test_a_file_rewritten_within_the_same_second_runs_its_new_bytes(tmp_path, monkeypatch):
+    """Python's loader took a __pycache__ .pyc of the same mtime second and size: the old class."""
+    import os
+    import sys
+
+    from nlptrain.user_callbacks import make_callback
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    mine = tmp_path / "changing.py"
+    for value in (1, 2, 3):
+        mine.write_text(f"from nlptrain import Callback\n\nclass A(Callback):\n    V = {value}\n")
+        os.utime(mine, (1_700_000_000, 1_700_000_000))  # one second for every version
+        assert make_callback(f"{mine}:A").V == value
+
+
+@pytest.mark.parametrize(("line", "said"), [
+    ("import os\nos.no_such_function()", "2: AttributeError: module 'os' has no attribute"),
+    ("SETTINGS = {}\nURL = SETTINGS['url']", "2: KeyError: 'url'"),
+])
+def test_a_callback_file_failing_as_it_loads_is_named_with_its_line(capsys, toy_task, tmp_path,
+                                                                   line, said):
+    """A KeyError was a traceback through importlib; an AttributeError lost the file and line."""
+    mine = tmp_path / "mine.py"
+    mine.write_text(f"{line}\n\nfrom nlptrain import Callback\n\nclass Notify(Callback):\n    pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: {mine}:{said}" in err and f"(--callback {mine}:Notify)" in err, err
+
+
+def test_a_class_of_a_file_with_a_dot_in_its_name_pickles(tmp_path):
+    """my.cb.py's module was named as a package's child: pickle could not find it."""
+    import pickle
+
+    from nlptrain.user_callbacks import make_callback
+
+    mine = tmp_path / "my.cb.py"
+    mine.write_text("import dataclasses\nfrom nlptrain import Callback\n\n@dataclasses.dataclass\n"
+                    "class Notify(Callback):\n    url: str = 'x'\n")
+    made = make_callback(f"{mine}:Notify")
+    assert pickle.loads(pickle.dumps(made)).url == "x"
