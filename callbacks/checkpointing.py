@@ -25,6 +25,7 @@ class Checkpointer(Callback):
     # the epoch's end, for the epoch's last step and the run's) and after what every callback made of it
     # (runs_last: best_metric, early stopping's count, the best model's metrics). Written
     # sooner, it would miss them, and a resume from it would never run that evaluation again.
+    # (A callback's stop rides the step's flags, which fused AdamW reads a step late: read first.)
     runs_last = True
 
     def __init__(self, folder: str | Path, every: int = 0, keep: int = 2, every_minutes: float = 0.0,
@@ -77,6 +78,8 @@ class Checkpointer(Callback):
             trainer.save_asked_at = asked = None
         every = self.every and trainer.global_step % self.every == 0
         due = trainer.is_update_step and (every or asked is not None)
+        if due:  # (due on every rank alike) the step's flags: a stop they carry is known now
+            trainer.settle()
         # An epoch's last step, or the run's (its evaluation is still to come): at on_epoch_end.
         if due and not trainer.progress.ended_epoch() and not trainer.stopping:
             by_clock = self._asked  # the main rank's own request (the one that logs)

@@ -345,19 +345,31 @@ def test_best_folder_is_the_best_the_resumed_checkpoint_names_after_a_crash(tmp_
     assert json.loads((best / "nlptrain_best.json").read_text()) == {"step": 4}
 
 
+class StopAtStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, trainer: Trainer) -> None:
+        trainer.should_stop = trainer.global_step == self.step
+
+
+@pytest.mark.parametrize("stop", ["max_steps", "a callback"])
 def test_the_checkpoint_of_a_run_stopped_on_a_checkpoint_step_holds_its_last_evaluation(
-        tmp_path, tiny_model_dir):
-    """max_steps 8 on a checkpoint step, mid-epoch: the checkpoint was written before the stop's
-    evaluation, so it named the best before; a resume of the finished run then put that older
-    best back in best/ and model/, and deleted the better one."""
+        tmp_path, tiny_model_dir, stop):
+    """A stop at step 8, a checkpoint step, mid-epoch: the checkpoint was written before the
+    stop's evaluation, so it named the best before; a resume of the finished run then put that
+    older best back in best/ and model/, and deleted the better one. A callback's stop rides the
+    next step's flags (asked at step 7, it ends the run after step 8), read with the checkpoint."""
     from nlptrain.callbacks import Checkpointer
 
     from nlptrain.checkpoint import list_checkpoints
 
     scores = {6: 0.5, 8: 0.9}
     trainer = make_trainer(tmp_path, tiny_model_dir, [SaveBestModel(tmp_path / "best"),
-                                                      Checkpointer(tmp_path / "checkpoints", 4)],
-                           epochs=3, batch_size=4, max_steps=8)  # 6 steps an epoch
+                                                      Checkpointer(tmp_path / "checkpoints", 4),
+                                                      *([StopAtStep(7)] if stop != "max_steps" else [])],
+                           epochs=3, batch_size=4, max_steps=8 if stop == "max_steps" else 0)
+    # (6 steps an epoch)
     trainer.evaluate = lambda data: {"accuracy": scores[trainer.global_step], "macro_f1": 0.0}
     trainer.fit()
     last = list_checkpoints(tmp_path / "checkpoints")[-1]
