@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from nlptrain.data.tokenized import Collator, TokenizedDataset
+from nlptrain.data.tokenized import Collator, TokenizedDataset, loss_targets
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, TrainingError
 from nlptrain.kinds import SingleLabel, TaskKind
@@ -107,7 +107,7 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     # (An empty share's labels: a copy, as the set's may be a read-only memmap.)
     local = (torch.cat(index) if index else torch.zeros(0, dtype=torch.long),
              torch.cat(outputs) if outputs else torch.zeros(0, _output_width(model, kind)),
-             torch.cat(labels) if labels else torch.from_numpy(np.array(dataset.labels[:0])))
+             torch.cat(labels) if labels else torch.from_numpy(loss_targets(np.array(dataset.labels[:0]))))
     every_index, every_output, every_label = (dist.gather(t) for t in local)
     order = torch.argsort(every_index)
     if not torch.equal(every_index[order], torch.arange(len(dataset))):

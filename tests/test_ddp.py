@@ -218,6 +218,31 @@ def test_a_rank_with_no_rows_gathers_with_the_others(tmp_path):
         assert found["index"].tolist() == [1, 0]
 
 
+def user_typed_labels_worker(rank: int, world: int, model_dir: str, dtype: str) -> list:
+    """Three rows, one batch: rank 1 scores none, and sends an empty block of the set's labels."""
+    from nlptrain import distributed
+    from nlptrain.data import TokenizedDataset
+    from nlptrain.kinds import Regression, SingleLabel
+    from nlptrain.models import load_tokenizer
+
+    dist = distributed.from_env(30)
+    kind, names = (Regression(), []) if dtype == "float64" else (SingleLabel(), ["neg", "pos"])
+    test = TokenizedDataset.from_texts(["a", "b c", "d"], np.array([0, 1, 1], dtype=dtype),
+                                       load_tokenizer(model_dir), max_length=8)
+    found = predict(load_model(model_dir, names, kind=kind), test, dist, Collator(0), kind=kind)
+    dist.close()
+    return found.labels.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float64"])
+def test_a_rank_with_no_rows_gathers_labels_of_a_users_own_type(tmp_path, tiny_model_dir, dtype):
+    """int32 class ids or float64 scores (numpy's, pandas'): the empty share sent them as they
+    were, the others as the collator made them, and gloo aborted the job on the sizes."""
+    for labels in run_ranks(user_typed_labels_worker, 2, tmp_path, str(tiny_model_dir), dtype,
+                            timeout=120):
+        assert labels == [0, 1, 1]
+
+
 class RaiseOnRank1(Callback):
     def on_batch_end(self, trainer) -> None:
         if trainer.dist.rank == 1 and trainer.batch_in_epoch == 3:

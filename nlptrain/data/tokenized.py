@@ -141,6 +141,13 @@ class TokenizedDataset(Dataset):
         return loaded
 
 
+def loss_targets(labels: np.ndarray) -> np.ndarray:
+    """The losses' types whatever a user's rows hold (int8 category codes, float64 scores):
+    float32 scores and multi-hot rows, int64 class ids. Every rank's share of a gathered set
+    has these: a gather of blocks of two types is a collective of two sizes (a gloo abort)."""
+    return labels.astype(np.float32 if labels.dtype.kind == "f" else np.int64, copy=False)
+
+
 def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
     """An array as it is; a list stored as the kinds store theirs: scores and multi-hot rows as
     float32 (3.8 must not become 3), class ids as int64."""
@@ -199,9 +206,7 @@ class Collator:
         batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask),
-            # The losses' types whatever a user's rows hold (int8 category codes, float64 scores).
-            "labels": torch.from_numpy(labels.astype(np.float32 if labels.dtype.kind == "f"
-                                                     else np.int64, copy=False)),
+            "labels": torch.from_numpy(loss_targets(labels)),
         }
         if "index" in rows[0]:  # the row's place, which evaluation gathers by; training needs none
             batch["index"] = torch.tensor([r["index"] for r in rows], dtype=torch.long)
