@@ -111,7 +111,8 @@ class TrainConfig:
         False, "keep only each encoder layer's input and run the layer again in the backward "
         "(transformers' gradient checkpointing): far less activation memory, for longer rows or "
         "bigger batches, at about one more forward of compute")
-    padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length")
+    padding: str = opt("dynamic", "dynamic (pad to the longest in the batch) | max_length (the "
+                       "[model] max_length; a Python Trainer: collate=Collator(pad_to=N))")
     pad_to_multiple_of: int = opt(8, "dynamic padding: round each batch's length up to a multiple "
                                   "of N, not past max_length (fewer shapes for the kernels' "
                                   "per-shape caches; 1: the longest row exactly)")

@@ -89,6 +89,9 @@ class Trainer(ProgressCounters):
         self.train_data = train_data = self._as_dataset(train_data, "train")
         eval_data = self._as_dataset(eval_data, "valid")
         pad_id = getattr(model_config, "pad_token_id", None) or 0
+        if config.padding == "max_length" and collate is None:  # else padded as dynamic, unsaid
+            raise ConfigError("padding='max_length' pads to the task's max_length, which a Trainer "
+                              "is not given: pass collate=Collator(pad_id, pad_to=MAX_LENGTH)")
         self.collate = collate or Collator(pad_id, multiple=config.pad_to_multiple_of,
                                            limit=models.usable_positions(model))
 

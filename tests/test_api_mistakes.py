@@ -79,12 +79,31 @@ def test_a_list_of_rows_trains_and_scores_as_the_dataset_they_came_from(tiny_mod
     (TrainConfig(grad_accum=0), r"^Trainer\(config=\.\.\.\): \[train\] grad_accum must be at least 1$"),
     ({"epochs": 0}, r"^Trainer\(config=\.\.\.\): \[train\] epochs must be at least 1$"),
     (TrainConfig(warmup_ratio=5), r"warmup_ratio must be in \[0, 1\]$"),
+    (TrainConfig(padding="max_length"), r"^padding='max_length' pads to the task's max_length, "
+                                        r"which a Trainer is not given: pass collate=Collator\("),
 ])
 def test_a_config_of_the_wrong_keys_or_types_is_refused_naming_the_key(tiny_model_dir, tokenizer,
                                                                       config, message):
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     with pytest.raises(ConfigError, match=message):
         Trainer(model, rows(tokenizer, [0, 1]), config=config)
+
+
+def test_padding_to_max_length_is_the_collate_given(tiny_model_dir, tokenizer):
+    """padding='max_length' was padded as dynamic; with a Collator, its pad_to is every width."""
+    from nlptrain import Callback
+    from nlptrain.data import Collator
+
+    class Widths(Callback):
+        seen: list[int] = []
+
+        def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+            self.seen.append(batch["input_ids"].shape[1])
+
+    Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
+            config=TrainConfig(padding="max_length", epochs=1, batch_size=4),
+            collate=Collator(0, pad_to=16), callbacks=[Widths()]).fit()
+    assert Widths.seen == [16, 16]
 
 
 def test_a_config_given_as_a_dict_of_its_keys_is_taken(tiny_model_dir, tokenizer):
