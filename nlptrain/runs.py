@@ -17,7 +17,7 @@ from typing import Any
 from nlptrain.config import TaskConfig, TrainConfig, data_order_keys
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import CheckpointError, ConfigError
+from nlptrain.errors import CheckpointError, ConfigError, NlptrainError
 from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
 from nlptrain.task_files import task_from_dict
 
@@ -288,7 +288,7 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
     # Where the token cache lives changes no row: a resume may read it from elsewhere.
     was = recorded_task_dict(saved)
     was = {**was, "data": {**was.get("data", {}), "cache_dir": None}}
-    task = {**task, "data": {**task["data"], "cache_dir": None}}
+    given, task = task, {**task, "data": {**task["data"], "cache_dir": None}}
     changed = [k for k in ("name", "data", "model") if task[k] != was.get(k)]
     if changed:
         what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
@@ -299,6 +299,39 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
                           "--output-dir")
     check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
     check_best_metric_kept(folder, task, saved["task"])
+    check_data_kept(folder, given, was.get("data_dir") or "")
+
+
+def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
+    """A resume reading its files from another data folder: the same files moved are fine, other
+    files are refused (a resume may change no data); where the run's folder is gone, said."""
+    from nlptrain.config import FILES, file_spec
+    from nlptrain.data import LabelVocab
+    from nlptrain.data.readers import source_files
+    from nlptrain.data.tokenized import file_digest
+
+    now_dir = task.get("data_dir") or ""
+    if not was_dir or Path(now_dir).resolve() == Path(was_dir).resolve():
+        return
+    if not Path(was_dir).is_dir():
+        log.warning("%s: the run read its data in %s, which is gone; going on with the files of "
+                    "the same names in %s (not compared)", folder, was_dir, now_dir)
+        return
+    parsed = task_from_dict({**task, "data_dir": ""}, str(folder / CONFIG_FILE))
+    values = LabelVocab.from_config(parsed.data.labels).values if parsed.data.labels else []
+    for which in FILES:
+        spec = file_spec(parsed, which)
+        if spec is None:
+            continue
+        try:
+            same = file_digest(source_files(spec, was_dir, values, which)) == \
+                file_digest(source_files(spec, now_dir, values, which))
+        except NlptrainError:  # not in one of the folders: its own error comes with the read
+            continue
+        if not same:
+            raise ConfigError(f"{folder}: --data-dir {now_dir}: its {spec.path} is not the file the "
+                              f"run read ({Path(was_dir) / spec.path}); a resume may change no data: "
+                              f"resume with --data-dir {was_dir}, or start a new run")
 
 
 def check_a_checkpoint_is_whole(folder: Path) -> None:

@@ -215,3 +215,29 @@ def test_a_resume_with_fewer_epochs_than_it_reached_says_it_stopped_mid_epoch(tm
     assert any("the run stopped inside epoch 2 (step 9), past the 1 epoch(s) asked for now: "
                "nothing more is trained" in m for m in messages), messages
     assert not any("finished its 1 epoch(s)" in m for m in messages)
+
+
+def test_a_resume_reading_another_data_folder_needs_the_run_s_own_files(tmp_path, caplog):
+    """`--resume --data-dir OTHER` trained its last epochs on other files and tested the model on
+    another test set, with no word: config.json alone said so. The same files moved resume."""
+    from nlptrain.config import TaskConfig
+    from nlptrain.errors import ConfigError
+    from nlptrain.runs import check_resume
+
+    was, moved, other = (tmp_path / name for name in ("was", "moved", "other"))
+    for folder, rows in ((was, "a fine film\tpos\n"), (moved, "a fine film\tpos\n"),
+                         (other, "a dull film\tneg\n")):
+        folder.mkdir()
+        (folder / "train.tsv").write_text(f"text\tlabel\n{rows}", encoding="utf-8")
+    task = TaskConfig(name="t", data_dir=str(was))
+    task.data.train = "train.tsv"
+    saved = {"task": task.to_dict()}
+    check_resume(tmp_path, {**task.to_dict(), "data_dir": str(moved)}, saved)  # the same bytes
+    with pytest.raises(ConfigError, match=rf"--data-dir {other}: its train.tsv is not the file the "
+                                          rf"run read \({was / 'train.tsv'}\); a resume may change "
+                                          rf"no data: resume with --data-dir {was}"):
+        check_resume(tmp_path, {**task.to_dict(), "data_dir": str(other)}, saved)
+    (was / "train.tsv").unlink()
+    was.rmdir()  # the run's folder is gone: nothing to compare with, said
+    check_resume(tmp_path, {**task.to_dict(), "data_dir": str(other)}, saved)
+    assert f"the run read its data in {was}, which is gone" in caplog.text
