@@ -52,6 +52,9 @@ class Environment:
 
     def _int(self, name: str, default: int | None = None) -> int:
         value = self.environ.get(name)
+        if value == "" and default is None:  # `export RANK=$SLURM_PROCID` where that is unset
+            raise ConfigError(f"{self.name}: ${name} is set but empty; check the launcher's "
+                              "settings (or the script that exports it)")
         if value is None or value == "":
             if default is None:
                 raise KeyError(f"{self.name}: ${name} is not set")
@@ -319,6 +322,12 @@ def _refuse_half_env(environ: Mapping[str, str]) -> None:
             raise ConfigError(f"${given}={environ[given]} is set but ${lacking} is not: a launcher "
                               f"of the env:// convention (torchrun) sets both; set ${lacking} too, "
                               f"or unset ${given} to run one process")
+    # MPICH, Intel MPI, MVAPICH (Hydra's PMI): not read, so each rank would train a job alone.
+    if environ.get("PMI_SIZE", "1") not in ("", "1"):
+        raise ConfigError(f"$PMI_SIZE={environ['PMI_SIZE']}: started by an MPI launcher nlptrain "
+                          "does not read (MPICH, Intel MPI, MVAPICH); as one process each rank "
+                          "would train a job of its own. Use Open MPI's mpirun, srun or torchrun, "
+                          "or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT for each rank")
     # srun sets the step id with the task's rank; a batch script is task 0 of no step.
     if environ.get("SLURM_PROCID", "0") != "0" and "SLURM_STEP_ID" not in environ:
         raise ConfigError(f"$SLURM_PROCID={environ['SLURM_PROCID']} without $SLURM_STEP_ID: not "
@@ -341,9 +350,16 @@ def first_host(nodelist: str) -> str:
 
 
 def _parse_first_host(nodelist: str) -> str:
-    """`prefix[01-04,07]` or `a,b`: the first name, its first number with its zeros kept."""
-    first = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if first is None:
+    """The first host of the first name of a list: each bracket of a name gives its first number,
+    zeros kept (`rack[1-2]-n[03-04],b` -> `rack1-n03`)."""
+    depth, end = 0, len(nodelist)
+    for at, char in enumerate(nodelist):  # the list's commas, not those inside brackets
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            end = at
+            break
+    host = re.sub(r"\[([^\]]*)\]", lambda ranges: ranges.group(1).split(",")[0].split("-")[0],
+                  nodelist[:end].strip())
+    if not host or "[" in host or "]" in host:
         raise ConfigError(f"SLURM node list {nodelist!r}: cannot read its first host")
-    prefix, ranges = first.group(1), first.group(2)
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+    return host

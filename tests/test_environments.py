@@ -66,7 +66,8 @@ def test_slurm_on_many_nodes_meets_on_the_first_host():
 
 @pytest.mark.parametrize(("nodelist", "first"), [
     ("localhost", "localhost"), ("node[01-04],other", "node01"), ("a,b[1-2]", "a"),
-    ("gpu[7,9-10]", "gpu7"), ("rack1-n[003-010]", "rack1-n003")])
+    ("gpu[7,9-10]", "gpu7"), ("rack1-n[003-010]", "rack1-n003"),
+    ("rack[1-2]-n[3-4]", "rack1-n3"), ("a[1-2]b[03-04],c", "a1b03")])  # (a name went at its "]")
 def test_first_host_of_a_node_list(nodelist, first):
     assert _parse_first_host(nodelist) == first
     assert first_host(nodelist) == first  # scontrol show hostnames, where installed
@@ -144,6 +145,10 @@ def test_a_bad_value_names_the_variable(capsys):
     ({**SRUN, "SLURM_PROCID": "2"}, r"SLURM: rank 2 in a world of 2 .*\$SLURM_PROCID=2"),
     ({**MPIRUN, "OMPI_COMM_WORLD_RANK": "-1"}, r"Open MPI: rank -1 in a world of 2"),
     ({**SRUN, "MASTER_PORT": "70000"}, r"SLURM: a rendezvous port of 70000 \(it must be 1 to 65535"),
+    ({"RANK": "", "WORLD_SIZE": "2"}, r"^env:// \(RANK, WORLD_SIZE\): \$RANK is set but empty"),
+    ({**SRUN, "SLURM_PROCID": ""}, r"^SLURM: \$SLURM_PROCID is set but empty"),  # (a KeyError)
+    ({"PMI_RANK": "1", "PMI_SIZE": "2"}, r"\$PMI_SIZE=2: started by an MPI launcher nlptrain does "
+                                         r"not read \(MPICH"),  # (two jobs of one process each)
 ])
 def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
     """Else one rank waits out the timeout for a rendezvous that never completes, or N
