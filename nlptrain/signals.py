@@ -1,6 +1,7 @@
-"""SIGTERM / SIGINT during training: ask the loop to stop after the step, on every rank.
+"""SIGTERM / SIGINT / SIGHUP during training: ask the loop to stop after the step, on every rank.
 
-A cluster's preemption (SLURM sends SIGTERM) or a Ctrl-C then ends with a checkpoint instead of a
+A cluster's preemption (SLURM sends SIGTERM), a Ctrl-C or a closed terminal (SIGHUP, which
+`--nproc`'s launcher passes on to its workers) then ends with a checkpoint instead of a
 half-written step; a second Ctrl-C kills as usual.
 """
 
@@ -13,11 +14,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else []))
 
 
 @contextlib.contextmanager
 def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Iterator[None]:
-    """Within the block, SIGTERM and SIGINT call `request_stop` (the previous handlers come back
+    """Within the block, SIGTERM, SIGINT and SIGHUP call `request_stop` (the previous handlers come back
     after it). Outside the main thread, signals are left alone. `say`: warn of it (the main
     rank; a Ctrl-C reaches every rank, and one line says it for all)."""
 
@@ -34,7 +36,7 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 
     try:
-        previous = {s: signal.signal(s, handle) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
     except ValueError:  # not the main thread
         previous = {}
     try:

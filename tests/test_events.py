@@ -106,13 +106,15 @@ def test_each_event_is_fired_from_one_line_of_the_trainer_and_callbacks_are_type
     assert untyped == []
 
 
-def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_model_dir, sent):
     """The epoch is all trained: its evaluation and on_epoch_end run before the stop, as in the run
-    never stopped. Skipped, they would never run: a resume starts at the next epoch."""
+    never stopped. Skipped, they would never run: a resume starts at the next epoch. SIGHUP (a
+    closed terminal, passed on by --nproc's launcher) killed the process, with no checkpoint."""
     class SigtermInStep(Callback):
         def on_batch_start(self, trainer, batch):
             if trainer.global_step == 2:  # during step 3, the epoch's last (3 batches an epoch)
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), sent)
 
     recorder = Recorder()
     trainer = make_trainer(tmp_path, tiny_model_dir, [SigtermInStep(), recorder])
