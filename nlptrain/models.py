@@ -87,8 +87,6 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
                kind: TaskKind | None = None) -> Any:
     """A sequence classifier for the task's kind: one output per label (one for regression), the
     label names and `problem_type` in its config, so the export loads in a pipeline as trained."""
-    from transformers import AutoModelForSequenceClassification
-
     kind = kind or SingleLabel()
     if not kind.has_classes:  # one output: transformers sizes a head by id2label
         if len(label_names) > 1:
@@ -103,8 +101,8 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
         # transformers would add the missing layers, randomly initialised, without a word.
         raise ConfigError(f"num_hidden_layers {num_hidden_layers}: {name} has {depth} encoder "
                           f"layers; keep at most {depth} (0: all)")
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(resolve_model_path(name)),
+    model = classifier_from_folder(
+        resolve_model_path(name),
         num_labels=kind.output_size(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
@@ -223,11 +221,8 @@ def check_room_for_text(tokenizer: Any, max_length: int, pair: bool, source: str
 
 def load_saved_model(name: str) -> Any:
     """A classifier as saved (its own head and label names), e.g. a run's `model/` folder."""
-    from transformers import AutoModelForSequenceClassification
-
     quiet_transformers()
-    model, loading = AutoModelForSequenceClassification.from_pretrained(
-        str(resolve_model_path(name)), output_loading_info=True)
+    model, loading = classifier_from_folder(resolve_model_path(name), output_loading_info=True)
     missing = sorted(loading["missing_keys"])
     if missing:  # e.g. a pre-trained encoder: transformers would score with a random head
         raise ConfigError(f"{name}: not a fine-tuned classifier: its weights lack "
@@ -235,3 +230,26 @@ def load_saved_model(name: str) -> Any:
                           "would start at random; give a run's model/ folder, or fine-tune this "
                           f"one first (train --model {name})")
     return model
+
+
+def classifier_from_folder(path: Path, **options: Any) -> Any:
+    """`AutoModelForSequenceClassification.from_pretrained(path)`; a folder it cannot load (no
+    weights, damaged ones or a Git LFS pointer, an architecture with no text-classification head)
+    is one error naming it, not transformers' traceback."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(str(path), **options)
+    except (OSError, ValueError, SafetensorError) as error:
+        said = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+        weights = [p for p in path.glob("*") if p.suffix in (".safetensors", ".bin")]
+        if any(p.stat().st_size < 1024 and p.read_bytes().startswith(b"version https://git-lfs")
+               for p in weights):
+            said = "its weights file is a Git LFS pointer, not the weights: run `git lfs pull`"
+        elif "Unrecognized configuration class" in said:
+            said = f"a {getattr(load_config(str(path)), 'model_type', '?')} model has no text-" \
+                   "classification head in transformers"
+        raise ConfigError(f"{path}: cannot load a text classifier from it ({said}); a model folder "
+                          "holds what save_pretrained writes: config.json, the weights "
+                          "(model.safetensors) and the tokenizer") from None

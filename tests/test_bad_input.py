@@ -205,6 +205,34 @@ def test_model_path_without_a_model(capsys, toy_task, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("weights", "said"), [
+    (None, r"no file named model\.safetensors"),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 90000000\n",
+     r"its weights file is a Git LFS pointer, not the weights: run `git lfs pull`"),
+    (b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":", r"\w"),  # damaged: safetensors' own words
+    ("vit", r"a vit model has no text-classification head in transformers"),
+])
+def test_a_model_folder_transformers_cannot_load_is_one_line(capsys, toy_task, tmp_path,
+                                                             tiny_model_dir, weights, said):
+    """No weights, a Git LFS pointer, damaged weights, another architecture: tracebacks."""
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+    if weights == "vit":
+        from transformers import ViTConfig
+
+        ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                  intermediate_size=37).save_pretrained(folder)
+    elif weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    code, err = train(capsys, toy_task, tmp_path / "run", "--model", str(folder))
+    assert code == 1 and "Traceback" not in err and err.count("error:") == 1, err
+    assert re.search(rf"error: {re.escape(str(folder))}: cannot load a text classifier from it \("
+                     rf".*{said}.*\); a model folder holds what save_pretrained writes", err), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unknown_task_name(capsys, tmp_path):
     code = main(["train", "--task", "no-such-task", "--output-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
