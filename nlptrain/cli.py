@@ -19,6 +19,7 @@ from typing import Any
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
 from nlptrain.launch import EXITED, INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options
 from nlptrain.logs import add_log_level
+from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, resolve_task
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
@@ -84,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(a --resume gives them again: it loads no code by itself)")
     train.add_argument("--tensorboard", action="store_true",
                        help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
-    train.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+    train.add_argument("--progress-every", type=positive_seconds, default=30.0, metavar="SECONDS",
                        help="when stderr is not a terminal (a log file), one progress line this "
                             "often instead of a progress bar (default: 30)")
     add_task_options(train)

@@ -26,6 +26,7 @@ from nlptrain.kinds import from_model_config
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.models import usable_positions
+from nlptrain.option_types import positive_int, positive_seconds
 from nlptrain.predict_output import check_output, output_format, rows_of, write_output
 from nlptrain.startup import import_libraries
 
@@ -207,17 +208,6 @@ def column_names(text: str) -> tuple[str | int, ...]:
     return tuple(column(name) for name in names)
 
 
-def positive_int(text: str) -> int:
-    """An option's value that must be a whole number >= 1 (argparse reports anything else)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
-
-
 def add_command(commands: Any) -> None:
     parser = commands.add_parser(
         "predict", help="label the texts of a file with a saved model",
@@ -272,7 +262,7 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto | fp32 | bf16 | fp16 (autocast; default: auto, the precision "
                         "the model was trained and tested in, else the faster one here)")
-    parser.add_argument("--timeout", type=float, default=600,
+    parser.add_argument("--timeout", type=positive_seconds, default=600,
                         help="seconds a rank waits for the others before failing (default: 600)")
     add_log_level(parser)
     add_launch_options(parser)

@@ -136,6 +136,18 @@ def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message)
     assert code == 1 and f"error: {message}" in err, err
 
 
+@pytest.mark.parametrize("argv", [["train", "--progress-every", "-5"],
+                                  ["predict", "--model", "m", "--input", "-", "--timeout", "0"],
+                                  ["predict", "--model", "m", "--input", "-", "--timeout", "nan"]])
+def test_a_wait_of_no_time_is_a_usage_error(capsys, argv):
+    """--progress-every -5 logged every batch; predict --timeout -1 was a C++ stack dump under
+    --nproc, then advice about [train] timeout, which predict has not."""
+    with pytest.raises(SystemExit) as ended:
+        main(argv)
+    assert ended.value.code == 2
+    assert f"argument {argv[-2]}: '{argv[-1]}' is not a number of seconds > 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
 def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
     code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")
