@@ -318,8 +318,10 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
              folder, trainer.epoch + 1, trainer.global_step, trainer.config.epochs)
     elif trainer.epoch >= trainer.config.epochs:  # the run trained all it asked for (e.g. a
         # crash in the final test or export): nothing is trained again; raise `epochs` to train on
-        log.info("resumed from %s: the run had finished its %d epoch(s) (step %d); nothing left "
-                 "to train", folder, trainer.config.epochs, trainer.global_step)
+        log.info("resumed from %s: the run had finished %d epoch(s) (step %d)%s; nothing left "
+                 "to train", folder, trainer.epoch, trainer.global_step,
+                 f", past the {trainer.config.epochs} asked for now"
+                 if trainer.epoch > trainer.config.epochs else "")
     else:
         log.info("resumed from %s (epoch %d, step %d)", folder, trainer.epoch + 1,
                  trainer.global_step)

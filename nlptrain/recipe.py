@@ -132,6 +132,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
                               kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
                               progress=False)  # run_callbacks's, where the log level is info
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
+        if trainer.epoch > task.train.epochs and not trainer.batch_in_epoch:  # a finished run
+            task.train.epochs = trainer.epoch  # resumed asking fewer: its record keeps what trained
+            dist.on_main(lambda: record_in_config(run_dir, "task", task.to_dict()))
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             try:

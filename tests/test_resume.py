@@ -375,8 +375,15 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
 
     assert steps(run) == steps(whole) and max(steps(run)) == 60  # 3 epochs, logged every 2 steps
     assert main(["train", "--output-dir", str(run), "--resume"]) == 0  # finished: tests, exports
-    assert "the run had finished its 3 epoch(s) (step 60); nothing left to train" in \
+    assert "the run had finished 3 epoch(s) (step 60); nothing left to train" in \
         capsys.readouterr().err
+    assert max(steps(run)) == 60
+    # Fewer epochs than it trained: nothing trains, and its record still says 3, not 2.
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "2"]) == 0
+    assert "the run had finished 3 epoch(s) (step 60), past the 2 asked for now; nothing left " \
+        "to train" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["task"]["train"]["epochs"] == 3
+    assert "| epochs | 3 |" in (run / "report.md").read_text()
     assert max(steps(run)) == 60
     assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "4"]) == 0
     err = capsys.readouterr().err
@@ -391,4 +398,4 @@ def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task
         assert lrs[step] == pytest.approx(2e-3 * (80 - (step - 1)) / 72, rel=1e-3), step
     config = json.loads((run / "config.json").read_text())
     assert config["task"]["train"]["epochs"] == 4 and config["task"]["train"]["lr"] == 2e-3
-    assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 4"]]
+    assert [r["changed"] for r in config["resumes"]] == [[], [], ["epochs 3 -> 2"], ["epochs 3 -> 4"]]
