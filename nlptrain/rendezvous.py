@@ -8,6 +8,7 @@ must count the same world size; else torch's own tcp:// rendezvous.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -23,6 +24,7 @@ def join(environment: Environment, backend: str, timeout: timedelta) -> None:
     own (a launcher's id tells jobs apart) or torch's tcp:// rendezvous at the master address."""
     rank, world = environment.rank, environment.world_size
     with _port_taken_said(environment):
+        _check_store_answers(environment, timeout)
         store = _attempt_store(environment, timeout) or _job_store(environment, timeout)
         if store is not None:
             dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
@@ -31,6 +33,34 @@ def join(environment: Environment, backend: str, timeout: timedelta) -> None:
         host = f"[{host}]" if ":" in host else host
         dist.init_process_group(backend, init_method=f"tcp://{host}:{environment.master_port}",
                                 rank=rank, world_size=world, timeout=timeout)
+
+
+def _check_store_answers(environment: Environment, timeout: timedelta) -> None:
+    """A rank that joins a store rank 0 or the launcher hosts connects as a client first, in a
+    thread bounded by the timeout: torch's client waits without end on a program that takes the
+    connection and never answers (an HTTP server at MASTER_PORT), its own timeout unheeded."""
+    if environment.rank == 0 and not environment.uses_agent_store:
+        return  # it hosts the store itself
+    host, port = environment.master_addr, environment.master_port
+    outcome: dict[str, BaseException | None] = {}
+
+    def connect() -> None:
+        try:  # no world size: a client that no store counts among its ranks
+            dist.TCPStore(host, port, None, is_master=False, timeout=timeout)
+            outcome["error"] = None
+        except BaseException as error:  # said by the rank's thread below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=connect, name="nlptrain-rendezvous-check", daemon=True)
+    thread.start()
+    thread.join(timeout.total_seconds() + 5)
+    if thread.is_alive():
+        raise ConfigError(f"rank {environment.rank}: the rendezvous at {host}:{port} took the "
+                          f"connection but never answered in {timeout.total_seconds():g} s: a "
+                          "program other than the job's store listens there; give the job a free "
+                          "port (MASTER_PORT)")
+    if outcome["error"] is not None:  # no store in time, say: the error the join would give
+        raise outcome["error"]
 
 
 def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store | None:

@@ -281,3 +281,31 @@ def test_a_folder_holding_a_run_is_refused_before_nproc_starts_workers(toy_task,
     err = capsys.readouterr().err
     assert f"{run}: already holds a run; use --resume" in err and "launched by" not in err
     assert (run / "config.json").read_text() == '{"task": {}, "world_size": 1}'
+
+
+@pytest.mark.parametrize("launcher", ["env://", "SLURM"])
+def test_a_rank_at_a_port_that_takes_the_connection_and_never_answers_ends_at_the_timeout(
+        monkeypatch, capsys, launcher):
+    """An HTTP server at MASTER_PORT: torch's store client waited on it forever, --timeout
+    unheeded (rank 0 of a SLURM job said the port was taken; rank 1 hung)."""
+    import socket
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    taken: list = []
+    threading.Thread(target=lambda: [taken.append(server.accept()) for _ in range(8)],
+                     daemon=True).start()
+    place = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(server.getsockname()[1])}
+    launch = {"RANK": "1", "WORLD_SIZE": "2"} if launcher == "env://" else {**SRUN}
+    for name, value in {**launch, **place}.items():
+        monkeypatch.setenv(name, value)
+    began = time.monotonic()
+    assert cli.main(["train", "--timeout", "2"]) == 1
+    assert time.monotonic() - began < 30
+    err = capsys.readouterr().err
+    assert "took the connection but never answered in 2 s: a program other than the job's store " \
+        "listens there" in err, err
+    server.close()
