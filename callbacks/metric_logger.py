@@ -130,7 +130,7 @@ class MetricLogger(Callback):
         """Rewrite the file without the rows a resumed run at `step` writes again; whether any went."""
         if not self.path.is_file():
             return False
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        lines = _lines(self.path)
         kept = [line for line in lines if _kept_on_resume(line, step)]
         if len(kept) < len(lines):
             write_text(self.path, "".join(f"{line}\n" for line in kept))
@@ -151,9 +151,14 @@ def _closing_row_at(path: Path, step: int) -> dict | None:
     """The closing row of the run that stopped at `step`, if the file ends with one."""
     if not path.is_file():
         return None
-    rows = [_row(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    rows = [_row(line) for line in _lines(path)]
     closing = [row for row in rows if row and row.get("closing") and row.get("step") == step]
     return closing[-1] if closing else None
+
+
+def _lines(path: Path) -> list[str]:
+    """The file's lines; a damaged byte (a disk error, a hand edit) spoils its line alone."""
+    return path.read_bytes().decode("utf-8", errors="replace").splitlines()
 
 
 def _row(line: str) -> dict | None:

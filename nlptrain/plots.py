@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +40,23 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], list[dict[str, An
     """(training rows, evaluation rows) of `metrics.jsonl`; a torn last line is skipped."""
     path = run_dir / "metrics.jsonl"
     train, evals = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    # A damaged byte (a disk error, a hand edit) spoils its line alone, skipped as a torn one.
+    for line in path.read_bytes().decode("utf-8", errors="replace").splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
             continue  # a run killed mid-write leaves half a line
         (evals if row.get("kind") == "eval" else train).append(row)
     return train, evals
+
+
+def _score(value: Any) -> float:
+    """A score as plotted: null (written for a non-finite one) or absent is NaN, a gap."""
+    return math.nan if value is None else float(value)
+
+
+def _shown(value: Any) -> str:
+    return f"{_score(value):.3f}" if math.isfinite(_score(value)) else "n/a"
 
 
 def _epoch_marks(ax: Any, rows: list[dict[str, Any]], label_at: str = "top") -> None:
@@ -135,18 +146,19 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
     colors = ("tab:blue", "tab:purple", "tab:green", "tab:brown")
     for n, key in enumerate(k for k in keys if k in evals[0]):
         name, color, below = metric_label(key), colors[n % len(colors)], n % 2 == 1
-        values = [r[key] for r in evals]
+        values = [_score(r.get(key)) for r in evals]  # null (a non-finite score): a gap
         ax.plot(steps, values, "o-", color=color, label=name)
-        for i in sorted(shown):
+        for i in sorted(i for i in shown if math.isfinite(values[i])):
             ax.annotate(f"{values[i]:.3f}", (steps[i], values[i]), xytext=(0, -14 if below else 8),
                         textcoords="offset points", ha="center", fontsize=8, color=color)
-    if best and metric_for_best and metric_for_best in keys:
+    if best and metric_for_best and metric_for_best in keys and \
+            math.isfinite(_score(best[-1].get(metric_for_best))):
         last_best = best[-1]
         ax.plot([last_best["step"]], [last_best[metric_for_best]], marker="*", markersize=16,
                 color="gold", markeredgecolor="black", linestyle="none",
                 label=f"best model (by {metric_for_best.replace('_', '-')})")
     # Zoomed on the scores (not 0..1), so a one-point change between evaluations shows.
-    scores = [r[key] for r in evals for key in keys if key in r] or [0.0, 1.0]
+    scores = [v for r in evals for key in keys if math.isfinite(v := _score(r.get(key)))] or [0.0, 1.0]
     ax.set_ylim(max(-1.0, min(scores) - 0.05), min(1.02, max(scores) + 0.05))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("score")
@@ -157,7 +169,7 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
                  + (f" ({rows} rows)" if rows else "") + ", at each evaluation")
     if len(steps) == 1:  # one point: keep it off the frame's edge
         ax.set_xlim(steps[0] - 1, steps[0] + 1)
-    ax.legend(loc="upper left")  # scores mostly rise: the early top-left stays empty
+    ax.legend(loc="best")  # (upper left hid a best model found first, on a flat curve)
     ax.grid(alpha=0.3)
     _epoch_marks(ax, evals, label_at="bottom")  # the scores' numbers sit near the top
     _save(fig, path)
@@ -288,11 +300,11 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     if final is not None and final.get("confusion_matrix"):  # single-label
         written.append(plot_confusion(final["confusion_matrix"], _label_names(final),
                                       out / "confusion_matrix.png", f"Confusion matrix: {where} "
-                                      f"({final['rows']} rows, accuracy {final['accuracy']:.3f})"))
+                                      f"({final['rows']} rows, accuracy {_shown(final['accuracy'])})"))
     if final is not None and final.get("label_confusion"):  # multi-label
         written.append(plot_label_f1(final["per_class"], out / "label_f1.png",
                                      f"F1 per label: {where} ({final['rows']} rows, micro-F1 "
-                                     f"{final['micro_f1']:.3f}, macro-F1 {final['macro_f1']:.3f})"))
+                                     f"{_shown(final['micro_f1'])}, macro-F1 {_shown(final['macro_f1'])})"))
     saved = run_dir / PREDICTIONS_FILE
     if not kind.has_classes and saved.is_file():  # regression
         import numpy as np
@@ -301,7 +313,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
             truth, predicted = arrays["targets"], arrays["outputs"].reshape(-1)
         written.append(plot_scatter(truth, predicted, out / "scatter.png",
                                     f"Predicted against true score: {where} ({len(truth)} rows, "
-                                    f"Pearson {final['pearson']:.3f})" if final else "Scores"))
+                                    f"Pearson {_shown(final['pearson'])})" if final else "Scores"))
     if not written:
         log.warning("%s: nothing to plot yet (metrics.jsonl holds no rows)", run_dir)
     return written

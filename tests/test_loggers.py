@@ -199,6 +199,11 @@ def test_a_finished_run_resumed_ends_its_file_as_it_was(tmp_path, tiny_model_dir
     make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
                  resume_from=folder, **config).fit()
     assert log.read_text() == finished
+    # A damaged byte spoils its line alone (the resume was a UnicodeDecodeError traceback).
+    log.write_bytes(b'{"kind": "train", "step": 1, "loss": \xff}\n' + finished.encode())
+    make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
+                 resume_from=folder, **config).fit()
+    assert log.read_text() == finished
 
 
 def test_a_resume_that_runs_no_step_makes_no_row_of_the_checkpoints_window(tmp_path,

@@ -86,6 +86,24 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
     assert len(train) == 10 and [r["step"] for r in evals] == [10, 20]
 
 
+def test_a_damaged_line_or_a_null_score_is_a_gap_not_a_traceback(tmp_path: Path) -> None:
+    """A non-finite score is written as null (strict JSON): plot_run, which ends every run
+    before its report and model card, raised a TypeError on it; a non-UTF-8 byte, a
+    UnicodeDecodeError."""
+    run = fake_run(tmp_path / "run", ["neg", "pos"])
+    rows = (run / "metrics.jsonl").read_bytes().split(b"\n")
+    evaluated = [i for i, row in enumerate(rows) if b'"kind": "eval"' in row]
+    rows[evaluated[0]] = rows[evaluated[0]].replace(b'"accuracy": 0.6', b'"accuracy": null')
+    rows.insert(1, b'{"kind": "train", "step": 3, "loss": \xff}')
+    (run / "metrics.jsonl").write_bytes(b"\n".join(rows))
+    results = json.loads((run / "results.json").read_text())
+    results["test"]["accuracy"] = None
+    (run / "results.json").write_text(json.dumps(results))
+    train, evals = read_metrics(run)
+    assert len(train) == 10 and evals[0]["accuracy"] is None
+    assert [p.name for p in plot_run(run)] == ["training.png", "evaluation.png", "confusion_matrix.png"]
+
+
 def test_many_classes_get_a_larger_confusion_matrix(tmp_path: Path) -> None:
     names = [f"class number {i}" for i in range(12)]
     run = fake_run(tmp_path / "run", names, results=False)  # matrix from the last evaluation
