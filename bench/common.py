@@ -45,6 +45,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def check_data_dir(folder: Path, *needed: str) -> str | None:
+    """Why `folder` cannot serve as --data-dir (it lacks one of `needed`), or None: said once,
+    before any launch (else each launch fails, its cause inside its log)."""
+    missing = [name for name in needed if not (Path(folder) / name).is_dir()]
+    if not missing:
+        return None
+    return (f"--data-dir {folder}: no {', '.join(f'{m}/' for m in missing)} there; pass --data-dir "
+            "(the folder holding rt-polarity/, sst-2/, ...) or set NLPTRAIN_DATA_DIR")
+
+
 def default_data_dir() -> Path:
     env = os.environ.get("NLPTRAIN_DATA_DIR")
     if env:

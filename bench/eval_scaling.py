@@ -83,7 +83,7 @@ def run(nproc: int, threads: int, out: Path, args: argparse.Namespace) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--data-dir", type=Path, default=common.default_data_dir())
@@ -100,6 +100,11 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    unusable = common.check_data_dir(args.data_dir, "rt-polarity")
+    if unusable:
+        print(unusable, file=sys.stderr)
+        return 2
+    print(f"CPU: {common.cpu_model()}, {os.cpu_count()} cores", flush=True)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     half = max(1, args.cores // 2)
     settings = [(1, 1), (1, args.cores), (2, half)] if args.cores > 1 else [(1, 1), (2, 1)]

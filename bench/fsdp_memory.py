@@ -89,7 +89,7 @@ def measure(strategy: str, world: int, layers: int, out: Path) -> dict[str, Any]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--strategies", nargs="+", default=["ddp", "fsdp"])
     parser.add_argument("--layers", type=int, default=12, help="encoder layers (BERT-base: 12)")
@@ -111,7 +111,7 @@ def main() -> None:
                       f"{r['grads'] / MiB:>9.1f} {r['adam'] / MiB:>9.1f} {state / MiB:>11.1f} "
                       f"{ratio:>6} {r['rss_peak'] / MiB:>9.0f}", flush=True)
     print(f"model: BertForSequenceClassification, {args.layers} layers, "
-          f"{r['numel'] / 1e6:.1f}M parameters, fp32")
+          f"{r['numel'] / 1e6:.1f}M parameters, fp32; CPU: {common.cpu_model()}")
 
 
 if __name__ == "__main__":

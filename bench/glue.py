@@ -204,7 +204,7 @@ def table(results: list[dict], tasks: list[str], ours: str = "nlptrain") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="compare", choices=["compare", "worker"])
     parser.add_argument("--quick", action="store_true", help="RTE + MRPC, seed 42")
     parser.add_argument("--tasks", nargs="+", default=list(GLUE_METRIC))

@@ -126,7 +126,7 @@ def bench_one(name: str, batch: int, loop: str, args: argparse.Namespace, data, 
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="minilm,bert-base")
     p.add_argument("--batch-sizes", default="16,256",
                    help="per-GPU batches: 16 is the benchmark's job, 256 fills the GPU")

@@ -95,7 +95,7 @@ def loops(args: argparse.Namespace) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--lengths", type=int, default=24, help="new sequence lengths to time")
     p.add_argument("--rows", type=int, default=18, help="host ops listed per loop")
     p.add_argument("--data-dir", type=Path, default=gpu_bench.common.default_data_dir())

@@ -114,7 +114,7 @@ def _time_hook(hook, spent: list[float], cls) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)

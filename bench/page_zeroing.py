@@ -43,7 +43,7 @@ def fill(chunks: int, mb: int) -> list[tuple[float, float, float]]:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--chunks", type=int, default=8)
     p.add_argument("--mb", type=int, default=400, help="MiB per chunk")
     p.add_argument("--pause", type=float, default=20, help="seconds between the two passes")

@@ -32,7 +32,7 @@ from table import meta_text, summarize  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="contenders: " + "; ".join(
                                     f"{c.key} = {c.label}" for c in CONTENDERS.values()))
@@ -50,7 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "seed, and accuracy is the mean over seeds (one fine-tuning run varies "
                         "by about a point)")
     p.add_argument("--contenders", default=DEFAULT_CONTENDERS, help="comma-separated keys, run "
-                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: b0, e0, f, g, h, i, j; "
+                   f"in this order each round (default {DEFAULT_CONTENDERS}; also: "
+                   f"{', '.join(k for k in CONTENDERS if k not in DEFAULT_CONTENDERS.split(','))}; "
                    "K@REV: contender K run by nlptrain at git revision REV, e.g. e@HEAD~5)")
     p.add_argument("--nproc", type=int, default=2, help="processes per contender (torchrun)")
     p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
@@ -165,8 +166,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     if opts.report:
         saved = [json.loads((folder / "records.json").read_text()) for folder in opts.report]
-        meta = {**saved[0]["meta"], "seeds": sorted({r.get("seed", common.JOB["seed"])
-                                                     for run in saved for r in run["records"]})}
+        # Every folder's contenders, in the order first met (a later folder may add some).
+        contenders = list(dict.fromkeys(k for run in saved for k in run["meta"]["contenders"]))
+        meta = {**saved[0]["meta"], "contenders": contenders,
+                "seeds": sorted({r.get("seed", common.JOB["seed"])
+                                 for run in saved for r in run["records"]})}
         print(summarize([r for run in saved for r in run["records"]], meta)[0])
         return 0
     mode = "quick" if opts.quick else "smoke" if opts.smoke else "full"
@@ -175,6 +179,10 @@ def main(argv: list[str] | None = None) -> int:
     opts.rounds = opts.rounds or (3 if mode == "quick" else 1)
     opts.threads = opts.threads or max(1, opts.cores // opts.nproc)
     opts.data_dir = opts.data_dir.resolve()
+    unusable = common.check_data_dir(opts.data_dir, "rt-polarity")
+    if unusable:
+        print(unusable, file=sys.stderr)
+        return 2
     opts.timeout = opts.timeout or (3600 if mode == "full" and not opts.train_rows else 900)
     opts.results_dir = (opts.results_dir or (  # absolute: a K@REV contender runs elsewhere
         common.BENCH_DIR / "results" / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}")).resolve()

@@ -154,7 +154,7 @@ def table(results: list[dict]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="compare", choices=["compare", "worker"])
     parser.add_argument("--model", default="tiny", choices=list(MODELS))
     parser.add_argument("--worlds", nargs="+", type=int, default=[1, 2, 4, 8])

@@ -101,7 +101,7 @@ def launch(cache_dir: Path, out: Path, args: argparse.Namespace, collector_on: b
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
@@ -118,6 +118,11 @@ def main() -> int:
     if args.child:
         child(args)
         return 0
+    unusable = common.check_data_dir(args.data_dir, "sst-2")
+    if unusable:
+        print(unusable, file=sys.stderr)
+        return 2
+    print(f"CPU: {common.cpu_model()}, {os.cpu_count()} cores", flush=True)
     args.results_dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="nlptrain-startup-"))
     try:

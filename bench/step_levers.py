@@ -63,7 +63,7 @@ def build(attention: str, attention_dropout: float | None, cpu_dropout: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1: a rank of the benchmark's 2 ranks x 1 thread)")
     parser.add_argument("--seqs", type=int, nargs="+", default=[32, 128])

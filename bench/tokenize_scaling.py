@@ -50,7 +50,7 @@ def job(task_name: str, data_dir: str, cache: str, timeout: float) -> dict:
 def main() -> None:
     from nlptrain.launch import launch
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--task", default="sst2")
     parser.add_argument("--data-dir", default=str(common.default_data_dir()))
