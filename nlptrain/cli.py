@@ -73,12 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(train)
     train.add_argument("--output-dir", help="run directory (default: runs/<task>-<time>)")
-    train.add_argument("--resume", action="store_true",
-                       help="continue the run in --output-dir from its latest checkpoint, with "
-                       "its own options; those given with it (--epochs, --lr, ...) apply from there")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace the run --output-dir holds (never a folder of other "
-                            "files)")
+    resume_or_replace = train.add_mutually_exclusive_group()  # (together: --overwrite was unheeded)
+    resume_or_replace.add_argument(
+        "--resume", action="store_true", help="continue the run in --output-dir from its latest "
+        "checkpoint, with its own options; those given with it (--epochs, --lr, ...) apply from there")
+    resume_or_replace.add_argument(
+        "--overwrite", action="store_true",
+        help="replace the run --output-dir holds (never a folder of other files)")
     train.add_argument("--callback", action="append", default=[], metavar="MODULE:CLASS",
                        help="add a callback of yours, made with no arguments: a module path "
                        "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable "

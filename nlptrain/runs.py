@@ -46,7 +46,8 @@ class RunDirLock:
             self.folder.mkdir(parents=True, exist_ok=True)
             held = open(path, "a+")  # noqa: SIM115 (held open while the run runs)
         except OSError as err:
-            raise ConfigError(f"{self.folder}: cannot be written ({err.strerror}); pick another "
+            said = "a file, not a folder" if self.folder.is_file() else err.strerror
+            raise ConfigError(f"{self.folder}: cannot be written ({said}); pick another "
                               "--output-dir") from None
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -148,6 +148,14 @@ def test_a_wait_of_no_time_is_a_usage_error(capsys, argv):
     assert f"argument {argv[-2]}: '{argv[-1]}' is not a number of seconds > 0" in capsys.readouterr().err
 
 
+def test_resume_and_overwrite_together_are_a_usage_error(capsys):
+    """Together, --overwrite was unheeded and the run resumed."""
+    with pytest.raises(SystemExit) as ended:
+        main(["train", "--output-dir", "run", "--resume", "--overwrite"])
+    assert ended.value.code == 2
+    assert "argument --overwrite: not allowed with argument --resume" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["5", "0", "1", "-0.5"])
 def test_a_threshold_that_is_no_probability_is_refused(capsys, toy_task, tmp_path, value):
     code, err = train(capsys, toy_task, tmp_path / "run", f"--threshold={value}")

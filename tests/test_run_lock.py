@@ -53,6 +53,9 @@ def test_an_unwritable_output_dir_is_one_line(toy_task: Path, tmp_path: Path, ca
     err = capsys.readouterr().err
     assert f"error: {tmp_path / 'file' / 'run'}: cannot be written (Not a directory)" in err
     assert "Traceback" not in err, err
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "file")]) == 1
+    assert f"error: {tmp_path / 'file'}: cannot be written (a file, not a folder); pick another " \
+        "--output-dir" in capsys.readouterr().err  # ("File exists", of the folder it names)
 
 
 def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path: Path, monkeypatch) -> None:
