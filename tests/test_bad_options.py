@@ -148,6 +148,17 @@ def test_a_wait_of_no_time_is_a_usage_error(capsys, argv):
     assert f"argument {argv[-2]}: '{argv[-1]}' is not a number of seconds > 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    (["--max-length", "64"], "(eval takes this task key as --set model.max_length=64)"),
+    (["--lr=3e-5"], "(eval takes this task key as --set train.lr=3e-5)")])
+def test_a_task_keys_option_eval_has_not_names_its_set_form(capsys, given, said):
+    """eval's own warning advises --set model.max_length=N; --max-length got 'did you mean
+    --max-restarts?'."""
+    with pytest.raises(SystemExit) as ended:
+        main(["eval", "--model", "m", *given])
+    assert ended.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_resume_and_overwrite_together_are_a_usage_error(capsys):
     """Together, --overwrite was unheeded and the run resumed."""
     with pytest.raises(SystemExit) as ended:
