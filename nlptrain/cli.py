@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "if writable, else ~/.cache/nlptrain)")
     # How to read a file, which the readers' errors name as train's options.
     add_task_options(evaluate, only=[("data", key) for key in ("format", "header", "quoted")])
-    evaluate.set_defaults(handler=cmd_eval)
+    evaluate.set_defaults(handler=cmd_eval, check_before_launch=check_eval)
     for module in MORE_COMMANDS:
         importlib.import_module(module).add_command(commands)
     parser.set_defaults(commands=commands.choices)  # for a misspelt option's own usage line
@@ -163,6 +163,7 @@ def check_train(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: the task, that each `--callback` file exists (each
     worker loads it), and that a resume fits the run: a mistake is one error, not one a rank."""
     task = resolve_task(args)
+    check_data_files(task, ("train", "valid", "test"))
     for spec in args.callback:
         check_file(spec)
     from nlptrain.runs import check_free, check_resume
@@ -171,6 +172,25 @@ def check_train(args: argparse.Namespace) -> None:
         check_resume(Path(args.output_dir), task.to_dict())
     if args.output_dir:  # a refusal said once, and not restarted
         check_free(Path(args.output_dir), run_allowed=args.resume or args.overwrite)
+
+
+def check_eval(args: argparse.Namespace) -> None:
+    """Before `--nproc` starts workers: the task, and the file it scores."""
+    check_data_files(resolve_task(args), (args.split,))
+
+
+def check_data_files(task: Any, which: tuple[str, ...]) -> None:
+    """That the task's `which` files are there, before `--nproc` starts workers (one machine, one
+    file system): else every rank says the same missing file."""
+    from nlptrain.config import file_spec
+    from nlptrain.data import LabelVocab
+    from nlptrain.data.readers import source_files
+
+    values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
+    for name in which:
+        spec = file_spec(task, name)
+        if spec is not None and ("{label}" not in spec.path or values):
+            source_files(spec, task.data_dir, values, name)
 
 
 def run_options(args: argparse.Namespace) -> Any:

@@ -197,3 +197,16 @@ def test_max_restarts_without_nproc_is_refused_not_ignored(capsys, toy_task, tmp
     assert code == 1 and "error: --max-restarts 2 restarts the workers --nproc N starts: give " \
         "--nproc" in err, err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_missing_data_file_is_one_error_before_any_worker_starts(capsys, toy_task, tmp_path,
+                                                                  command):
+    """Each of the --nproc workers said it ([rank 1] error: ..., then error: ...)."""
+    argv = [command, "--task", str(toy_task), "--test-file", str(tmp_path / "nope.tsv"),
+            "--nproc", "2"]
+    argv += ["--output-dir", str(tmp_path / "run")] if command == "train" else ["--model", "m"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "nope.tsv" in err and "[rank" not in err, err
+    assert "launched by" not in err and not (tmp_path / "run").exists()
