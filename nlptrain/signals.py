@@ -36,7 +36,10 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
         signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
 
     try:
-        previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
+        # One ignored stays so (nohup ignores SIGHUP; a script's `cmd &`, SIGINT), as Python leaves
+        # an ignored SIGINT: the run goes on past a closed terminal, as asked.
+        previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS
+                    if signal.getsignal(s) is not signal.SIG_IGN}
     except ValueError:  # not the main thread
         previous = {}
     try:

@@ -126,6 +126,23 @@ def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_mo
     assert trainer.metrics["step"] == 3 and trainer.epoch == 1
 
 
+def test_a_signal_the_process_ignores_stays_ignored(tmp_path, tiny_model_dir):
+    """nohup ignores SIGHUP: a closed terminal stopped the run once SIGHUP stopped runs."""
+    class HangUp(Callback):
+        def on_batch_start(self, trainer, batch):
+            if trainer.global_step == 1:
+                os.kill(os.getpid(), signal.SIGHUP)
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        trainer = make_trainer(tmp_path, tiny_model_dir, [HangUp()])
+        trainer.fit()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert trainer.global_step == 6  # 2 epochs of 3 steps: all trained
+
+
 def test_a_signal_sent_again_is_said_once(tmp_path, tiny_model_dir):
     """A launcher killed with SIGKILL: the kernel sends a worker the parent-death SIGTERM once
     per thread of the launcher it passes through (two lines said the same stop)."""
