@@ -309,6 +309,7 @@ def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
     from nlptrain.config import FILES, file_spec
     from nlptrain.data import LabelVocab
     from nlptrain.data.readers import source_files
+    from nlptrain.data.split import MANIFEST
     from nlptrain.data.tokenized import file_digest
 
     now_dir = task.get("data_dir") or ""
@@ -320,18 +321,24 @@ def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
         return
     parsed = task_from_dict({**task, "data_dir": ""}, str(folder / CONFIG_FILE))
     values = LabelVocab.from_config(parsed.data.labels).values if parsed.data.labels else []
-    for which in FILES:
-        spec = file_spec(parsed, which)
-        if spec is None:
+    named = {spec.path: lambda base, spec=spec, which=which: source_files(spec, base, values, which)
+             for which in FILES if (spec := file_spec(parsed, which)) is not None}
+    if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
+        named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
+    for path, files_in in named.items():
+        try:
+            now = file_digest(files_in(now_dir))
+        except (NlptrainError, OSError):  # not there: its own error comes with the read
             continue
         try:
-            same = file_digest(source_files(spec, was_dir, values, which)) == \
-                file_digest(source_files(spec, now_dir, values, which))
-        except NlptrainError:  # not in one of the folders: its own error comes with the read
+            same = file_digest(files_in(was_dir)) == now
+        except (NlptrainError, OSError):
+            log.warning("%s: the run read %s in %s, which no longer holds it; going on with the "
+                        "one in %s (not compared)", folder, path, was_dir, now_dir)
             continue
         if not same:
-            raise ConfigError(f"{folder}: --data-dir {now_dir}: its {spec.path} is not the file the "
-                              f"run read ({Path(was_dir) / spec.path}); a resume may change no data: "
+            raise ConfigError(f"{folder}: --data-dir {now_dir}: its {path} is not the data the "
+                              f"run read ({Path(was_dir) / path}); a resume may change no data: "
                               f"resume with --data-dir {was_dir}, or start a new run")
 
 

@@ -233,11 +233,31 @@ def test_a_resume_reading_another_data_folder_needs_the_run_s_own_files(tmp_path
     task.data.train = "train.tsv"
     saved = {"task": task.to_dict()}
     check_resume(tmp_path, {**task.to_dict(), "data_dir": str(moved)}, saved)  # the same bytes
-    with pytest.raises(ConfigError, match=rf"--data-dir {other}: its train.tsv is not the file the "
+    with pytest.raises(ConfigError, match=rf"--data-dir {other}: its train.tsv is not the data the "
                                           rf"run read \({was / 'train.tsv'}\); a resume may change "
                                           rf"no data: resume with --data-dir {was}"):
         check_resume(tmp_path, {**task.to_dict(), "data_dir": str(other)}, saved)
-    (was / "train.tsv").unlink()
+    (was / "train.tsv").rename(tmp_path / "train.tsv")  # its files moved out, the folder kept
+    check_resume(tmp_path, {**task.to_dict(), "data_dir": str(other)}, saved)
+    assert f"the run read train.tsv in {was}, which no longer holds it; going on with the one " \
+        f"in {other} (not compared)" in caplog.text
     was.rmdir()  # the run's folder is gone: nothing to compare with, said
     check_resume(tmp_path, {**task.to_dict(), "data_dir": str(other)}, saved)
     assert f"the run read its data in {was}, which is gone" in caplog.text
+
+
+def test_a_resume_reading_other_per_rank_files_is_refused(tmp_path):
+    """train_shards in another --data-dir, of other rows: only 'split again since the checkpoint'
+    was said, and the run trained on them."""
+    from nlptrain.config import TaskConfig
+    from nlptrain.errors import ConfigError
+    from nlptrain.runs import check_resume
+
+    for name, label in (("was", "pos"), ("other", "neg")):
+        (tmp_path / name / "parts").mkdir(parents=True)
+        (tmp_path / name / "parts" / "manifest.json").write_text(f'{{"labels": ["{label}"]}}')
+    task = TaskConfig(name="t", data_dir=str(tmp_path / "was"))
+    task.data.train_shards = "parts"
+    with pytest.raises(ConfigError, match=r"its parts is not the data the run read"):
+        check_resume(tmp_path, {**task.to_dict(), "data_dir": str(tmp_path / "other")},
+                     {"task": task.to_dict()})
