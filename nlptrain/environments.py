@@ -310,7 +310,15 @@ def detect(environ: Mapping[str, str] | None = None, local_rank: int | None = No
     kind = next(cls for cls in ENVIRONMENTS if cls.detect(values))
     if kind is Local:
         _refuse_half_env(values)
-    return kind(values, local_rank).check()
+    found = kind(values, local_rank).check()
+    pmi_size = values.get("PMI_SIZE", "")
+    if kind is Slurm and pmi_size.isdigit() and int(pmi_size) != found.world_size:
+        # Intel MPI / MPICH start one proxy a node with srun: each rank sees the proxy's task.
+        raise ConfigError(f"$PMI_SIZE={pmi_size} in a SLURM step of {found.world_size} task(s): "
+                          "an MPI launcher (MPICH, Intel MPI) started these processes, and each "
+                          "would take its srun task's rank; start the ranks with srun -n N "
+                          "(or torchrun), not mpirun, inside the allocation")
+    return found
 
 
 def _refuse_half_env(environ: Mapping[str, str]) -> None:

@@ -149,6 +149,8 @@ def test_a_bad_value_names_the_variable(capsys):
     ({**SRUN, "SLURM_PROCID": ""}, r"^SLURM: \$SLURM_PROCID is set but empty"),  # (a KeyError)
     ({"PMI_RANK": "1", "PMI_SIZE": "2"}, r"\$PMI_SIZE=2: started by an MPI launcher nlptrain does "
                                          r"not read \(MPICH"),  # (two jobs of one process each)
+    ({**SRUN, "PMI_RANK": "3", "PMI_SIZE": "8"}, r"\$PMI_SIZE=8 in a SLURM step of 2 task\(s\): "
+                                                 r"an MPI launcher"),  # (ranks of its proxy's task)
 ])
 def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
     """Else one rank waits out the timeout for a rendezvous that never completes, or N
@@ -157,6 +159,7 @@ def test_a_place_no_job_has_is_refused_naming_the_variables(environ, told):
         detect(environ)
     assert detect({"WORLD_SIZE": "1"}).world_size == detect({"RANK": "0"}).world_size == 1
     assert detect({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}).world_size == 1  # a batch script
+    assert detect({**SRUN, "PMI_RANK": "1", "PMI_SIZE": "2"}).rank == 1  # srun --mpi=pmi2
 
 
 def test_cli_says_a_bad_launch_environment_in_one_line(monkeypatch, capsys):
