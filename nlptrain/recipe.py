@@ -35,6 +35,7 @@ from nlptrain.runs import (
     check_resume,
     disk_use_line,
     forget_unstarted_run,
+    keep_reached_epochs,
     launch_run_dir,
     new_run_dir,
     prepare_run_dir,
@@ -132,9 +133,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
                               kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
                               progress=False)  # run_callbacks's, where the log level is info
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
-        if trainer.epoch > task.train.epochs and not trainer.batch_in_epoch:  # a finished run
-            task.train.epochs = trainer.epoch  # resumed asking fewer: its record keeps what trained
-            dist.on_main(lambda: record_in_config(run_dir, "task", task.to_dict()))
+        reached = trainer.epoch + bool(trainer.batch_in_epoch)  # (a resume's: epochs begun)
+        if reached > task.train.epochs:  # fewer asked than reached: nothing trains, said as such
+            dist.on_main(lambda: keep_reached_epochs(run_dir, reached))
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             try:

@@ -207,11 +207,12 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
                 "; to keep a callback, give its --callback again" if dropped else "")
         saved["callbacks"] = callbacks
         # config.json describes the run as it goes on (the next resume starts from it).
+        saved_epochs = saved["task"].get("train", {}).get("epochs")
         saved["task"] = task
         saved.setdefault("resumes", []).append({
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": world_size,
             "launcher": launch.name if launch else None, "changed": changed,
-            "launcher_run_id": launch.run_id if launch else None})
+            "epochs_before": saved_epochs, "launcher_run_id": launch.run_id if launch else None})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
     contents = _contents(folder)
@@ -408,6 +409,16 @@ def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, 
                           f"({metric(saved)!r} -> {metric(task)!r}): the best model so far was "
                           "picked by it; resume with it, or start a new run (another "
                           "--output-dir) to change it")
+
+
+def keep_reached_epochs(folder: Path, reached: int) -> None:
+    """A resume asking for fewer epochs than the run had `reached` trains nothing: config.json,
+    and the report and model card made from it, keep the epochs the run was set to (or reached,
+    if more), not the fewer asked (a run of 8 epochs said 3)."""
+    record = read_config(folder) or {}
+    before = (record.get("resumes") or [{}])[-1].get("epochs_before") or 0
+    record["task"]["train"]["epochs"] = max(reached, before)
+    write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
 
 
 def record_in_config(folder: Path, key: str, value: Any) -> None:

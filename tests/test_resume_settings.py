@@ -261,3 +261,17 @@ def test_a_resume_reading_other_per_rank_files_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"its parts is not the data the run read"):
         check_resume(tmp_path, {**task.to_dict(), "data_dir": str(tmp_path / "other")},
                      {"task": task.to_dict()})
+
+
+def test_a_resume_asking_fewer_epochs_than_reached_keeps_the_runs_epochs_on_record(
+        toy_task, tmp_path, capsys):
+    """Stopped inside epoch 2 of 3 and resumed with --epochs 1: nothing trains (said), and its
+    config.json and report said epochs 1, for a run set to 3 that trained 1.5."""
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run)]
+    assert main([*args, "--epochs", "3", "--max-steps", "15", "--batch-size", "16"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "1"]) == 0
+    assert "past the 1 epoch(s) asked for now: nothing more is trained" in capsys.readouterr().err
+    assert json.loads((run / "config.json").read_text())["task"]["train"]["epochs"] == 3
+    assert "| epochs | 3 |" in (run / "report.md").read_text()
