@@ -166,7 +166,8 @@ def check_train(args: argparse.Namespace) -> None:
     check_data_files(task, ("train", "valid", "test"))
     for spec in args.callback:
         check_file(spec)
-    from nlptrain.runs import check_free, check_resume
+    from nlptrain.resume_checks import check_resume
+    from nlptrain.runs import check_free
 
     if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
         check_resume(Path(args.output_dir), task.to_dict())

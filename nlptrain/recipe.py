@@ -29,10 +29,10 @@ from nlptrain.errors import ConfigError, DataError, Interrupted, every_rank
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
+from nlptrain.resume_checks import check_resume
 from nlptrain.runs import (
     RunDirLock,
     began_in_this_launch,
-    check_resume,
     disk_use_line,
     forget_unstarted_run,
     keep_reached_epochs,

@@ -235,7 +235,7 @@ def test_the_fsdp_resume_check_looks_at_the_checkpoint_a_resume_takes(tmp_path):
     """A set-aside branch (step-N-set-aside-TIME) sorts after the checkpoints by name, and a
     damaged newest one is skipped by the resume: neither is what the check must look at."""
     from nlptrain.integrity import META, SHARDS
-    from nlptrain.runs import check_strategy_fits
+    from nlptrain.resume_checks import check_strategy_fits
 
     checkpoints = tmp_path / "checkpoints"
     sharded = checkpoints / "step-00000010"

@@ -222,7 +222,7 @@ def test_a_resume_reading_another_data_folder_needs_the_run_s_own_files(tmp_path
     another test set, with no word: config.json alone said so. The same files moved resume."""
     from nlptrain.config import TaskConfig
     from nlptrain.errors import ConfigError
-    from nlptrain.runs import check_resume
+    from nlptrain.resume_checks import check_resume
 
     was, moved, other = (tmp_path / name for name in ("was", "moved", "other"))
     for folder, rows in ((was, "a fine film\tpos\n"), (moved, "a fine film\tpos\n"),
@@ -251,7 +251,7 @@ def test_a_resume_reading_other_per_rank_files_is_refused(tmp_path):
     was said, and the run trained on them."""
     from nlptrain.config import TaskConfig
     from nlptrain.errors import ConfigError
-    from nlptrain.runs import check_resume
+    from nlptrain.resume_checks import check_resume
 
     for name, label in (("was", "pos"), ("other", "neg")):
         (tmp_path / name / "parts").mkdir(parents=True)

@@ -1,0 +1,148 @@
+"""What a resume may change, checked against the run's record (config.json) before anything
+is read or written: the task's data and model, the optimizer's parameter groups, the metric
+that picks the best model, and whole checkpoints for the strategy."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from nlptrain.config import TrainConfig, data_order_keys
+from nlptrain.errors import CheckpointError, ConfigError, NlptrainError
+from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
+from nlptrain.runs import CONFIG_FILE, read_config, recorded_task_dict
+from nlptrain.task_files import task_from_dict
+
+log = logging.getLogger(__name__)
+
+
+def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | None = None) -> None:
+    """Refuse a resume of the run in `folder` (its config.json: `saved`) with `task` where the
+    checkpoint would not fit; also called before `--nproc` starts workers, so that the error is
+    said once. Training options (epochs, cadences, lr, ...) may change; data and model may not."""
+    saved = saved if saved is not None else read_config(folder)
+    if saved is None:
+        return
+    # Where the token cache lives changes no row: a resume may read it from elsewhere.
+    was = recorded_task_dict(saved)
+    was = {**was, "data": {**was.get("data", {}), "cache_dir": None}}
+    given, task = task, {**task, "data": {**task["data"], "cache_dir": None}}
+    changed = [k for k in ("name", "data", "model") if task[k] != was.get(k)]
+    if changed:
+        what = [f"[{k}] {key} {was[k].get(key)!r} -> {value!r}" for k in changed if k != "name"
+                and isinstance(was.get(k), dict) for key, value in task[k].items()
+                if value != was[k].get(key)] or [f"task {was.get('name')!r} -> {task['name']!r}"]
+        raise ConfigError(f"{folder}: holds a run with another {' and '.join(changed)} "
+                          f"({', '.join(what)}); resume with the same task, or pick another "
+                          "--output-dir")
+    check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
+    check_best_metric_kept(folder, task, saved["task"])
+    check_data_kept(folder, given, was.get("data_dir") or "")
+
+
+def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
+    """A resume reading its files from another data folder: the same files moved are fine, other
+    files are refused (a resume may change no data); where the run's folder is gone, said."""
+    from nlptrain.config import FILES, file_spec
+    from nlptrain.data import LabelVocab
+    from nlptrain.data.readers import source_files
+    from nlptrain.data.split import MANIFEST
+    from nlptrain.data.tokenized import file_digest
+
+    now_dir = task.get("data_dir") or ""
+    if not was_dir or Path(now_dir).resolve() == Path(was_dir).resolve():
+        return
+    if not Path(was_dir).is_dir():
+        log.warning("%s: the run read its data in %s, which is gone; going on with the files of "
+                    "the same names in %s (not compared)", folder, was_dir, now_dir)
+        return
+    parsed = task_from_dict({**task, "data_dir": ""}, str(folder / CONFIG_FILE))
+    values = LabelVocab.from_config(parsed.data.labels).values if parsed.data.labels else []
+    named = {spec.path: lambda base, spec=spec, which=which: source_files(spec, base, values, which)
+             for which in FILES if (spec := file_spec(parsed, which)) is not None}
+    if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
+        named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
+    for path, files_in in named.items():
+        try:
+            now = file_digest(files_in(now_dir))
+        except (NlptrainError, OSError):  # not there: its own error comes with the read
+            continue
+        try:
+            same = file_digest(files_in(was_dir)) == now
+        except (NlptrainError, OSError):
+            log.warning("%s: the run read %s in %s, which no longer holds it; going on with the "
+                        "one in %s (not compared)", folder, path, was_dir, now_dir)
+            continue
+        if not same:
+            raise ConfigError(f"{folder}: --data-dir {now_dir}: its {path} is not the data the "
+                              f"run read ({Path(was_dir) / path}); a resume may change no data: "
+                              f"resume with --data-dir {was_dir}, or start a new run")
+
+
+def check_a_checkpoint_is_whole(folder: Path) -> None:
+    """Refuse a resume whose checkpoints are all damaged before config.json records it (the
+    trainer would refuse it after; the checksums are read once, `verify_checkpoint`)."""
+    candidates = step_folders(folder)
+    chosen, problems = pick_checkpoint(candidates)
+    if candidates and chosen is None:
+        for problem in problems:
+            log.warning("%s: checkpoint skipped", problem)
+        raise CheckpointError(no_whole_checkpoint(folder, problems))
+
+
+def check_strategy_fits(folder: Path, train: dict[str, Any], world_size: int) -> None:
+    """Refuse a resume under FSDP2 (fsdp on several processes) of a run whose newest checkpoint
+    holds whole weights, before anything is written: else the refused strategy would stay in
+    config.json, and the next plain --resume would be refused too."""
+    if train.get("strategy") != "fsdp" or world_size == 1:
+        return
+    newest, _ = pick_checkpoint(step_folders(folder / "checkpoints"))  # the one a resume takes
+    if newest is not None:
+        refusal = whole_weights_refusal(newest, world_size)
+        if refusal is not None:
+            raise CheckpointError(refusal)
+
+
+def changed_settings(before: dict[str, Any], after: dict[str, Any],
+                     keys: tuple[str, ...] | None = None) -> list[str]:
+    """'key old -> new' for each [train] setting (of `keys`, default all) that differs; a key the
+    run's record predates had its default."""
+    defaults = TrainConfig()
+    return [f"{key} {before.get(key, getattr(defaults, key, None))!r} -> {value!r}"
+            for key, value in after.items() if (keys is None or key in keys)
+            and value != before.get(key, getattr(defaults, key, None))]
+
+
+# The checkpoint's optimizer state is per parameter group: under other groups it cannot load.
+# (lr, scale_lr, weight_decay and the schedule may change: the resume goes on with them.)
+PARAM_GROUP_KEYS = ("layer_lr_decay",)
+
+
+def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a resume whose parameter groups or data order differ from the run's."""
+    for keys, what in ((PARAM_GROUP_KEYS, "optimizer parameter groups"),
+                       (data_order_keys(train.get("max_tokens", 0)), "data order")):
+        changed = changed_settings(saved, train, keys)
+        if changed:
+            raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "
+                              f"{', '.join(changed)}; resume with the run's values, or start a "
+                              "new run (another --output-dir) to change them")
+
+
+def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, Any]) -> None:
+    """Refuse a resume that picks the best model by another metric: the checkpoint's best score
+    is the old metric's, and the new one's would be compared with it (a loss with an accuracy)."""
+    from nlptrain.kinds import from_run_config
+
+    def metric(of: dict[str, Any]) -> str:
+        train = of.get("train", {})
+        name = train.get("metric_for_best") or from_run_config({"task": of}).default_metric
+        best_is = train.get("best_is", "auto")
+        return name if best_is == "auto" else f"{name} ({best_is} is better)"
+
+    if metric(task) != metric(saved):
+        raise ConfigError(f"{folder}: a resume keeps the run's metric_for_best and best_is "
+                          f"({metric(saved)!r} -> {metric(task)!r}): the best model so far was "
+                          "picked by it; resume with it, or start a new run (another "
+                          "--output-dir) to change it")
