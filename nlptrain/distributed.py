@@ -273,7 +273,7 @@ def timeout_message(error: BaseException) -> str | None:
         return None
     return (f"no answer from the other rank(s) in time ({str(error).splitlines()[0][:200]}): one "
             "is stuck, or died or never started without a word (see the other ranks' logs); "
-            "--timeout (or a task's [train] timeout) sets how long ranks wait for each other")
+            "--timeout (eval: --set train.timeout=SECONDS) sets how long ranks wait for each other")
 
 
 class PeerFailed(RuntimeError):

@@ -70,8 +70,10 @@ def load_object(spec: str) -> Any:
         if not hasattr(module, name):  # (a file's module has a name of nlptrain's own)
             raise ConfigError(f"--callback {spec}: {where} defines no {name!r}")
         return getattr(module, name)
-    except SyntaxError as err:  # the user's file: its line, not our traceback
-        raise ConfigError(f"{err.filename}:{err.lineno}: {err.msg} (--callback {spec})") from None
+    except (SyntaxError, ValueError) as err:  # the user's file: its line, not our traceback
+        place = f"{getattr(err, 'filename', None) or where}" + \
+            (f":{err.lineno}" if getattr(err, "lineno", None) else "")  # (a NUL byte has no line)
+        raise ConfigError(f"{place}: {getattr(err, 'msg', err)} (--callback {spec})") from None
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
 

@@ -126,6 +126,15 @@ def test_a_file_rewritten_within_the_same_second_runs_its_new_bytes(tmp_path, mo
         assert make_callback(f"{mine}:A").V == value
 
 
+def test_a_callback_file_holding_a_nul_byte_is_named(capsys, toy_task, tmp_path):
+    """compile's error of a NUL byte names no file and no line: it read 'None:None: ...'."""
+    mine = tmp_path / "nul.py"
+    mine.write_bytes(b"from nlptrain import Callback\n\x00\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:N")
+    assert code == 1 and f"error: {mine}: source code string cannot contain null bytes " \
+        f"(--callback {mine}:N)" in err, err
+
+
 @pytest.mark.parametrize(("line", "said"), [
     ("import os\nos.no_such_function()", "2: AttributeError: module 'os' has no attribute"),
     ("SETTINGS = {}\nURL = SETTINGS['url']", "2: KeyError: 'url'"),

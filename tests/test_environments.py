@@ -230,7 +230,8 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
     assert cli.main(["train", "--timeout", "1"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: no answer from the other rank(s) in time (Timed out after ")
-    assert err.endswith("--timeout (or a task's [train] timeout) sets how long ranks wait for each other\n")
+    assert err.endswith("--timeout (eval: --set train.timeout=SECONDS) sets how long ranks wait "
+                        "for each other\n")
     # A DDP all-reduce that times out in the backward is a plain RuntimeError (the gloo text).
     recv = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer."
                         "cc:78] Timed out waiting 20000ms for recv operation to complete")
