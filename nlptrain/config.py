@@ -218,8 +218,9 @@ FILES = ("train", "valid", "test")  # [data] entries that may be a table of thei
 
 # What orders and cuts an epoch's batches: a resume skips the rows done in that order, so with
 # another order it would train some rows twice and others never (checked by the CLI against
-# config.json and by load_checkpoint against the checkpoint).
-DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length")
+# config.json and by load_checkpoint against the checkpoint). grad_accum too: its windows are
+# counted from the epoch's start, so another one cut the first after a resume short.
+DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length", "grad_accum")
 
 
 def data_order_keys(max_tokens: int) -> tuple[str, ...]:

@@ -218,7 +218,7 @@ def test_a_resume_may_change_the_plan_and_the_lr_but_not_the_groups(tmp_path: Pa
         prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
     # The order the resume skips into: another would train some rows twice and others never.
     for key, value in {"seed": 7, "batch_size": 4, "max_tokens": 256, "padding": "max_length",
-                       "group_by_length": False}.items():
+                       "group_by_length": False, "grad_accum": 4}.items():
         changed = copy.deepcopy(task)
         changed["train"][key] = value
         with pytest.raises(ConfigError, match=f"data order, and these changed: {key} "):
