@@ -255,7 +255,7 @@ def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
     processes started by `--nproc N`: N again (the run goes on as it ran), said. None otherwise: a
     torchrun or SLURM job is launched again by its own launcher."""
     from nlptrain.environments import Local, NlptrainLaunch, detect
-    from nlptrain.runs import last_launch
+    from nlptrain.run_record import last_launch
 
     if not args.output_dir or not isinstance(detect(), Local):
         return None

@@ -30,16 +30,15 @@ from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
 from nlptrain.resume_checks import check_resume
+from nlptrain.run_record import keep_reached_epochs, record_in_config
 from nlptrain.runs import (
     RunDirLock,
     began_in_this_launch,
     disk_use_line,
     forget_unstarted_run,
-    keep_reached_epochs,
     launch_run_dir,
     new_run_dir,
     prepare_run_dir,
-    record_in_config,
 )
 from nlptrain.signals import stopped_message
 from nlptrain.task_files import validate

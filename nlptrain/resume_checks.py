@@ -11,7 +11,7 @@ from typing import Any
 from nlptrain.config import TrainConfig, data_order_keys
 from nlptrain.errors import CheckpointError, ConfigError, NlptrainError
 from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
-from nlptrain.runs import CONFIG_FILE, read_config, recorded_task_dict
+from nlptrain.run_record import CONFIG_FILE, read_config, recorded_task_dict
 from nlptrain.task_files import task_from_dict
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import TaskConfig
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
-from nlptrain.task_files import task_from_dict
+from nlptrain.resume_checks import (
+    changed_settings,
+    check_a_checkpoint_is_whole,
+    check_resume,
+    check_strategy_fits,
+)
+from nlptrain.run_record import CONFIG_FILE, read_config, record_and_why
 
-CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
 log = logging.getLogger(__name__)
 
@@ -137,64 +141,11 @@ def default_run_dir(task_name: str, root: str = "runs", launch: Environment | No
     return launch_run_dir(task_name, root, launch) or new_run_dir(task_name, root)
 
 
-def read_config(folder: Path) -> dict[str, Any] | None:
-    """The record of the nlptrain run in `folder`, or None where it holds none: a config.json
-    that is not a run's (a saved model's, an app's; not JSON) makes no run of the folder."""
-    return _run_record(folder / CONFIG_FILE)[0]
-
-
-def _run_record(path: Path) -> tuple[dict[str, Any] | None, str]:
-    """(the run's record, or None; why a config.json there is none)."""
-    if not path.is_file():
-        return None, f"no {CONFIG_FILE}"
-    try:
-        saved = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as err:  # (JSONDecodeError is a ValueError)
-        return None, f"its {CONFIG_FILE} is not JSON: {err}"
-    if not (isinstance(saved, dict) and isinstance(saved.get("task"), dict)
-            and "world_size" in saved):  # what every run's record has held
-        return None, f"its {CONFIG_FILE} is not a run's record"
-    return saved, ""
-
-
-def recorded_task(folder: Path) -> TaskConfig | None:
-    """The task of the run in `folder` as it last ran (its config.json: the task file with the
-    command line's options applied), or None where there is no run: a resume that names no task
-    goes on with it, instead of the default task's settings."""
-    saved = read_config(folder)
-    return None if saved is None else task_from_dict(recorded_task_dict(saved),
-                                                     str(folder / CONFIG_FILE))
-
-
-def recorded_task_dict(saved: dict[str, Any]) -> dict[str, Any]:
-    """The task a run's config.json holds. A regression run recorded before labels on regression
-    were refused may hold the labels its training left out: left out here too, so it resumes."""
-    data = saved["task"].get("data", {})
-    if data.get("kind") == "regression" and data.get("labels"):
-        return {**saved["task"], "data": {**data, "labels": []}}
-    return saved["task"]
-
-
-def last_launch(folder: Path) -> tuple[int, str | None]:
-    """(processes, launcher name) of the run in `folder` as it last ran; (1, None) for none."""
-    saved = read_config(folder) or {}
-    last = (saved.get("resumes") or [saved])[-1]
-    launcher = last.get("launcher") if "resumes" in saved else (saved.get("launch") or {}).get("launcher")
-    return int(last.get("world_size", 1)), launcher
-
-
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
                     overwrite: bool, launch: Environment | None = None,
                     callbacks: list[str] | None = None) -> bool:
     """Make `folder` ready and write config.json (with `callbacks`, the `--callback` specs);
     returns whether there is a run to resume."""
-    from nlptrain.resume_checks import (  # (they read the run's record: imported here, not above)
-        changed_settings,
-        check_a_checkpoint_is_whole,
-        check_resume,
-        check_strategy_fits,
-    )
-
     callbacks = callbacks or []
     saved = read_config(folder)
     if saved is not None and resume:
@@ -269,7 +220,7 @@ def check_free(folder: Path, run_allowed: bool = False) -> None:
     found = sorted(p.name for p in _contents(folder))
     if found:
         listed = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        why = _run_record(folder / CONFIG_FILE)[1]
+        why = record_and_why(folder / CONFIG_FILE)[1]
         raise ConfigError(f"{folder}: holds {listed}, and no nlptrain run ({why}): a "
                           "run starts only in a new or empty folder (--overwrite replaces a run, "
                           "nothing else); pick another --output-dir")
@@ -284,24 +235,6 @@ def began_in_this_launch(folder: Path, launch: Environment) -> bool:
         return True
     return launch.run_id in [saved.get("launcher_run_id"),
                              *(r.get("launcher_run_id") for r in saved.get("resumes", []))]
-
-
-def keep_reached_epochs(folder: Path, reached: int) -> None:
-    """A resume asking for fewer epochs than the run had `reached` trains nothing: config.json,
-    and the report and model card made from it, keep the epochs the run was set to (or reached,
-    if more), not the fewer asked (a run of 8 epochs said 3)."""
-    record = read_config(folder) or {}
-    before = (record.get("resumes") or [{}])[-1].get("epochs_before") or 0
-    record["task"]["train"]["epochs"] = max(reached, before)
-    write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
-
-
-def record_in_config(folder: Path, key: str, value: Any) -> None:
-    """Add what was decided once the run started (e.g. the precision "auto" chose) to its
-    config.json."""
-    record = read_config(folder) or {}
-    record[key] = value
-    write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
 
 
 def disk_use_line(folder: Path) -> str:

@@ -96,7 +96,7 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
     """The task file named by --task, with the command line's overrides and data folder. A resume
     that names no task goes on with the run's own (its config.json), the overrides on top; so
     does `eval` of a run's model/ (the run's data, its held-out split)."""
-    from nlptrain.runs import recorded_task
+    from nlptrain.run_record import recorded_task
 
     resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
     task = resumed and recorded_task(Path(args.output_dir))
