@@ -63,11 +63,14 @@ def _config(nproc: int, max_restarts: int, start_method: str) -> Any:
 
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, not {nproc}")
+    # The agent handles (and passes on to the workers) every signal it is told to, an ignored one
+    # too: nohup's SIGHUP stays ignored, here and so in the workers, only if it is not told it.
+    handled = [s.name for s in AGENT_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
     return LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                         run_id=f"nlptrain-{uuid.uuid4().hex[:12]}",
                         rdzv_backend="c10d", rdzv_endpoint="localhost:0",
                         max_restarts=max_restarts, monitor_interval=0.1,
-                        start_method=start_method)
+                        start_method=start_method, signals_to_handle=",".join(handled))
 
 
 def launch(fn: Callable[..., Any], nproc: int, *args: Any, max_restarts: int = 0,

@@ -153,6 +153,20 @@ def test_launch_restarts_all_workers_after_a_failure():
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
+def test_a_signal_the_launcher_ignores_is_left_to_it_not_handled_by_the_agent():
+    """nohup: torch's agent handled SIGHUP all the same, and passed it on to the workers, who
+    stopped the run. The agent is told the signals to handle: those not ignored."""
+    from nlptrain.launch import _config
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        told = _config(2, 0, "spawn").signals_to_handle
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert told == "SIGTERM,SIGINT,SIGQUIT"
+    assert _config(2, 0, "spawn").signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # (torch's)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_to_the_nproc_launcher_is_one_line_and_its_exit_code(monkeypatch, capsys, signum):
     """torch's agent stops the workers, then raises SignalException: one line, 128 + signal."""
