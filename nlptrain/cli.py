@@ -162,8 +162,8 @@ def _task_key_of(flag: str) -> str | None:
 def check_train(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: the task, that each `--callback` file exists (each
     worker loads it), and that a resume fits the run: a mistake is one error, not one a rank."""
-    task = resolve_task(args)
-    check_data_files(task, ("train", "valid", "test"))
+    task = resolve_task(args)  # (per-rank files: the train file is never read, and may be gone)
+    check_data_files(task, ("valid", "test") if task.data.train_shards else ("train", "valid", "test"))
     for spec in args.callback:
         check_file(spec)
     from nlptrain.resume_checks import check_resume

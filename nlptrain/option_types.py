@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 
+# The longest wait torch's collectives take: milliseconds in a C int (2**31 ms, ~24.8 days).
+MAX_WAIT_S = 2_000_000
+
 
 def positive_int(text: str) -> int:
     """A whole number >= 1."""
@@ -19,11 +22,13 @@ def positive_int(text: str) -> int:
 
 
 def positive_seconds(text: str) -> float:
-    """A number of seconds > 0 (a wait of 0 or less fails at once, or never ends)."""
+    """A number of seconds > 0 (a wait of 0 or less fails at once, or never ends), at most
+    MAX_WAIT_S (more overflowed inside torch: a traceback)."""
     try:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0")
+    if not (math.isfinite(value) and 0 < value <= MAX_WAIT_S):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds > 0 and <= "
+                                         f"{MAX_WAIT_S:,} (~23 days)")
     return value

@@ -14,6 +14,7 @@ from typing import Any
 
 from nlptrain.config import FILES, SECTIONS, DataConfig, FileSpec, TaskConfig, TrainConfig, fill
 from nlptrain.errors import ConfigError
+from nlptrain.option_types import MAX_WAIT_S
 
 
 def train_config(config: TrainConfig | dict[str, Any] | None,
@@ -142,6 +143,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     for section, key in (("train", "seed"), ("data", "split_seed")):  # numpy's and sklearn's range
         if section in sections and not 0 <= value(section, key) < 2**32:
             raise ConfigError(f"{source}: [{section}] {key} must be in [0, 4294967295]")
+    if "train" in sections and task.train.timeout > MAX_WAIT_S:  # (more overflows in torch)
+        raise ConfigError(f"{source}: [train] timeout must be at most {MAX_WAIT_S:,} seconds")
     if "train" in sections and not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     if set(sections) != set(SECTIONS):  # one section alone: nothing else to fit it to

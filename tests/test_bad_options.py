@@ -138,14 +138,16 @@ def test_nproc_below_one_is_refused(capsys, toy_task, tmp_path, option, message)
 
 @pytest.mark.parametrize("argv", [["train", "--progress-every", "-5"],
                                   ["predict", "--model", "m", "--input", "-", "--timeout", "0"],
-                                  ["predict", "--model", "m", "--input", "-", "--timeout", "nan"]])
+                                  ["predict", "--model", "m", "--input", "-", "--timeout", "nan"],
+                                  ["predict", "--model", "m", "--input", "-", "--timeout", "1e15"]])
 def test_a_wait_of_no_time_is_a_usage_error(capsys, argv):
     """--progress-every -5 logged every batch; predict --timeout -1 was a C++ stack dump under
     --nproc, then advice about [train] timeout, which predict has not."""
     with pytest.raises(SystemExit) as ended:
         main(argv)
     assert ended.value.code == 2
-    assert f"argument {argv[-2]}: '{argv[-1]}' is not a number of seconds > 0" in capsys.readouterr().err
+    assert f"argument {argv[-2]}: '{argv[-1]}' is not a number of seconds > 0 and <= 2,000,000" \
+        in capsys.readouterr().err  # (1e15 overflowed in torch, a traceback under --nproc)
 
 
 @pytest.mark.parametrize(("given", "said"), [
@@ -210,3 +212,14 @@ def test_a_missing_data_file_is_one_error_before_any_worker_starts(capsys, toy_t
     err = capsys.readouterr().err
     assert err.count("error:") == 1 and "nope.tsv" in err and "[rank" not in err, err
     assert "launched by" not in err and not (tmp_path / "run").exists()
+
+
+def test_per_rank_files_start_without_the_train_file_they_were_split_from(toy_task, tmp_path):
+    """The check before --nproc starts workers required [data] train, which such a run never
+    reads (split, then the train file moved away: the README's way to hold the data once)."""
+    from nlptrain.cli import build_parser, check_train
+
+    (toy_task.parent / "train.tsv").unlink()
+    args = build_parser().parse_args(["train", "--task", str(toy_task), "--train-shards",
+                                      str(tmp_path / "parts"), "--nproc", "2"])
+    check_train(args)  # no error: the parts' own checks come with the run
