@@ -19,6 +19,7 @@ from nlptrain.events import Callback
 from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
+from .training_rate import TrainingRate
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -38,6 +39,7 @@ class MetricLogger(Callback):
         self.step_epoch = 1  # the epoch (from 1) of the last step counted
         self.closing_row: dict | None = None  # a resumed run's, given back if no step runs
         self.stepped = False  # a step ran in this fit (else the window is the checkpoint's)
+        self.rate = TrainingRate()
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -46,8 +48,8 @@ class MetricLogger(Callback):
         # late where the optimizer skips on the device, which left a resumed run's first window
         # at 0 samples/s.
         self.loss_sum: Any = 0.0
-        self.rows_sum: Any = 0
-        self.batches, self.window_start = 0, now
+        self.rate.restart(now)
+        self.batches = 0
 
     def _write(self, row: dict) -> None:
         if self.handle is None:
@@ -61,7 +63,10 @@ class MetricLogger(Callback):
     def on_epoch_start(self, trainer: Trainer) -> None:
         # The loss window goes on across epochs (the steps after an epoch's last row are in the
         # next row); the throughput's starts again, past the epoch end's evaluation.
-        self.rows_sum, self.window_start = 0, time.perf_counter()
+        self.rate.restart()
+
+    def on_valid_start(self, trainer: Trainer) -> None:
+        self.rate.evaluation_begins()
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
@@ -72,7 +77,7 @@ class MetricLogger(Callback):
             return
         self.stepped = True  # this run's end writes its own closing row
         self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
-        self.rows_sum = self.rows_sum + trainer.step_rows
+        self.rate.add(trainer.step_rows)
         self.batches += 1
         self.step_epoch = trainer.epoch + 1  # (at the run's end, trainer.epoch is past the last)
         if trainer.global_step % self.log_every == 0:
@@ -83,11 +88,10 @@ class MetricLogger(Callback):
         `closing`: the row of a run's end between two log steps, marked so that a resume from
         a checkpoint of that step drops it (the resumed run goes on with its window)."""
         now = time.perf_counter()
-        samples = float(self.rows_sum)
         row = {"kind": "train", "step": trainer.global_step, "epoch": self.step_epoch,
                "loss": float(self.loss_sum) / self.batches,
                "lr": self.step_lr,
-               "samples_per_s": samples / max(now - self.window_start, 1e-9),
+               "samples_per_s": self.rate.per_second(now),
                "time": time.time()}
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
@@ -99,6 +103,7 @@ class MetricLogger(Callback):
         self._reset(now)
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
+        self.rate.evaluation_ends()
         # Every metric of the task's kind (and the user's own); not the loop's own step/epoch.
         found = {k: v for k, v in metrics.items() if k not in ("step", "epoch")}
         best = {"is_best": is_best} if self.marks_best else {}

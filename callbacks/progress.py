@@ -39,6 +39,7 @@ class ProgressBar(Callback):
         self._epoch_start: float | None = None
         self._first_batch = 0  # where this process took the epoch up (a resume: mid-epoch)
         self._last_line = 0.0
+        self.step_lr = 0.0
 
     def _out(self) -> IO[str]:
         return self.stream or sys.stderr  # read late: the stream may be redirected meanwhile
@@ -54,6 +55,9 @@ class ProgressBar(Callback):
         self._epoch_start = None
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        # The lr this step's update uses (as metrics.jsonl's): by on_batch_end the schedule has
+        # moved to the next step's, and the bar ended a run at lr 0.
+        self.step_lr = logged_lr(trainer.optimizer)
         if self._is_plain():
             if self._epoch_start is None:
                 self._epoch_start = self._last_line = self.clock()
@@ -64,7 +68,7 @@ class ProgressBar(Callback):
                             unit="batch", dynamic_ncols=True, leave=True, file=self._out())
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        lr = logged_lr(trainer.optimizer)
+        lr = self.step_lr
         every = self.refresh_every or trainer.config.log_every
         if trainer.is_update_step and trainer.global_step % every == 0:
             self.loss = trainer.last_loss  # a device sync: only where the loop logs it anyway

@@ -17,6 +17,7 @@ from nlptrain.events import Callback
 from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
+from .training_rate import TrainingRate
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -30,8 +31,8 @@ class TensorBoardLogger(Callback):
     def __init__(self, log_dir: str | Path) -> None:
         self.log_dir = Path(log_dir)
         self.writer: Any = None
-        self._since = 0.0  # the previous logged step's time
-        self._rows: Any = 0  # rows of the steps since, summed on the device (the steps' own count)
+        self.rate = TrainingRate()  # of the steps since the previous logged one
+        self.step_lr = 0.0
 
     def on_train_start(self, trainer: Trainer) -> None:
         try:
@@ -48,30 +49,36 @@ class TensorBoardLogger(Callback):
             (trainer.resume_asked and any(self.log_dir.glob("events.out.tfevents.*")))
         self.writer = SummaryWriter(str(self.log_dir),
                                     purge_step=trainer.global_step + 1 if earlier else None)
-        self._since, self._rows = time.perf_counter(), 0
+        self.rate.restart()
 
     def on_epoch_start(self, trainer: Trainer) -> None:
-        self._since, self._rows = time.perf_counter(), 0
+        self.rate.restart()
+
+    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+        # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
+        self.step_lr = logged_lr(trainer.optimizer)
 
     def on_batch_end(self, trainer: Trainer) -> None:
         step = trainer.global_step
         if self.writer is None or not trainer.is_update_step:
             return
-        self._rows = self._rows + trainer.step_rows
+        self.rate.add(trainer.step_rows)
         if step % trainer.config.log_every:
             return
         now = time.perf_counter()
         self.writer.add_scalar("train/loss", trainer.last_loss, step)
-        self.writer.add_scalar("train/lr", logged_lr(trainer.optimizer), step)
+        self.writer.add_scalar("train/lr", self.step_lr, step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             self.writer.add_scalar("train/grad_norm", grad_norm, step)
-        if now > self._since:
-            self.writer.add_scalar("train/samples_per_s", float(self._rows) / (now - self._since),
-                                   step)
-        self._since, self._rows = now, 0
+        self.writer.add_scalar("train/samples_per_s", self.rate.per_second(now), step)
+        self.rate.restart(now)
+
+    def on_valid_start(self, trainer: Trainer) -> None:
+        self.rate.evaluation_begins()
 
     def on_valid_end(self, trainer: Trainer, metrics: dict, is_best: bool) -> None:
+        self.rate.evaluation_ends()
         if self.writer is None:
             return
         for key, value in metrics.items():  # every scalar metric of the task's kind

@@ -220,3 +220,35 @@ def test_a_resume_that_runs_no_step_makes_no_row_of_the_checkpoints_window(tmp_p
     make_trainer(tmp_path, tiny_model_dir, [MetricLogger(log, 4), Checkpointer(folder, 3)],
                  resume_from=folder, **{**config, "epochs": 1}).fit()
     assert [(r["kind"], r["step"]) for r in rows(log)] == [("train", 4), ("eval", 6), ("train", 8)]
+
+
+def test_the_rate_of_training_leaves_out_the_evaluations_inside_its_window(tmp_path,
+                                                                           tiny_model_dir):
+    """An evaluation at step 2 inside the window of steps 1-3: it read 21 samples/s for a
+    training that ran at 250. And the progress line shows the lr metrics.jsonl gives the step
+    (it showed the next step's: the schedule had moved on)."""
+    import io
+    import time
+
+    from nlptrain.callbacks import ProgressBar
+
+    shown = io.StringIO()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [
+        MetricLogger(tmp_path / "run.jsonl", 3),
+        ProgressBar(plain=True, stream=shown, log_every_s=0, refresh_every=3)],
+        **{**STEPS, "eval_every": 2, "log_every": 3})
+    evaluate = trainer.evaluate
+
+    def slow_evaluation(data):
+        time.sleep(2.0)
+        return evaluate(data)
+
+    trainer.evaluate = slow_evaluation
+    began = time.perf_counter()
+    trainer.fit()
+    spent = time.perf_counter() - began
+    first = [r for r in map(json.loads, (tmp_path / "run.jsonl").open()) if r["kind"] == "train"][0]
+    assert first["step"] == 3
+    assert 12 / first["samples_per_s"] < spent - 3 * 2.0, (first, spent)  # 3 evaluations of 2 s
+    line = [s for s in shown.getvalue().splitlines() if "batch 3/6" in s][0]
+    assert f"lr {first['lr']:.2e}" in line, (line, first)
