@@ -4,6 +4,7 @@ every `log_every_s` seconds instead of a bar redrawn with carriage returns."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -45,9 +46,9 @@ class ProgressBar(Callback):
         return self.stream or sys.stderr  # read late: the stream may be redirected meanwhile
 
     def _is_plain(self) -> bool:
-        if self.plain is None:
-            isatty = getattr(self._out(), "isatty", None)
-            self.plain = not (isatty and isatty())
+        if self.plain is None:  # a terminal of no width (some CI and container shells): tqdm
+            isatty = getattr(self._out(), "isatty", None)  # draws nothing there
+            self.plain = not (isatty and isatty() and _columns(self._out()) > 0)
         return self.plain
 
     def on_epoch_start(self, trainer: Trainer) -> None:
@@ -127,6 +128,13 @@ def _duration(seconds: float) -> str:
         return f"{seconds} s"
     minutes, seconds = divmod(seconds, 60)
     return f"{minutes} min {seconds:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _columns(stream: IO[str]) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError, AttributeError):  # not a file, or no size to read
+        return 0
 
 
 def _batches_this_epoch(trainer: Trainer) -> int:

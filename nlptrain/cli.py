@@ -129,7 +129,7 @@ def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
     """Exit 2 with the command's usage (not the top level's) and the nearest option's name."""
     import difflib
 
-    from nlptrain.task_options import NOT_ON_COMMAND_LINE
+    from nlptrain.task_options import NOT_ON_COMMAND_LINE, task_key_of
 
     command = args.commands.get(args.command, parser)
     options = [flag for action in command._actions for flag in action.option_strings]
@@ -137,26 +137,17 @@ def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
     near = difflib.get_close_matches(flag, options, n=1)
     keys = [(section, key) for section, key in NOT_ON_COMMAND_LINE
             if flag == f"--{key.replace('_', '-')}" and "--set" in options]  # (predict has none)
-    task_key = _task_key_of(flag) if "--set" in options else None  # eval: a key of train's
+    task_key = task_key_of(flag) if "--set" in options else None  # eval: a key of train's
     if keys:
         hint = f" (a list, set in the task file or as --set {keys[0][0]}.{keys[0][1]}='[\"a\", \"b\"]')"
     elif task_key:
-        value = unknown[0].partition("=")[2] or (unknown[1] if len(unknown) > 1 else "VALUE")
-        hint = f" ({args.command} takes this task key as --set {task_key}={value})"
+        key, value = task_key
+        value = value or unknown[0].partition("=")[2] or \
+            (unknown[1] if len(unknown) > 1 and not unknown[1].startswith("-") else "VALUE")
+        hint = f" ({args.command} takes this task key as --set {key}={value})"
     else:
         hint = f" (did you mean {near[0]}?)" if near else ""
     command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
-
-
-def _task_key_of(flag: str) -> str | None:
-    """`section.key` of the task key `train` sets with `flag` (--max-length: model.max_length)."""
-    import dataclasses
-
-    from nlptrain.config import SECTIONS
-    from nlptrain.task_options import flag_of
-
-    return next((f"{section}.{f.name}" for section, cls in SECTIONS.items()
-                 for f in dataclasses.fields(cls) if flag_of(section, f) == flag), None)
 
 
 def check_train(args: argparse.Namespace) -> None:

@@ -177,3 +177,17 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
                 or [flag for flag, _ in given]  # ([data] valid is not [data] valid_size)
             raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
     return task
+
+
+def task_key_of(flag: str) -> tuple[str, str] | None:
+    """(`section.key`, its value where the flag says it) of the task key `train` sets with
+    `flag`: --max-length (model.max_length, ''), --no-group-by-length (train.group_by_length,
+    'false')."""
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            said = flag_of(section, f)
+            if f.type in (bool, "bool") and flag in (said, f"--no-{said[2:]}"):
+                return f"{section}.{f.name}", "false" if flag.startswith("--no-") else "true"
+            if flag == said:
+                return f"{section}.{f.name}", ""
+    return None

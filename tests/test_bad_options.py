@@ -152,7 +152,9 @@ def test_a_wait_of_no_time_is_a_usage_error(capsys, argv):
 
 @pytest.mark.parametrize(("given", "said"), [
     (["--max-length", "64"], "(eval takes this task key as --set model.max_length=64)"),
-    (["--lr=3e-5"], "(eval takes this task key as --set train.lr=3e-5)")])
+    (["--lr=3e-5"], "(eval takes this task key as --set train.lr=3e-5)"),
+    (["--group-by-length"], "(eval takes this task key as --set train.group_by_length=true)"),
+    (["--no-group-by-length"], "(eval takes this task key as --set train.group_by_length=false)")])
 def test_a_task_keys_option_eval_has_not_names_its_set_form(capsys, given, said):
     """eval's own warning advises --set model.max_length=N; --max-length got 'did you mean
     --max-restarts?'."""

@@ -252,3 +252,19 @@ def test_the_rate_of_training_leaves_out_the_evaluations_inside_its_window(tmp_p
     assert 12 / first["samples_per_s"] < spent - 3 * 2.0, (first, spent)  # 3 evaluations of 2 s
     line = [s for s in shown.getvalue().splitlines() if "batch 3/6" in s][0]
     assert f"lr {first['lr']:.2e}" in line, (line, first)
+
+
+def test_a_terminal_of_no_width_gets_plain_progress_lines():
+    """A pty with 0 columns (some CI and container shells): tqdm drew nothing at all."""
+    import os
+    import pty
+
+    from nlptrain.callbacks import ProgressBar
+
+    parent, child = pty.openpty()  # a new pty: 0 rows and 0 columns until told
+    try:
+        with os.fdopen(child, "w") as terminal:
+            assert terminal.isatty() and os.get_terminal_size(child).columns == 0
+            assert ProgressBar(stream=terminal)._is_plain()
+    finally:
+        os.close(parent)
