@@ -33,7 +33,8 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
             (log.warning if say else log.info)("%s: every rank stops after the step under way "
                                                "(the next, between steps)", signal.Signals(signum).name)
         request_stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C kills
+        if signal.SIGINT in previous:  # a second Ctrl-C kills (an ignored one stays ignored)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     try:
         # One ignored stays so (nohup ignores SIGHUP; a script's `cmd &`, SIGINT), as Python leaves

@@ -143,6 +143,22 @@ def test_a_signal_the_process_ignores_stays_ignored(tmp_path, tiny_model_dir):
     assert trainer.global_step == 6  # 2 epochs of 3 steps: all trained
 
 
+def test_a_stop_signal_leaves_an_ignored_ctrl_c_ignored():
+    """After a SIGTERM, a second Ctrl-C kills: SIGINT's default handler was put in place even
+    where SIGINT was ignored (a script's `cmd &`), and stayed after the block."""
+    from nlptrain.signals import stop_on_signals
+
+    asked = []
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_signals(lambda: asked.append(True), say=False):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.getsignal(signal.SIGINT)  # (the handler runs between bytecodes)
+        assert asked == [True] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_signal_sent_again_is_said_once(tmp_path, tiny_model_dir):
     """A launcher killed with SIGKILL: the kernel sends a worker the parent-death SIGTERM once
     per thread of the launcher it passes through (two lines said the same stop)."""
