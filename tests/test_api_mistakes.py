@@ -89,23 +89,6 @@ def test_a_config_of_the_wrong_keys_or_types_is_refused_naming_the_key(tiny_mode
         Trainer(model, rows(tokenizer, [0, 1]), config=config)
 
 
-def test_padding_to_max_length_is_the_collate_given(tiny_model_dir, tokenizer):
-    """padding='max_length' was padded as dynamic; with a Collator, its pad_to is every width."""
-    from nlptrain import Callback
-    from nlptrain.data import Collator
-
-    class Widths(Callback):
-        seen: list[int] = []
-
-        def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-            self.seen.append(batch["input_ids"].shape[1])
-
-    Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), rows(tokenizer, [0, 1] * 4),
-            config=TrainConfig(padding="max_length", epochs=1, batch_size=4),
-            collate=Collator(0, pad_to=16), callbacks=[Widths()]).fit()
-    assert Widths.seen == [16, 16]
-
-
 def test_a_config_given_as_a_dict_of_its_keys_is_taken(tiny_model_dir, tokenizer):
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     trainer = Trainer(model, rows(tokenizer, [0, 1] * 4), config={"epochs": 2, "batch_size": 4})

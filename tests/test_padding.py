@@ -81,3 +81,25 @@ def test_padding_to_a_multiple_changes_no_real_tokens_output(tiny_model_dir):
         padded = model(**{k: v for k, v in Collator(0, multiple=8)(batch).items()
                           if k in ("input_ids", "attention_mask")}).logits
     torch.testing.assert_close(padded, exact)
+
+
+def test_padding_to_max_length_is_the_collate_given(tiny_model_dir):
+    """padding='max_length' was padded as dynamic; with a Collator, its pad_to is every width."""
+    from transformers import AutoTokenizer
+
+    from nlptrain import Callback
+    from nlptrain.data import TokenizedDataset
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    texts = TokenizedDataset.from_texts([f"text {i}" for i in range(8)], [0, 1] * 4, tokenizer, 16)
+
+    class Widths(Callback):
+        seen: list[int] = []
+
+        def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
+            self.seen.append(batch["input_ids"].shape[1])
+
+    Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), texts,
+            config=TrainConfig(padding="max_length", epochs=1, batch_size=4),
+            collate=Collator(0, pad_to=16), callbacks=[Widths()]).fit()
+    assert Widths.seen == [16, 16]

@@ -337,25 +337,6 @@ def test_a_resume_from_an_earlier_step_sets_the_later_ones_aside(tmp_path, tiny_
     assert all((p / "meta.json").is_file() for p in folder.glob("step-*-set-aside-*"))
 
 
-def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_model_dir):
-    folder = tmp_path / "checkpoints"
-    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2)], batch_size=4,
-                 epochs=1).fit()
-    with pytest.raises(CheckpointError, match=r"another data order \(batch_size 4 -> 8\): some "
-                                              r"rows would be trained twice, others never"):
-        make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
-    make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
-    # Windows counted from the epoch's start: the first after a resume took 2 micro-batches of 4.
-    with pytest.raises(CheckpointError, match=r"another data order \(grad_accum 1 -> 4\)"):
-        make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, grad_accum=4, resume_from=folder)
-    budget = tmp_path / "budget"  # a token budget's batches are planned on the padded widths
-    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(budget, every=2)], max_tokens=256,
-                 epochs=1).fit()
-    with pytest.raises(CheckpointError, match=r"another data order \(pad_to_multiple_of 8 -> 1\)"):
-        make_trainer(tmp_path, tiny_model_dir, [], max_tokens=256, pad_to_multiple_of=1,
-                     resume_from=budget)
-
-
 def test_a_resume_that_names_no_task_goes_on_with_the_runs_own_settings(toy_task, tmp_path,
                                                                         monkeypatch, capsys):
     """`train --output-dir RUN --resume` alone: the task file and the options the run began with

@@ -16,6 +16,7 @@ from toy_trainer import make_trainer
 
 from nlptrain import Callback
 from nlptrain.cli import main
+from nlptrain.errors import CheckpointError
 
 SCAFFOLD = str(Path(__file__).parent / "scaffold_callbacks.py")
 
@@ -275,3 +276,22 @@ def test_a_resume_asking_fewer_epochs_than_reached_keeps_the_runs_epochs_on_reco
     assert "past the 1 epoch(s) asked for now: nothing more is trained" in capsys.readouterr().err
     assert json.loads((run / "config.json").read_text())["task"]["train"]["epochs"] == 3
     assert "| epochs | 3 |" in (run / "report.md").read_text()
+
+
+def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_model_dir):
+    folder = tmp_path / "checkpoints"
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, every=2)], batch_size=4,
+                 epochs=1).fit()
+    with pytest.raises(CheckpointError, match=r"another data order \(batch_size 4 -> 8\): some "
+                                              r"rows would be trained twice, others never"):
+        make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
+    make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
+    # Windows counted from the epoch's start: the first after a resume took 2 micro-batches of 4.
+    with pytest.raises(CheckpointError, match=r"another data order \(grad_accum 1 -> 4\)"):
+        make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, grad_accum=4, resume_from=folder)
+    budget = tmp_path / "budget"  # a token budget's batches are planned on the padded widths
+    make_trainer(tmp_path, tiny_model_dir, [Checkpointer(budget, every=2)], max_tokens=256,
+                 epochs=1).fit()
+    with pytest.raises(CheckpointError, match=r"another data order \(pad_to_multiple_of 8 -> 1\)"):
+        make_trainer(tmp_path, tiny_model_dir, [], max_tokens=256, pad_to_multiple_of=1,
+                     resume_from=budget)
