@@ -175,14 +175,12 @@ def check_data_files(task: Any, which: tuple[str, ...]) -> None:
     """That the task's `which` files are there, before `--nproc` starts workers (one machine, one
     file system): else every rank says the same missing file."""
     from nlptrain.config import file_spec
-    from nlptrain.data import LabelVocab
-    from nlptrain.data.readers import source_files
+    from nlptrain.data import entry_files
 
-    values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
-    for name in which:
+    for name in which:  # ('lines' with no labels: eval takes the model's, its workers find them)
         spec = file_spec(task, name)
-        if spec is not None and ("{label}" not in spec.path or values):
-            source_files(spec, task.data_dir, values, name)
+        if spec is not None and ("{label}" not in spec.path or task.data.labels):
+            entry_files(task, name)
 
 
 def run_options(args: argparse.Namespace) -> Any:

@@ -45,8 +45,7 @@ def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
     """A resume reading its files from another data folder: the same files moved are fine, other
     files are refused (a resume may change no data); where the run's folder is gone, said."""
     from nlptrain.config import FILES, file_spec
-    from nlptrain.data import LabelVocab
-    from nlptrain.data.readers import source_files
+    from nlptrain.data import entry_files
     from nlptrain.data.split import MANIFEST
     from nlptrain.data.tokenized import file_digest
 
@@ -58,8 +57,7 @@ def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
                     "the same names in %s (not compared)", folder, was_dir, now_dir)
         return
     parsed = task_from_dict({**task, "data_dir": ""}, str(folder / CONFIG_FILE))
-    values = LabelVocab.from_config(parsed.data.labels).values if parsed.data.labels else []
-    named = {spec.path: lambda base, spec=spec, which=which: source_files(spec, base, values, which)
+    named = {spec.path: lambda base, which=which: entry_files(parsed, which, base)
              for which in FILES if (spec := file_spec(parsed, which)) is not None}
     if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
         named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]

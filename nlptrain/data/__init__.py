@@ -11,19 +11,26 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker reads; at run time __getattr__ imports on first use
-    from nlptrain.data.datasets import Datasets, LabelVocab, build_datasets, load_file, stratified_split
+    from nlptrain.data.datasets import (
+        Datasets,
+        LabelVocab,
+        build_datasets,
+        entry_files,
+        load_file,
+        stratified_split,
+    )
     from nlptrain.data.readers import iter_rows, read_examples
     from nlptrain.data.tokenized import Collator, TokenizedDataset
 
 _EXPORTS = {
     "build_datasets": "datasets", "Datasets": "datasets", "LabelVocab": "datasets",
-    "stratified_split": "datasets", "load_file": "datasets",
+    "stratified_split": "datasets", "load_file": "datasets", "entry_files": "datasets",
     "TokenizedDataset": "tokenized", "Collator": "tokenized",
     "read_examples": "readers", "iter_rows": "readers",
 }
 # _EXPORTS' names, and the TYPE_CHECKING imports' (tests/test_typing.py)
 __all__ = ["Collator", "Datasets", "LabelVocab", "TokenizedDataset", "build_datasets",
-           "iter_rows", "load_file", "read_examples", "stratified_split"]
+           "entry_files", "iter_rows", "load_file", "read_examples", "stratified_split"]
 
 
 def __getattr__(name: str) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, format_of, open_checked, read_examples
+from nlptrain.data.readers import Examples, format_of, open_checked, read_examples, source_files
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir
 from nlptrain.distributed import Backend, SingleProcess
@@ -179,6 +179,16 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share, size)
     dataset.max_length, dataset.pairs = max_length, spec.text_pair_column != ""
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
+
+
+def entry_files(task: TaskConfig, which: str, data_dir: str | Path | None = None) -> list[Path] | None:
+    """The files the task's [data] `which` entry reads in `data_dir` (default: the task's), each
+    checked to be there (one per label for format 'lines'); None where the task names none."""
+    spec = file_spec(task, which)
+    if spec is None:
+        return None
+    values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
+    return source_files(spec, task.data_dir if data_dir is None else data_dir, values, which)
 
 
 def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None,

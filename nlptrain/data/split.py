@@ -210,16 +210,16 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
                seed: int = 0, which: str = "train", overwrite: bool = False) -> Manifest:
     """Split the task's `which` file into `out`; written under a temporary name, then renamed."""
     from nlptrain.config import file_spec
-    from nlptrain.data import LabelVocab
-    from nlptrain.data.readers import iter_rows, source_files
+    from nlptrain.data import LabelVocab, entry_files
+    from nlptrain.data.readers import iter_rows
     from nlptrain.data.tokenized import file_digest
     from nlptrain.kinds import from_task
 
     spec = file_spec(task, which)
-    if spec is None:
+    files = entry_files(task, which)
+    if spec is None or files is None:
         raise ConfigError(f"task '{task.name}' has no [data] {which} file to split")
     values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
-    files = source_files(spec, task.data_dir, values, which)
     _check_out(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
