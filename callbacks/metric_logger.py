@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from nlptrain.durable import write_text
 from nlptrain.events import Callback
-from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
 from .training_rate import TrainingRate
@@ -35,7 +34,6 @@ class MetricLogger(Callback):
         self.log_every = log_every
         self.marks_best = marks_best  # False: the evaluations score a test set, which picks nothing
         self.handle: Any = None
-        self.step_lr = 0.0
         self.step_epoch = 1  # the epoch (from 1) of the last step counted
         self.closing_row: dict | None = None  # a resumed run's, given back if no step runs
         self.stepped = False  # a step ran in this fit (else the window is the checkpoint's)
@@ -68,10 +66,6 @@ class MetricLogger(Callback):
     def on_valid_start(self, trainer: Trainer) -> None:
         self.rate.evaluation_begins()
 
-    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-        # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
-        self.step_lr = logged_lr(trainer.optimizer)
-
     def on_batch_end(self, trainer: Trainer) -> None:
         if not trainer.is_update_step:
             return
@@ -90,7 +84,7 @@ class MetricLogger(Callback):
         now = time.perf_counter()
         row = {"kind": "train", "step": trainer.global_step, "epoch": self.step_epoch,
                "loss": float(self.loss_sum) / self.batches,
-               "lr": self.step_lr,
+               "lr": trainer.step_lr,
                "samples_per_s": self.rate.per_second(now),
                "time": time.time()}
         grad_norm = logged_grad_norm(trainer)

@@ -13,7 +13,6 @@ from typing import IO, TYPE_CHECKING, Any
 from tqdm.auto import tqdm
 
 from nlptrain.events import Callback
-from nlptrain.optim import logged_lr
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -40,7 +39,6 @@ class ProgressBar(Callback):
         self._epoch_start: float | None = None
         self._first_batch = 0  # where this process took the epoch up (a resume: mid-epoch)
         self._last_line = 0.0
-        self.step_lr = 0.0
 
     def _out(self) -> IO[str]:
         return self.stream or sys.stderr  # read late: the stream may be redirected meanwhile
@@ -56,9 +54,6 @@ class ProgressBar(Callback):
         self._epoch_start = None
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-        # The lr this step's update uses (as metrics.jsonl's): by on_batch_end the schedule has
-        # moved to the next step's, and the bar ended a run at lr 0.
-        self.step_lr = logged_lr(trainer.optimizer)
         if self._is_plain():
             if self._epoch_start is None:
                 self._epoch_start = self._last_line = self.clock()
@@ -69,7 +64,7 @@ class ProgressBar(Callback):
                             unit="batch", dynamic_ncols=True, leave=True, file=self._out())
 
     def on_batch_end(self, trainer: Trainer) -> None:
-        lr = self.step_lr
+        lr = trainer.step_lr  # the step's, as metrics.jsonl's (the optimizer's is the next one's)
         every = self.refresh_every or trainer.config.log_every
         if trainer.is_update_step and trainer.global_step % every == 0:
             self.loss = trainer.last_loss  # a device sync: only where the loop logs it anyway

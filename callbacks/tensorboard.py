@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.events import Callback
-from nlptrain.optim import logged_lr
 
 from .grad_clip import logged_grad_norm
 from .training_rate import TrainingRate
@@ -32,7 +31,6 @@ class TensorBoardLogger(Callback):
         self.log_dir = Path(log_dir)
         self.writer: Any = None
         self.rate = TrainingRate()  # of the steps since the previous logged one
-        self.step_lr = 0.0
 
     def on_train_start(self, trainer: Trainer) -> None:
         try:
@@ -54,10 +52,6 @@ class TensorBoardLogger(Callback):
     def on_epoch_start(self, trainer: Trainer) -> None:
         self.rate.restart()
 
-    def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
-        # The lr this step's update uses: by on_batch_end the schedule has moved to the next one.
-        self.step_lr = logged_lr(trainer.optimizer)
-
     def on_batch_end(self, trainer: Trainer) -> None:
         step = trainer.global_step
         if self.writer is None or not trainer.is_update_step:
@@ -67,7 +61,7 @@ class TensorBoardLogger(Callback):
             return
         now = time.perf_counter()
         self.writer.add_scalar("train/loss", trainer.last_loss, step)
-        self.writer.add_scalar("train/lr", self.step_lr, step)
+        self.writer.add_scalar("train/lr", trainer.step_lr, step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             self.writer.add_scalar("train/grad_norm", grad_norm, step)

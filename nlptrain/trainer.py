@@ -128,6 +128,7 @@ class Trainer(ProgressCounters):
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
         self.step_loss: torch.Tensor | None = None  # the latest step's loss, on the device
         self.step_rows: torch.Tensor | None = None  # and its rows, all ranks
+        self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
         self._stop_agreed = False    # every rank has read a stop: the run ends after this step
@@ -383,6 +384,7 @@ class Trainer(ProgressCounters):
 
     def _optimizer_step(self) -> None:
         """With the flags unread, the optimizer is told on the device to skip a non-finite step."""
+        self.step_lr = optim.logged_lr(self.optimizer)
         optim.step(self.optimizer, self.scaler, None if self._pending is None else self._pending.skip)
 
     def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
