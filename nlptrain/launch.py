@@ -175,13 +175,13 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
 def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
     """The launcher's exit code for its workers' failure (`ChildFailedError`), and its line."""
     # `predict ... | head`: the reader has what it wanted. Whichever rank's failure is dated
-    # first: the one that wrote to the closed pipe keeps no record, the others' stops do.
-    if any(failure.exitcode == PIPE_CLOSED for failure in err.failures.values()):
+    # first, and even where the writer was ended by the agent (SIGTERM) as it closed down after
+    # another rank's stop: its record says the pipe closed.
+    if any(failure.exitcode == PIPE_CLOSED or _record(failure).startswith(STDOUT_CLOSED)
+           for failure in err.failures.values()):
         return PIPE_CLOSED
     rank, failure = err.get_first_failure()
-    code = failure.exitcode
-    said = failure.message.get("message", "") if isinstance(failure.message, dict) \
-        else str(failure.message)  # (the worker's record: `tell_launcher`)
+    code, said = failure.exitcode, _record(failure)
     if said.startswith(INTERRUPTED_AT_ONCE):  # (the agent may have ended it with SIGTERM as
         code = Interrupted.exit_code         # it left)
     print(f"error: {failure_summary(rank, nproc, code, said)}"
@@ -189,7 +189,14 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
     return code if code > 0 else 1
 
 
+def _record(failure: Any) -> str:
+    """A failed worker's record (`tell_launcher`), '' where it wrote none."""
+    return failure.message.get("message", "") if isinstance(failure.message, dict) \
+        else str(failure.message)
+
+
 PIPE_CLOSED = 141  # a worker's exit code when its stdout's reader went away (cli.main)
+STDOUT_CLOSED = "stdout closed"  # its record, written as it finds out (it may not get to exit)
 INTERRUPTED_AT_ONCE = "interrupted"  # a worker's record: a KeyboardInterrupt, not the agreed stop
 EXITED = "sys.exit"  # a worker's record: it ended by sys.exit(n), with no error to show
 

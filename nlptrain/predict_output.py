@@ -148,6 +148,9 @@ def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list
         with (open_durably if durably else open)(path, "w", encoding="utf-8", newline="\n") as handle:
             write_rows(rows, handle, fmt, names, all_probs)
     except BrokenPipeError:  # `predict ... | head`: the reader has what it wanted (cli.main)
+        from nlptrain.launch import STDOUT_CLOSED, tell_launcher
+
+        tell_launcher(f"{STDOUT_CLOSED}: the reader has what it wanted")
         raise
     except OSError as err:
         raise NlptrainError(f"{'stdout' if to_stdout else output}: the predictions cannot be "

@@ -154,6 +154,12 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
     closed.timestamp, follower.timestamp = 200, 100  # the follower's first
     assert reported_failure(ChildFailedError("nlptrain", {0: closed, 1: follower}), 2) == PIPE_CLOSED
     assert capsys.readouterr().err == ""
+    # The writer ended by the agent (SIGTERM) while closing down, after rank 1's stop: its
+    # record says the pipe closed ("rank 0 of 2 was ended by SIGTERM", in a CI run).
+    ended = ProcessFailure(0, 11, -15, "<N/A>")
+    ended.message = {"message": "stdout closed: the reader has what it wanted"}
+    assert reported_failure(ChildFailedError("nlptrain", {0: ended, 1: follower}), 2) == PIPE_CLOSED
+    assert capsys.readouterr().err == ""
     failed = ProcessFailure(1, 12, 1, "<N/A>")
     assert reported_failure(ChildFailedError("nlptrain", {1: failed}), 2) == 1
     assert "error: rank 1 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
