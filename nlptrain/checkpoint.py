@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from torch.utils.data import IterableDataset
 
 from nlptrain import optim
-from nlptrain.config import data_order_keys
+from nlptrain.config import data_order_harm, data_order_keys
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
 from nlptrain.errors import CheckpointError
@@ -280,13 +280,13 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         raise CheckpointError(f"{folder}: its best model so far was picked with best_is = "
                               f"{meta['best_is']!r}; resume with that, not {trainer.config.best_is!r} "
                               "(every later score would be judged the other way round)")
-    changed = [f"{key} {value!r} -> {getattr(trainer.config, key)!r}"
+    changed = {key: f"{key} {value!r} -> {getattr(trainer.config, key)!r}"
                for key, value in meta.get("data_order", {}).items()
-               if getattr(trainer.config, key) != value]
+               if getattr(trainer.config, key) != value}
     if changed:
         raise CheckpointError(f"{folder}: the resume would skip the rows done in another data "
-                              f"order ({', '.join(changed)}): some rows would be trained twice, "
-                              "others never; resume with the run's values")
+                              f"order ({', '.join(changed.values())}): "
+                              f"{data_order_harm(list(changed))}; resume with the run's values")
     if meta.get("precision", trainer.config.precision) != trainer.config.precision:
         warn("%s was trained in %s; it goes on in %s, as asked", folder, meta["precision"],
              trainer.config.precision)

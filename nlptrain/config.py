@@ -223,6 +223,17 @@ FILES = ("train", "valid", "test")  # [data] entries that may be a table of thei
 DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length", "grad_accum")
 
 
+def data_order_harm(changed: list[str]) -> str:
+    """Why a resume with these DATA_ORDER_KEYS changed would train wrongly, in a few words."""
+    harms = []
+    if set(changed) - {"grad_accum"}:
+        harms.append("some rows would be trained twice, others never")
+    if "grad_accum" in changed:
+        harms.append("the first step after it would sum another count of micro-batches than it "
+                     "divides by")
+    return "; ".join(harms)
+
+
 def data_order_keys(max_tokens: int) -> tuple[str, ...]:
     """DATA_ORDER_KEYS; with a token budget also pad_to_multiple_of, as the padded widths plan
     the batches."""

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import TrainConfig, data_order_keys
+from nlptrain.config import TrainConfig, data_order_harm, data_order_keys
 from nlptrain.errors import CheckpointError, ConfigError, NlptrainError
 from nlptrain.integrity import no_whole_checkpoint, pick_checkpoint, step_folders, whole_weights_refusal
 from nlptrain.run_record import CONFIG_FILE, read_config, recorded_task_dict
@@ -123,9 +123,11 @@ def check_optimizer_kept(folder: Path, train: dict[str, Any], saved: dict[str, A
                        (data_order_keys(train.get("max_tokens", 0)), "data order")):
         changed = changed_settings(saved, train, keys)
         if changed:
+            harm = ("" if what != "data order" else
+                    f" ({data_order_harm([change.split(' ', 1)[0] for change in changed])})")
             raise ConfigError(f"{folder}: a resume keeps the run's {what}, and these changed: "
-                              f"{', '.join(changed)}; resume with the run's values, or start a "
-                              "new run (another --output-dir) to change them")
+                              f"{', '.join(changed)}{harm}; resume with the run's values, or "
+                              "start a new run (another --output-dir) to change them")
 
 
 def check_best_metric_kept(folder: Path, task: dict[str, Any], saved: dict[str, Any]) -> None:

@@ -287,7 +287,8 @@ def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_mode
         make_trainer(tmp_path, tiny_model_dir, [], batch_size=8, resume_from=folder)
     make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, resume_from=folder)  # the same: fine
     # Windows counted from the epoch's start: the first after a resume took 2 micro-batches of 4.
-    with pytest.raises(CheckpointError, match=r"another data order \(grad_accum 1 -> 4\)"):
+    with pytest.raises(CheckpointError, match=r"another data order \(grad_accum 1 -> 4\): the "
+                                              r"first step after it would sum another count"):
         make_trainer(tmp_path, tiny_model_dir, [], batch_size=4, grad_accum=4, resume_from=folder)
     budget = tmp_path / "budget"  # a token budget's batches are planned on the padded widths
     make_trainer(tmp_path, tiny_model_dir, [Checkpointer(budget, every=2)], max_tokens=256,
