@@ -22,6 +22,7 @@ from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
 from nlptrain.task_options import add_task_options, resolve_task
+from nlptrain.usage_errors import CommandParser, refuse_options_before_command, refuse_unknown
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
 from nlptrain.version import __version__
 
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     # right after the program, before the command.
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=f"nlptrain {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     train = commands.add_parser("train", help="fine-tune a model on a task",
                                 description="Fine-tune a model on a task; the run directory "
                                 "gets config.json, metrics.jsonl, checkpoints/, best/, model/.",
@@ -122,32 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(module).add_command(commands)
     parser.set_defaults(commands=commands.choices)  # for a misspelt option's own usage line
     return parser
-
-
-def refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                   unknown: list[str]) -> None:
-    """Exit 2 with the command's usage (not the top level's) and the nearest option's name."""
-    import difflib
-
-    from nlptrain.task_options import NOT_ON_COMMAND_LINE, task_key_of
-
-    command = args.commands.get(args.command, parser)
-    options = [flag for action in command._actions for flag in action.option_strings]
-    flag = unknown[0].split("=")[0]
-    near = difflib.get_close_matches(flag, options, n=1)
-    keys = [(section, key) for section, key in NOT_ON_COMMAND_LINE
-            if flag == f"--{key.replace('_', '-')}" and "--set" in options]  # (predict has none)
-    task_key = task_key_of(flag) if "--set" in options else None  # eval: a key of train's
-    if keys:
-        hint = f" (a list, set in the task file or as --set {keys[0][0]}.{keys[0][1]}='[\"a\", \"b\"]')"
-    elif task_key:
-        key, value = task_key
-        value = value or unknown[0].partition("=")[2] or \
-            (unknown[1] if len(unknown) > 1 and not unknown[1].startswith("-") else "VALUE")
-        hint = f" ({args.command} takes this task key as --set {key}={value})"
-    else:
-        hint = f" (did you mean {near[0]}?)" if near else ""
-    command.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 def check_train(args: argparse.Namespace) -> None:
@@ -310,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.enable(sys.__stderr__, all_threads=True)
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
+    refuse_options_before_command(parser, argv)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        refuse_unknown(parser, args, unknown)
+        refuse_unknown(args.commands.get(args.command, parser), args.command, unknown)
     if args.command is None:
         parser.print_help()
         return 2

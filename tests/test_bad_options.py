@@ -196,6 +196,24 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     assert "--set" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, said", [
+    # A misspelt required option: it said only that --model was required.
+    (["eval", "--modle", "m"], "nlptrain eval: error: unrecognized arguments: --modle m (did you "
+                               "mean --model?)"),
+    (["predict", "--model", "m", "--inptu", "f"], "nlptrain predict: error: unrecognized "
+                                                  "arguments: --inptu f (did you mean --input?)"),
+    (["eval"], "nlptrain eval: error: the following arguments are required: --model"),
+    # A command's option before it: argparse took 'debug' for the command.
+    (["--log-level", "debug", "train", "--epochs", "1"],
+     "nlptrain: error: --log-level is an option of the command and goes after it: nlptrain "
+     "train --log-level debug --epochs 1"),
+])
+def test_a_usage_error_names_the_option_at_fault(capsys, argv, said):
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_max_restarts_without_nproc_is_refused_not_ignored(capsys, toy_task, tmp_path):
     code, err = train(capsys, toy_task, tmp_path / "run", "--max-restarts", "2")
     assert code == 1 and "error: --max-restarts 2 restarts the workers --nproc N starts: give " \
