@@ -19,7 +19,7 @@ import numpy as np
 from nlptrain.config import FileSpec, TaskConfig, file_spec
 from nlptrain.data.readers import Examples, format_of, open_checked, read_examples, source_files
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
-from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir
+from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir, say_truncated
 from nlptrain.distributed import Backend, SingleProcess
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
@@ -160,7 +160,8 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
             pairs = None if examples.pairs is None else examples.pairs[begin:end]
             part = what if (begin, end) == (0, len(examples)) else f"{what} rows {begin}-{end}"
             return TokenizedDataset.from_texts(examples.texts[begin:end], targets[begin:end],
-                                               tokenizer, max_length, pairs=pairs, what=part)
+                                               tokenizer, max_length, pairs=pairs, what=part,
+                                               report=False)  # said below, from the whole set
         meta = {"rows": len(examples), "values": labels.values, "names": labels.names}
         return len(examples), meta, tokenize
 
@@ -168,6 +169,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
     if cache_dir is None:
         rows, meta, tokenize = read()
         dataset = tokenize(0, rows)
+        meta["truncated"] = dataset.truncated
     else:
         for path in files:
             open_checked(path, what)
@@ -178,6 +180,9 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         size = sum(path.stat().st_size for path in files)
         dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share, size)
     dataset.max_length, dataset.pairs = max_length, spec.text_pair_column != ""
+    # Said from the whole set's count (however many ranks tokenized it), a cached one's too.
+    dataset.truncated = meta.get("truncated")
+    say_truncated(what, dataset.truncated, len(dataset), max_length)
     return dataset, vocab or LabelVocab(meta["values"], meta["names"])
 
 

@@ -93,7 +93,8 @@ def cached_shared(folder: Path, read: Read, what: str, share: Share,
 
 def _whole(read: Read) -> tuple[TokenizedDataset, dict]:
     rows, meta, tokenize = read()
-    return tokenize(0, rows), meta
+    dataset = tokenize(0, rows)
+    return dataset, {**meta, "truncated": dataset.truncated}
 
 
 def _tokenize_share(folder: Path, parts: Path, read: Read, what: str, share: Share) -> None:
@@ -115,7 +116,8 @@ def _tokenize_share(folder: Path, parts: Path, read: Read, what: str, share: Sha
     _wait(lambda: _parts_done(parts, count) == count or (folder / "meta.json").is_file(),
           parts, what, "the other ranks' shares", lambda: f"{_parts_done(parts, count)} of {count}")
     if not (folder / "meta.json").is_file():  # else another job wrote it first
-        write_entry(folder, _join(parts, count), meta)
+        whole = _join(parts, count)
+        write_entry(folder, whole, {**meta, "truncated": whole.truncated})
     log.info("%s: %d rows read and tokenized on %d ranks in %.2f s, cached in %s", what, rows,
              count, time.perf_counter() - start, folder)
 
@@ -133,6 +135,7 @@ def _write_part(folder: Path, part: TokenizedDataset) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     part.save(staging)
+    (staging / "truncated").write_text(str(part.truncated))
     os.replace(staging, folder)
 
 
@@ -166,7 +169,9 @@ def _join(parts: Path, count: int) -> TokenizedDataset:
         offsets.append(np.asarray(piece.offsets[1:]) + base)
         base += int(piece.offsets[-1])
     typed = pieces[0].type_ids is not None
-    return TokenizedDataset(
+    whole = TokenizedDataset(
         np.concatenate([p.ids for p in pieces]), np.concatenate(offsets),
         np.concatenate([p.labels for p in pieces]),
         type_ids=np.concatenate([p.type_ids for p in pieces]) if typed else None)
+    whole.truncated = sum(int((parts / f"part-{i}" / "truncated").read_text()) for i in range(count))
+    return whole

@@ -46,6 +46,7 @@ class TokenizedDataset(Dataset):
         # How the rows were tokenized (None: not known), for the export: `predict` reads as the
         # model was trained.
         self.max_length, self.pairs = max_length, pairs
+        self.truncated: int | None = None  # rows cut at max_length as tokenized (None: not known)
 
     def __len__(self) -> int:
         return len(self.labels) if self.rows is None else len(self.rows)
@@ -80,11 +81,12 @@ class TokenizedDataset(Dataset):
     @classmethod
     def from_texts(cls, texts: Sequence[str], labels: Sequence[Any] | np.ndarray, tokenizer: Any,
                    max_length: int, chunk: int = 4096, pairs: Sequence[str] | None = None,
-                   what: str = "data") -> TokenizedDataset:
+                   what: str = "data", report: bool = True) -> TokenizedDataset:
         """Tokenize in batches with the fast tokenizer; truncation to `max_length` tokens.
         With `pairs`, each row is encoded as a real pair (`tokenizer(text, text_pair)`): the
         longer side is truncated first, and each token's segment is kept as its type id (for
-        models that read type ids)."""
+        models that read type ids). The rows cut are counted (`.truncated`), and said unless
+        `report` is false (a share of a set, whose total is said once)."""
         if len(labels) != len(texts) or (pairs is not None and len(pairs) != len(texts)):
             raise DataError(f"{what}: {len(texts)} texts, {len(labels)} labels"
                             f"{'' if pairs is None else f', {len(pairs)} second texts'}: give one "
@@ -119,11 +121,12 @@ class TokenizedDataset(Dataset):
         type_ids = None
         if typed:
             type_ids = np.concatenate(type_pieces) if type_pieces else np.zeros(0, dtype=np.int8)
-        if truncated:
-            log.info("%s: %d of %d rows were longer than max_length (%d tokens) and were truncated",
-                     what, truncated, len(lengths), max_length)
-        return cls(ids, offsets, as_targets(labels), type_ids=type_ids, max_length=max_length,
-                   pairs=pairs is not None)
+        if report:
+            say_truncated(what, truncated, len(lengths), max_length)
+        dataset = cls(ids, offsets, as_targets(labels), type_ids=type_ids, max_length=max_length,
+                      pairs=pairs is not None)
+        dataset.truncated = truncated
+        return dataset
 
     def save(self, folder: Path) -> None:
         for name in ("ids", "offsets", "labels", "type_ids"):
@@ -139,6 +142,12 @@ class TokenizedDataset(Dataset):
         if int(loaded.offsets[-1]) != len(loaded.ids) or len(loaded.labels) != len(loaded.offsets) - 1:
             raise ValueError(f"{folder}: its arrays do not fit together")
         return loaded
+
+
+def say_truncated(what: str, truncated: int | None, rows: int, max_length: int) -> None:
+    if truncated:
+        log.info("%s: %d of %d rows were longer than max_length (%d tokens) and were truncated",
+                 what, truncated, rows, max_length)
 
 
 def loss_targets(labels: np.ndarray) -> np.ndarray:
