@@ -87,6 +87,9 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     counted = len(loader)  # the short shares then pad with batches that are not counted
     padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
     filler = (collate([dataset[0]]) for _ in range(padding))
+    # The work left in padded tokens, not batches: the longest come first, so a time per batch
+    # from the first ones said 2-4x too long.
+    work = np.cumsum([len(rows) * int(dataset.lengths[rows].max()) for rows in batches.batches])
     index, outputs, labels = [], [], []
     began = said = time.perf_counter()
     for step, batch in enumerate(itertools.chain(loader, filler)):
@@ -100,7 +103,7 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
         labels.append(batch["labels"])
         if time.perf_counter() - said >= PROGRESS_EVERY_S:  # (logged by rank 0, for its share)
             said = time.perf_counter()
-            left = (said - began) / (step + 1) * (counted - step - 1)
+            left = (said - began) / work[step] * (work[-1] - work[step])
             log.info("scoring: batch %d/%d (%.0f%%), about %.0f s left", step + 1, counted,
                      100 * (step + 1) / counted, left)
     model.train(was_training)

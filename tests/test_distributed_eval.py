@@ -85,3 +85,33 @@ def test_a_rank_with_no_rows_gathers_labels_of_a_users_own_type(tmp_path, tiny_m
     for labels in run_ranks(user_typed_labels_worker, 2, tmp_path, str(tiny_model_dir), dtype,
                             timeout=120):
         assert labels == [0, 1, 1]
+
+
+def test_the_time_left_in_a_scoring_is_told_by_the_work_left(monkeypatch, caplog):
+    """The longest batches come first: a time per batch from them said 2-4x too long. With a
+    model whose time is its padded tokens, the estimate after the first batch is exact."""
+    import logging
+    from types import SimpleNamespace
+
+    import nlptrain.evaluate
+    from nlptrain.data import TokenizedDataset
+    from nlptrain.distributed import SingleProcess
+
+    clock = SimpleNamespace(now=0.0)
+
+    class TokenTimed(torch.nn.Module):
+        def forward(self, input_ids, **_):
+            clock.now += input_ids.numel()  # a second a padded token
+            return torch.zeros(len(input_ids), 2)
+
+    monkeypatch.setattr(nlptrain.evaluate, "time", SimpleNamespace(perf_counter=lambda: clock.now))
+    monkeypatch.setattr(nlptrain.evaluate, "PROGRESS_EVERY_S", 0.0)
+    lengths = [40] * 4 + [10] * 8 + [5] * 4  # batches of 4: 160, 40, 40 and 20 padded tokens
+    ids = np.concatenate([np.arange(1, n + 1, dtype=np.int32) for n in lengths])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    data = TokenizedDataset(ids, offsets, np.zeros(len(lengths), dtype=np.int64))
+    with caplog.at_level(logging.INFO, logger="nlptrain"):
+        predict(TokenTimed(), data, SingleProcess(), Collator(0), batch_size=4)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scoring:")]
+    assert said[0] == "scoring: batch 1/4 (25%), about 100 s left", said  # 40 + 40 + 20 tokens
+    assert said[-1].endswith("(100%), about 0 s left")
