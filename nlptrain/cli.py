@@ -173,9 +173,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from nlptrain import recipe
 
     task = resolve_task(args)
-    opts = run_options(args)
     environment = launch_environment(args)
     start_logging(args, environment.rank)
+    opts = run_options(args)  # (after the logging: a callback module's logger takes its level)
     with recipe.backend(task.train.timeout, environment) as dist:
         recipe.train(task, opts, dist)
     return 0

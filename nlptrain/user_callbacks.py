@@ -27,8 +27,11 @@ def make_callback(spec: str) -> Any:
     """`--callback FILE.py:Class`: an instance of the class, made without arguments and checked
     (`events.check_callback`), every error naming the spec."""
     from nlptrain.events import Callback, check_callback
+    from nlptrain.logs import heed_log_level
 
     made = load_object(spec)
+    where = spec.rpartition(":")[0]  # its logger's info shows, as ours; a file's by its name
+    heed_log_level(getattr(made, "__module__", "") or "", Path(where).name if where.endswith(".py") else "")
     if not isinstance(made, type):  # an instance, a function, a constant: nothing to make
         raise ConfigError(f"--callback {spec}: names {_what(made)}, not a class: name the "
                           "Callback class itself (it is made without arguments)")

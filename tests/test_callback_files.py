@@ -160,3 +160,25 @@ def test_a_class_of_a_file_with_a_dot_in_its_name_pickles(tmp_path):
                     "class Notify(Callback):\n    url: str = 'x'\n")
     made = make_callback(f"{mine}:Notify")
     assert pickle.loads(pickle.dumps(made)).url == "x"
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_a_callback_files_own_logger_follows_the_log_level(capsys, toy_task, tmp_path, level):
+    """Its info lines were lost (only the root's last-resort handler, at warnings, took them)."""
+    import logging
+
+    mine = tmp_path / "talk.py"
+    mine.write_text("import logging\nfrom nlptrain import Callback\n"
+                    "log = logging.getLogger(__name__)\n\nclass Talk(Callback):\n"
+                    "    def on_train_start(self, trainer):\n        log.info('my info line')\n"
+                    "        log.warning('mind this')\n")
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    try:
+        code, err = train(capsys, toy_task, tmp_path / "run", "--max-steps", "1", "--log-level",
+                          level, "--callback", f"{mine}:Talk")
+    finally:
+        root.handlers[:] = handlers
+    assert code == 0, err
+    assert ("\nmy info line\n" in err) == (level == "info"), err
+    assert "warning: mind this\n" in err and "WARNING" not in err

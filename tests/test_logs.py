@@ -37,3 +37,28 @@ def test_each_log_line_and_its_newline_are_one_write(monkeypatch):
             logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
     assert stream.writes == ["[rank 1] WARNING nlptrain: ddp: a rank could not map the file\n",
                              "[rank 1] WARNING nlptrain.strategies: second\n"]
+
+
+def test_other_loggers_lines_carry_the_rank_and_a_callback_files_name(monkeypatch):
+    """A library's or a user's module's warnings came through the root's last-resort handler,
+    without the rank; a --callback file's under the module name made for it."""
+    from nlptrain.logs import heed_log_level
+
+    stream = Writes()
+    monkeypatch.setattr("sys.stderr", stream)
+    touched = [logging.getLogger(name) for name in ("nlptrain", "py.warnings", "", "cb_0f")]
+    saved = [(logger.handlers[:], logger.level, logger.propagate) for logger in touched]
+    try:
+        setup_logging(rank=1, level="warning")
+        heed_log_level("cb_0f", "talk.py")
+        logging.getLogger("somelib").warning("a library's warning")
+        logging.getLogger("somelib").info("a library's info: not shown")
+        logging.getLogger("cb_0f").warning("the callback's")
+        logging.getLogger("py.warnings").warning("x.py:8: UserWarning: y\n  warn('y')\n")
+    finally:
+        for logger, (handlers, level, propagate) in zip(touched, saved, strict=True):
+            logger.handlers[:], logger.level, logger.propagate = handlers, level, propagate
+    assert stream.writes == ["[rank 1] WARNING somelib: a library's warning\n",
+                             "[rank 1] WARNING talk.py: the callback's\n",
+                             # (a captured warning ends with a newline: no blank line after it)
+                             "[rank 1] WARNING py.warnings: x.py:8: UserWarning: y\n  warn('y')\n"]
