@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -64,6 +65,17 @@ def staged_folder(target: Path) -> Iterator[Path]:
         replace_folder(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def new_staging_folder(parent: Path, prefix: str) -> Path:
+    """A new folder of a unique name in `parent`, to fill and rename into place, with the
+    umask's mode: mkdtemp makes it private (0700), and a shared folder's users could not read
+    what it becomes."""
+    staging = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)
+    return staging
 
 
 def clear_leftovers(folder: Path) -> list[str]:

@@ -88,7 +88,7 @@ def test_key_follows_the_code_that_reads_the_files(tmp_path, tiny_model_dir, mon
     assert cache_key([data], tokenizer, 32, {}) != key
 
 
-@pytest.mark.parametrize("damage", ["cut", "gone"])
+@pytest.mark.parametrize("damage", ["cut", "gone", "emptied"])  # (emptied: numpy's EOFError)
 def test_a_damaged_entry_is_made_again_not_a_traceback(tmp_path, tiny_model_dir, caplog, damage):
     tokenizer = Counting(load_tokenizer(str(tiny_model_dir)))
 
@@ -98,11 +98,46 @@ def test_a_damaged_entry_is_made_again_not_a_traceback(tmp_path, tiny_model_dir,
 
     expected = np.array(cached(tmp_path / "entry", build)[0].ids)  # (a copy: the map is cut too)
     ids = tmp_path / "entry" / ("ids.npy" if damage == "cut" else "labels.npy")
-    ids.write_bytes(ids.read_bytes()[:100]) if damage == "cut" else ids.unlink()
+    if damage == "gone":
+        ids.unlink()
+    else:
+        ids.write_bytes(ids.read_bytes()[:100 if damage == "cut" else 0])
     with caplog.at_level("WARNING", logger="nlptrain"):
         again, _ = cached(tmp_path / "entry", build)
     assert "a damaged token cache entry" in caplog.text and tokenizer.calls == 2
     assert np.array_equal(np.asarray(again.ids), expected)
+
+
+def test_an_entry_is_as_readable_as_the_umask_makes_files(tmp_path, tiny_model_dir):
+    """Entries were private (mkdtemp's 0700): a data folder's cache shared by its users failed
+    for all but the first with a PermissionError traceback."""
+    import os
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    old = os.umask(0o022)
+    try:
+        cached(tmp_path / "entry", lambda: (TokenizedDataset.from_texts(["a b"], [0], tokenizer, 8), {}))
+    finally:
+        os.umask(old)
+    assert (tmp_path / "entry").stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("trouble", ["a file where the folder goes", "a full disk"])
+def test_a_cache_folder_that_cannot_take_an_entry_is_one_error_naming_it(
+        tmp_path, tiny_model_dir, monkeypatch, trouble):
+    """A read-only, full or misnamed cache folder was an OSError traceback."""
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    cache = tmp_path / "cache"
+    if trouble == "a full disk":
+        def full(self, folder):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(TokenizedDataset, "save", full)
+    else:
+        cache.write_text("not a folder")
+    with pytest.raises(DataError, match=f"token cache {cache}: entry cannot be written .*; give "
+                                        r"another folder \(--cache-dir DIR.* \(--no-cache\)"):
+        cached(cache / "entry", lambda: (TokenizedDataset.from_texts(["a b"], [0], tokenizer, 8), {}))
+    assert not cache.is_dir() or not list(cache.iterdir())  # no staging folder left
 
 
 def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):

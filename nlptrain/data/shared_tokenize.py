@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nlptrain.data.tokenized import TokenizedDataset, cached, write_entry
+from nlptrain.data.tokenized import TokenizedDataset, cache_error, cached, entry_exists, write_entry
 from nlptrain.distributed import Backend
 from nlptrain.durable import write_text
 from nlptrain.errors import DataError, RemoteRankError
@@ -68,12 +68,15 @@ def cached_shared(folder: Path, read: Read, what: str, share: Share,
     """The cache entry in `folder`, built by the ranks of `share` together when it is missing.
     Files under `SHARE_MIN_BYTES` (`source_bytes` in all) are tokenized by the first rank alone:
     splitting them costs more than it saves, and the others wait for it without reading."""
-    if share.count == 1 or (folder / "meta.json").is_file():
+    if share.count == 1 or entry_exists(folder):
         return cached(folder, lambda: _whole(read), what)
     parts = folder.parent / f".parts-{folder.name}-{share.tag}"
     if share.index == 0:
         _remove_stale_parts(folder.parent)
-    parts.mkdir(parents=True, exist_ok=True)
+    try:
+        parts.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise cache_error(folder, "cannot be written", err) from None
     try:
         if source_bytes < SHARE_MIN_BYTES:
             if share.index == 0:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from nlptrain.durable import replace_folder
+from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import ConfigError, DataError, every_rank
 
 MANIFEST = "manifest.json"
@@ -223,7 +223,7 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     _check_out(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        staging = new_staging_folder(out.parent, f".{out.name}.tmp-")
     except OSError as err:  # a parent that is a file, read-only, ...: said, not a traceback
         raise ConfigError(f"{out}: cannot be written ({err.strerror or err}); choose another "
                           "--out") from err
@@ -236,9 +236,6 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
                            "bytes": sum(f.stat().st_size for f in files),
                            "checksum": file_digest(files)}
         manifest.save(staging)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp makes it private; the result is a plain folder
         _check_out(out, overwrite)
         if out.exists():
             shutil.rmtree(out) if (out / MANIFEST).is_file() else out.rmdir()

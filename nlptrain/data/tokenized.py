@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from nlptrain.durable import replace_folder
+from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -300,11 +299,13 @@ def _has_write_bits(folder: Path) -> bool:
 def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDataset, dict]:
     """Load the entry in `folder`, or build it (returns dataset, meta) and write it atomically."""
     start = time.perf_counter()
-    if (folder / "meta.json").is_file():
+    if entry_exists(folder):
         try:
             dataset = TokenizedDataset.load(folder)
             meta = json.loads((folder / "meta.json").read_text())
-        except (OSError, ValueError, TypeError) as err:  # a file cut short, or gone
+        except PermissionError as err:
+            raise cache_error(folder, "cannot be read", err) from None
+        except (OSError, ValueError, TypeError, EOFError) as err:  # a file cut short, or gone
             log.warning("%s: a damaged token cache entry (%s); it is made again", folder,
                         str(err).splitlines()[0][:120])
             shutil.rmtree(folder, ignore_errors=True)
@@ -319,17 +320,34 @@ def cached(folder: Path, build: Any, what: str = "data") -> tuple[TokenizedDatas
     return TokenizedDataset.load(folder), meta
 
 
+def entry_exists(folder: Path) -> bool:
+    """Whether the entry is there; one another user keeps private is an error that says so."""
+    try:
+        return (folder / "meta.json").is_file()
+    except PermissionError as err:
+        raise cache_error(folder, "cannot be read", err) from None
+
+
+def cache_error(folder: Path, what: str, err: OSError) -> DataError:
+    return DataError(f"token cache {folder.parent}: {folder.name} {what} ({err.strerror or err}); give "
+                     "another folder (--cache-dir DIR, or [data] cache_dir) or tokenize in "
+                     "memory (--no-cache)")
+
+
 def write_entry(folder: Path, dataset: TokenizedDataset, meta: dict) -> None:
     """Write a cache entry: the whole folder appears at once (a crash leaves only .tmp-*), and
-    of two concurrent writers the first wins."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
+    of two concurrent writers the first wins. A folder that cannot take it (read-only, full) is
+    one error naming it."""
+    staging = None
     try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = new_staging_folder(folder.parent, ".tmp-")
         dataset.save(staging)
         (staging / "meta.json").write_text(json.dumps(meta))
         replace_folder(staging, folder, replace_existing=False)
-    except OSError:
-        if not (folder / "meta.json").is_file():
-            raise
+    except OSError as err:
+        if not entry_exists(folder):
+            raise cache_error(folder, "cannot be written", err) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
