@@ -135,7 +135,7 @@ def _columns(stream: IO[str]) -> int:
 def _batches_this_epoch(trainer: Trainer) -> int:
     """The epoch's micro-batches, or fewer where max_steps ends the run inside it."""
     cfg, total = trainer.config, trainer.batches_per_epoch
-    if cfg.max_steps:
-        total = min(total, trainer.batch_in_epoch
-                    + max(cfg.max_steps - trainer.global_step, 0) * cfg.grad_accum)
+    if cfg.max_steps:  # from the open window's start (its micro-batches are counted already)
+        window_start = trainer.batch_in_epoch - trainer.window.micro_batches
+        total = min(total, window_start + max(cfg.max_steps - trainer.global_step, 0) * cfg.grad_accum)
     return total

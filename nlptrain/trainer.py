@@ -174,6 +174,7 @@ class Trainer(ProgressCounters):
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
+                self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
                 self._check_resumed_optimizer()
                 self._train_epochs()
             except BaseException as error:

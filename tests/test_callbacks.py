@@ -191,6 +191,20 @@ def test_progress_counts_to_max_steps_where_it_ends_the_run_inside_the_epoch(
     assert end and end[0].startswith("epoch 1/2 stopped after batch 4 of 6: 4 batches in "), end
 
 
+def test_progress_in_windows_of_micro_batches_counts_to_max_steps_and_shows_the_lr(
+        tmp_path, tiny_model_dir, capsys):
+    """grad_accum 2: the totals went 1/5, 2/4, 3/5 (a window's micro-batches counted twice), and
+    the lr was 0 until the first step (a resume's too)."""
+    from nlptrain.callbacks import ProgressBar
+
+    bar = ProgressBar(log_every_s=0, plain=True)
+    make_trainer(tmp_path, tiny_model_dir, [bar], epochs=2, batch_size=2, grad_accum=2,
+                 max_steps=2, warmup_ratio=0.0, lr=1e-3).fit()
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("epoch 1/2:")]
+    assert [line.split(" (")[0] for line in lines] == [f"epoch 1/2: batch {n}/4" for n in range(1, 5)]
+    assert "lr 1.00e-03" in lines[0], lines
+
+
 def test_progress_names_the_set_it_scores_and_marks_best_only_where_a_best_is_kept(
         tmp_path, tiny_model_dir, capsys):
     """A CLI run without a validation set evaluates on the test set: its lines say "test", and
