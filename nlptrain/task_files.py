@@ -147,7 +147,10 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         raise ConfigError(f"{source}: [train] timeout must be at most {MAX_WAIT_S:,} seconds")
     if "train" in sections and not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
-    if set(sections) != set(SECTIONS):  # one section alone: nothing else to fit it to
+    whole = set(sections) == set(SECTIONS)
+    if "train" in sections:  # (the kinds they fit: only where the task's is known)
+        validate_finetuning(task.train, task.data.kind if whole else None, source)
+    if not whole:  # one section alone: nothing else to fit it to
         return
     if not task.name or task.name in (".", "..") or any(c in task.name for c in "/\\"):
         raise ConfigError(f"{source}: name = {task.name!r} names the run's folder (runs/<name>-"
@@ -168,7 +171,6 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         from nlptrain.kinds import from_task
 
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
-    validate_finetuning(task.train, task.data.kind, source)
     if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
         raise ConfigError(f"{source}: [data] labels name classes; a regression task has none: "
                           "leave them out (data.labels=[])")
@@ -195,8 +197,9 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")
 
 
-def validate_finetuning(train: TrainConfig, kind: str, source: str) -> None:
-    """class_weights, label_smoothing, layer_lr_decay, ema_decay: values, and the kinds they fit."""
+def validate_finetuning(train: TrainConfig, kind: str | None, source: str) -> None:
+    """class_weights, label_smoothing, layer_lr_decay, ema_decay: values, and the kinds they fit
+    where the kind is known (a Trainer checks it again with its own)."""
     weights = train.class_weights
     if isinstance(weights, str) and weights not in ("", "balanced"):
         raise ConfigError(f"{source}: [train] class_weights = {weights!r}; give 'balanced' or a list "
@@ -205,16 +208,18 @@ def validate_finetuning(train: TrainConfig, kind: str, source: str) -> None:
             isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in weights):
         raise ConfigError(f"{source}: [train] class_weights = {weights!r}: each weight must be a "
                           "number >= 0")
-    if weights not in ("", []) and kind == "regression":
-        raise ConfigError(f"{source}: [train] class_weights is for classes; a regression task has none")
     if not 0 <= train.label_smoothing < 1:
         raise ConfigError(f"{source}: [train] label_smoothing must be in [0, 1)")
-    if train.label_smoothing and kind != "single_label":
-        raise ConfigError(f"{source}: [train] label_smoothing is for single_label tasks, not {kind}")
     if not 0 < train.layer_lr_decay <= 1:
         raise ConfigError(f"{source}: [train] layer_lr_decay must be in (0, 1] (1: off)")
     if not 0 <= train.ema_decay < 1:
         raise ConfigError(f"{source}: [train] ema_decay must be in [0, 1) (0: off)")
+    if kind is None:
+        return
+    if weights not in ("", []) and kind == "regression":
+        raise ConfigError(f"{source}: [train] class_weights is for classes; a regression task has none")
+    if train.label_smoothing and kind != "single_label":
+        raise ConfigError(f"{source}: [train] label_smoothing is for single_label tasks, not {kind}")
 
 
 def with_line(message: str, path: str, text: str) -> str:

@@ -31,7 +31,7 @@ from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
-from nlptrain.task_files import train_config
+from nlptrain.task_files import train_config, validate_finetuning
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -84,6 +84,7 @@ class Trainer(ProgressCounters):
         self.label_names = list(label_names) if label_names else \
             kinds.label_names_of(model_config, self.kind)
         self.kind.check(self.label_names, "" if metrics else self.metric_for_best, "Trainer")
+        validate_finetuning(config, self.kind.name, "Trainer(config=...)")  # the kinds they fit
         self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer
         self.train_data = train_data = self._as_dataset(train_data, "train")

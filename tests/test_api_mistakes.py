@@ -81,6 +81,13 @@ def test_a_list_of_rows_trains_and_scores_as_the_dataset_they_came_from(tiny_mod
     (TrainConfig(warmup_ratio=5), r"warmup_ratio must be in \[0, 1\]$"),
     (TrainConfig(padding="max_length"), r"^padding='max_length' pads to the task's max_length, "
                                         r"which a Trainer is not given: pass collate=Collator\("),
+    # The fine-tuning keys, as a task file's: they were taken (-1 trained by gradient ascent).
+    (TrainConfig(layer_lr_decay=-1.0), r"^Trainer\(config=\.\.\.\): \[train\] layer_lr_decay must "
+                                       r"be in \(0, 1\]"),
+    (TrainConfig(ema_decay=-0.5), r"\[train\] ema_decay must be in \[0, 1\)"),
+    (TrainConfig(label_smoothing=1.5), r"\[train\] label_smoothing must be in \[0, 1\)"),
+    (TrainConfig(class_weights=[-1.0, 2.0]), r"\[train\] class_weights = \[-1\.0, 2\.0\]: each "
+                                             r"weight must be a number >= 0"),
 ])
 def test_a_config_of_the_wrong_keys_or_types_is_refused_naming_the_key(tiny_model_dir, tokenizer,
                                                                       config, message):
@@ -394,3 +401,13 @@ def test_a_users_dataset_with_a_pairs_attribute_of_its_own_is_not_compared(tiny_
 
     data = PairRows()
     assert as_dataset(data, tokenizer, ["neg", "pos"], SingleLabel(), "valid", like=single) is data
+
+
+def test_a_fine_tuning_key_the_trainers_kind_cannot_take_is_refused(tiny_model_dir, tokenizer):
+    from nlptrain.kinds import Regression
+
+    model = load_model(str(tiny_model_dir), ["score"])
+    with pytest.raises(ConfigError, match=r"^Trainer\(config=\.\.\.\): \[train\] label_smoothing is "
+                                          r"for single_label tasks, not regression$"):
+        Trainer(model, rows(tokenizer, [0.5, 0.1]), config=TrainConfig(label_smoothing=0.1),
+                kind=Regression(), label_names=["score"])
