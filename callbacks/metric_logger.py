@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nlptrain.durable import write_text
 from nlptrain.events import Callback
+from nlptrain.scores import strict_json
 
 from .grad_clip import logged_grad_norm
 from .training_rate import TrainingRate
@@ -53,9 +53,7 @@ class MetricLogger(Callback):
         if self.handle is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.handle = open(self.path, "a", encoding="utf-8")  # append: resume continues it
-        # strict JSON: a non-finite number (a diverged loss) is null, which every parser reads
-        plain = {k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in row.items()}
-        self.handle.write(json.dumps(plain) + "\n")
+        self.handle.write(json.dumps(strict_json(row)) + "\n")
         self.handle.flush()
 
     def on_epoch_start(self, trainer: Trainer) -> None:

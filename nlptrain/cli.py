@@ -184,6 +184,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     import json
 
+    from nlptrain.scores import strict_json
+
     import_libraries()
 
     from nlptrain import recipe
@@ -195,7 +197,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with recipe.backend(task.train.timeout, environment) as dist:
         metrics = recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)
         if dist.is_main:
-            print(json.dumps(metrics, indent=1) if args.json else metrics_text(metrics))
+            print(json.dumps(strict_json(metrics), indent=1) if args.json else metrics_text(metrics))
     return 0
 
 

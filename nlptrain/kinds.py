@@ -324,7 +324,8 @@ class Regression(TaskKind):
         if class_weights is not None or label_smoothing:
             raise ConfigError("[train] class_weights and label_smoothing are for classes; a "
                               "regression task has none")
-        return F.mse_loss(logits.view(-1), targets.to(logits.dtype).view(-1))
+        # In float32: bf16 targets would train 3.8 as 3.796875 (autocast computes it in fp32).
+        return F.mse_loss(logits.float().view(-1), targets.float().view(-1))
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().view(-1, 1)
@@ -334,15 +335,17 @@ class Regression(TaskKind):
         from sklearn.metrics import mean_absolute_error, mean_squared_error
 
         guess, truth = outputs.reshape(-1).astype(np.float64), targets.astype(np.float64)
-        constant = len(truth) < 2 or np.ptp(guess) == 0 or np.ptp(truth) == 0
-        mse = float(mean_squared_error(truth, guess)) if len(truth) else math.nan
+        scored = len(truth) > 0 and bool(np.isfinite(guess).all())  # (else scikit-learn raises)
+        # A constant prediction has no correlation: NaN, as scipy says, which is never a better
+        # score (a 0 beat every negative one, and a collapsed model became the best).
+        correlated = scored and len(truth) > 1 and np.ptp(guess) > 0 and np.ptp(truth) > 0
+        mse = float(mean_squared_error(truth, guess)) if scored else math.nan
         return {
             "rows": int(len(truth)),
-            # A constant prediction has no correlation; report 0 rather than NaN (an untrained head).
-            "pearson": 0.0 if constant else float(pearsonr(truth, guess).statistic),
-            "spearman": 0.0 if constant else float(spearmanr(truth, guess).statistic),
+            "pearson": float(pearsonr(truth, guess).statistic) if correlated else math.nan,
+            "spearman": float(spearmanr(truth, guess).statistic) if correlated else math.nan,
             "mse": mse,
-            "mae": float(mean_absolute_error(truth, guess)) if len(truth) else math.nan,
+            "mae": float(mean_absolute_error(truth, guess)) if scored else math.nan,
             "loss": mse,
         }
 

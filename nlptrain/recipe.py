@@ -40,6 +40,7 @@ from nlptrain.runs import (
     new_run_dir,
     prepare_run_dir,
 )
+from nlptrain.scores import strict_json
 from nlptrain.signals import stopped_message
 from nlptrain.task_files import validate
 from nlptrain.trainer import DistTrainer
@@ -272,7 +273,7 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
             if name == "train" and sets.sources:
                 source += " (less the held-out rows)"
             data[name] = {"rows": len(getattr(sets, name)), "source": source}
-    write_text(run_dir / "results.json", json.dumps({**results, "data": data}, indent=1))
+    write_text(run_dir / "results.json", json.dumps(strict_json({**results, "data": data}), indent=1))
     if found is not None:
         with open_durably(run_dir / PREDICTIONS_FILE, "wb") as handle:  # whole or not at all
             np.savez_compressed(handle, outputs=found.outputs, targets=found.labels)

@@ -3,10 +3,23 @@ that picks the best model."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
 from nlptrain.errors import ConfigError
+
+
+def strict_json(value: Any) -> Any:
+    """`value` with each non-finite float (an undefined correlation, a diverged loss) as None:
+    strict JSON, which every parser reads (Python's json writes NaN, which most refuse)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(item) for item in value]
+    return value
 
 
 def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:

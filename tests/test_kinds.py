@@ -188,6 +188,29 @@ def test_regression_metrics_and_directions():
     assert kind.is_better("pearson", -0.5, None)
 
 
+def test_an_undefined_correlation_is_nan_and_never_the_better_score():
+    """A constant prediction (a collapsed head, bf16's rounding) reported 0, which beat every
+    negative correlation: the collapsed model became the best. NaN, as scipy says."""
+    truth = np.array([0.0, 1.0, 2.5, 4.0], dtype=np.float32)
+    found = Regression().metrics(np.full((4, 1), 0.25, dtype=np.float32), truth, ["score"])
+    assert np.isnan(found["pearson"]) and np.isnan(found["spearman"])
+    assert found["mse"] == pytest.approx(np.mean((truth - 0.25) ** 2))
+    assert not Regression().is_better("pearson", found["pearson"], -0.98)
+    from nlptrain.scores import strict_json  # results.json, eval --json: null, not NaN
+
+    assert json.loads(json.dumps(strict_json(found)), parse_constant=pytest.fail)["pearson"] is None
+    # A non-finite prediction: its scores are undefined (scikit-learn raised "Input contains NaN").
+    broken = Regression().metrics(np.array([[1.0], [np.nan], [3.0], [2.0]]), truth, ["score"])
+    assert all(np.isnan(broken[key]) for key in ("pearson", "spearman", "mse", "mae", "loss"))
+
+
+def test_a_regression_loss_keeps_its_targets_in_float32_under_bf16():
+    """Cast to the bf16 logits' type, 3.8 trained as 3.796875."""
+    logits = torch.tensor([[3.0], [4.0]], dtype=torch.bfloat16)
+    targets = torch.tensor([3.8, 4.6])
+    assert Regression().loss(logits, targets).item() == pytest.approx(((0.8 ** 2) + 0.6 ** 2) / 2)
+
+
 def test_losses_match_transformers_problem_types():
     from torch import nn
 
