@@ -138,7 +138,13 @@ def test_cli_uneven_files_end_and_report(tmp_path, toy_task):
     assert "each rank takes 13 batches (uneven shards policy: drop)" in log
     assert "rank 1: part-00001-of-00002.jsonl: 137 rows, takes 104, dropped 33" in log
     assert "rank 1: dropping 5 of its 18 batches" in log  # the trainer's own per-rank warning
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["test"]["rows"] == 40
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["test"]["rows"] == 40
+    # Its model scored in one process: refused, as the per-rank files were made for 2 ranks
+    # (eval reads none of them).
+    scored = run_cli(["eval", "--model", "run/model", "--json"], cwd=tmp_path)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads(scored.stdout)["accuracy"] == results["test"]["accuracy"]
 
 
 def test_the_epoch_plan_says_where_max_steps_ends_the_run_and_warnings_come_once(tmp_path, toy_task):

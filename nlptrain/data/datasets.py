@@ -212,13 +212,14 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         if task.data.labels or not kind.has_classes else None
     # Per-rank files or a stream: no rank loads the whole train file (see streaming.py, split.py).
     per_rank = bool(task.data.train_shards or task.data.streaming)
-    if per_rank:
-        from nlptrain.data.streaming import per_rank_labels
+    wants_one = only in ("valid", "test") and specs[only] is not None
+    if per_rank and not (wants_one and vocab is not None):  # (eval of a per-rank run's model
+        from nlptrain.data.streaming import per_rank_labels  # reads none: any world size)
 
         vocab = per_rank_labels(task, vocab, dist.world_size)
     # The cache sits next to the data read: the train file's, or the one set `eval` reads
     # (a --test-file of its own must not fill the default task's data folder).
-    alone = only in ("valid", "test") and specs[only] is not None and vocab is not None
+    alone = wants_one and vocab is not None
     anchor = specs[only] if alone else specs["train"]
     anchor_files = _files(anchor, data_dir, vocab) if anchor else []
     cache_dir = None
