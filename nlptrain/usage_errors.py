@@ -66,9 +66,11 @@ def refuse_unknown(command: argparse.ArgumentParser, name: str, unknown: list[st
     if keys:
         hint = f" (a list, set in the task file or as --set {keys[0][0]}.{keys[0][1]}='[\"a\", \"b\"]')"
     elif task_key:
-        key, value = task_key
-        value = value or unknown[0].partition("=")[2] or \
-            (unknown[1] if len(unknown) > 1 and not unknown[1].startswith("-") else "VALUE")
+        key, value = task_key  # value: 'true'/'false' for a boolean's flags, else ''
+        typed = unknown[0].partition("=")[2]  # (--no-x=... means false, whatever is typed)
+        if value != "false":
+            value = typed or value or \
+                (unknown[1] if len(unknown) > 1 and not unknown[1].startswith("-") else "VALUE")
         hint = f" ({name} takes this task key as --set {key}={value})"
     else:
         hint = f" (did you mean {near[0]}?)" if near else ""

@@ -203,6 +203,9 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     (["predict", "--model", "m", "--inptu", "f"], "nlptrain predict: error: unrecognized "
                                                   "arguments: --inptu f (did you mean --input?)"),
     (["eval"], "nlptrain eval: error: the following arguments are required: --model"),
+    # A boolean's value typed: it was hinted from the flag's name (=true).
+    (["eval", "--model", "m", "--group-by-length=false"], "(eval takes this task key as --set "
+                                                          "train.group_by_length=false)"),
     # A command's option before it: argparse took 'debug' for the command.
     (["--log-level", "debug", "train", "--epochs", "1"],
      "nlptrain: error: --log-level is an option of the command and goes after it: nlptrain "
