@@ -39,7 +39,7 @@ class StepBudget(Callback):
     def on_train_end(self, trainer: Trainer) -> None:
         # Unlike transformers' max_steps, it does not lengthen the run past its epochs: said.
         if trainer.epoch >= trainer.config.epochs and trainer.global_step < self.max_steps \
-                and trainer.is_main:
+                and not trainer.should_stop and trainer.is_main:  # (not a callback's stop)
             log.warning("max_steps %d: the run's %d epoch(s) ended it first, at step %d (max_steps "
                         "stops a run, it does not lengthen one: raise epochs for more steps)",
                         self.max_steps, trainer.config.epochs, trainer.global_step)

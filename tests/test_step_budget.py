@@ -124,3 +124,19 @@ def test_a_budget_the_epochs_end_first_is_said(tmp_path, tiny_model_dir, caplog)
     assert trainer.global_step == 6
     assert "max_steps 20: the run's 1 epoch(s) ended it first, at step 6 (max_steps stops a run, " \
         "it does not lengthen one: raise epochs for more steps)" in caplog.text
+
+
+def test_a_run_a_callback_stops_in_its_last_epoch_is_not_said_to_be_ended_by_its_epochs(
+        tmp_path, tiny_model_dir, caplog):
+    """An early stop in the last epoch got 'the run's 1 epoch(s) ended it first ... raise epochs
+    for more steps', advice that changes nothing."""
+
+    class StopAtThree(Callback):
+        def on_step_end(self, trainer):
+            trainer.should_stop = trainer.global_step == 3
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtThree()], epochs=1, batch_size=4,
+                           max_steps=20)
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    assert trainer.global_step < 6 and "ended it first" not in caplog.text
