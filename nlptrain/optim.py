@@ -11,6 +11,7 @@ lower one times `d` again, the embeddings last at `lr * d ** (layers + 1)`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -128,20 +129,22 @@ def keep_group_settings(optimizer: torch.optim.Optimizer, settings: list[dict[st
     """Put `settings` (`group_settings` before a checkpoint's optimizer state was loaded) back:
     the loaded state brings the old run's lr and weight decay, and a resume may change them (a
     lower lr after a divergence). The lr under way keeps its place on the schedule: times the
-    new base lr over the old. Returns the changes, 'lr 0.002 -> 0.0001', for the log."""
-    changed: dict[str, str] = {}
+    new base lr over the old. Returns the changes, 'lr 0.002 -> 0.0001', for the log: each
+    key's in the group it is largest in (the run's lr, not layer-wise decay's lowest layer's;
+    the weight decay, not the no-decay group's 0)."""
+    changed: dict[str, tuple[float, str]] = {}
     for group, wanted in zip(optimizer.param_groups, settings, strict=True):
         base = group.get("initial_lr", group["lr"])  # a schedule's base; the lr is a point on it
         now = group["lr"]
         for key, new in wanted.items():
             old = base if key == "lr" else group[key]
-            if old != new:
-                changed.setdefault(key, f"{key} {old:g} -> {new:g}")
+            if old != new and new >= changed.get(key, (-math.inf, ""))[0]:
+                changed[key] = (new, f"{key} {old:g} -> {new:g}")
             group[key] = new
         if "initial_lr" in group:  # on a schedule: the lr under way, at its place on the new one
             group["initial_lr"] = wanted["lr"]
             group["lr"] = now if base == wanted["lr"] else wanted["lr"] * (now / base if base else 1.0)
-    return list(changed.values())
+    return [said for _, said in changed.values()]
 
 
 def state_of_trainable_only(optimizer: torch.optim.Optimizer, state: dict[str, Any]

@@ -296,3 +296,17 @@ def test_the_library_refuses_to_resume_in_another_data_order(tmp_path, tiny_mode
     with pytest.raises(CheckpointError, match=r"another data order \(pad_to_multiple_of 8 -> 1\)"):
         make_trainer(tmp_path, tiny_model_dir, [], max_tokens=256, pad_to_multiple_of=1,
                      resume_from=budget)
+
+
+def test_the_optimizer_changes_said_on_resume_are_the_runs_lr_and_weight_decay():
+    """Under layer-wise lr decay the line said the embeddings' lr (lr x decay^layers), and of a
+    no-decay group's weight decay, its 0."""
+    from nlptrain.optim import keep_group_settings
+
+    weights = [torch.nn.Parameter(torch.zeros(1)) for _ in range(3)]
+    optimizer = torch.optim.AdamW([{"params": [w], "lr": lr, "weight_decay": wd} for w, lr, wd in
+                                   zip(weights, (2.5e-4, 5e-4, 1e-3), (0.01, 0.0, 0.01), strict=True)])
+    wanted = [{"lr": 2 * group["lr"], "weight_decay": 2 * group["weight_decay"]}
+              for group in optimizer.param_groups]
+    assert keep_group_settings(optimizer, wanted) == ["lr 0.001 -> 0.002",
+                                                      "weight_decay 0.01 -> 0.02"]
