@@ -53,7 +53,7 @@ class Freeze(Callback):
         if frozen == self.frozen:
             return
         for index, block in enumerate(blocks):
-            for param in block.parameters():
+            for param in block:
                 if index < frozen and param.requires_grad and id(param) not in self.frozen_here:
                     # frozen here, to unfreeze later (one frozen here that your code unfroze
                     # since stays unfrozen)

@@ -12,8 +12,9 @@ lower one times `d` again, the embeddings last at `lr * d ** (layers + 1)`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -31,14 +32,21 @@ OptimizerFn = Callable[[list[dict[str, Any]], "TrainConfig"], torch.optim.Optimi
 
 @dataclass
 class EncoderLayout:
-    """The embeddings and the encoder layers (bottom to top) of a transformer classifier."""
+    """The embeddings and the encoder layers (bottom to top) of a transformer classifier, and
+    the parameters of neither that belong with the embeddings or the top layer."""
 
     embeddings: torch.nn.Module
     layers: list[torch.nn.Module]
+    with_embeddings: list[torch.nn.Parameter] = field(default_factory=list)
+    with_top_layer: list[torch.nn.Parameter] = field(default_factory=list)
 
-    def blocks(self) -> list[torch.nn.Module]:
-        """Embeddings, then each layer upwards: block i sits i steps above the input."""
-        return [self.embeddings, *self.layers]
+    def blocks(self) -> list[list[torch.nn.Parameter]]:
+        """Each block's parameters, the embeddings', then each layer's upwards: block i sits i
+        steps above the input. The head (pooler, classifier) is in none."""
+        blocks = [[*self.embeddings.parameters(), *self.with_embeddings],
+                  *[list(layer.parameters()) for layer in self.layers]]
+        blocks[-1] += self.with_top_layer
+        return blocks
 
 
 def encoder_layout(model: torch.nn.Module) -> EncoderLayout:
@@ -49,10 +57,36 @@ def encoder_layout(model: torch.nn.Module) -> EncoderLayout:
     for name, module in base.named_modules():
         if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] in LAYER_LIST_NAMES:
             if embeddings is not None and len(module) > 0:
-                return EncoderLayout(embeddings, list(module))
+                return _with_the_rest(base, EncoderLayout(embeddings, list(module)),
+                                      name.rpartition(".")[0])
     raise ConfigError(f"{type(model).__name__}: found no `embeddings` module and encoder layer list "
                       f"(a ModuleList named one of {', '.join(LAYER_LIST_NAMES)}); layer_lr_decay and "
                       "Freeze need them")
+
+
+def _with_the_rest(base: torch.nn.Module, layout: EncoderLayout, encoder: str) -> EncoderLayout:
+    """Place the base model's parameters outside the embeddings and the layers: those before
+    the encoder (ELECTRA's embeddings_project) and the encoder's own shared position tables
+    (DeBERTa's rel_embeddings, with their LayerNorm) feed every layer, so they go with the
+    embeddings; the encoder's others (a final norm) with the top layer; those after it (the
+    pooler) are the head's."""
+    in_layers = {id(p) for layer in layout.layers for p in layer.parameters()}
+    placed = in_layers | {id(p) for p in layout.embeddings.parameters()}
+    reached_encoder = False
+    inside: list[tuple[str, torch.nn.Parameter]] = []
+    for name, param in base.named_parameters():
+        in_encoder = bool(encoder) and name.startswith(f"{encoder}.")
+        reached_encoder = reached_encoder or id(param) in in_layers or in_encoder
+        if id(param) in placed:
+            continue
+        if in_encoder:
+            inside.append((name, param))
+        elif not reached_encoder:
+            layout.with_embeddings.append(param)
+    positional = any(re.search(r"embed|rel", name[len(encoder) + 1:]) for name, _ in inside)
+    for _, param in inside:
+        (layout.with_embeddings if positional else layout.with_top_layer).append(param)
+    return layout
 
 
 def no_decay(name: str, param: torch.Tensor) -> bool:
@@ -62,11 +96,7 @@ def no_decay(name: str, param: torch.Tensor) -> bool:
 
 def block_of(model: torch.nn.Module, layout: EncoderLayout) -> dict[int, int]:
     """id(parameter) -> block index (0 embeddings, 1..L the layers); the head is absent."""
-    found = {}
-    for index, block in enumerate(layout.blocks()):
-        for param in block.parameters():
-            found[id(param)] = index
-    return found
+    return {id(param): index for index, block in enumerate(layout.blocks()) for param in block}
 
 
 def param_groups(model: torch.nn.Module, lr: float, config: TrainConfig) -> list[dict[str, Any]]:
