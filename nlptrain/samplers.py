@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
+from nlptrain.errors import DataError
+
 
 class ShardedSampler(DistributedSampler):
     resumes_by_samples = True  # the trainer passes set_epoch(epoch, start=samples done)
@@ -122,9 +124,17 @@ class EvalBatches(Sampler[list[int]]):
 
 
 def repeat_forever(loader: Iterable) -> Iterator:
-    """The loader's batches again and again (a stream shorter than the agreed steps)."""
+    """The loader's batches again and again (a stream shorter than the agreed steps). A pass
+    that gives none is an error: it would spin for ever, deaf to a stop signal (no step ends)."""
     while True:
-        yield from loader
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise DataError("the training data gave no batch in a whole pass: a generator or "
+                            "iterator is read once (give a list, a Dataset or a DataLoader, "
+                            "which can be read again), or the stream is empty")
 
 
 class TokenBudgetSampler(Sampler[list[int]]):

@@ -163,6 +163,24 @@ def test_a_list_of_batches_swapped_in_is_trained_as_is(tmp_path, tiny_model_dir)
     assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)
 
 
+def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
+    """With steps_per_epoch (the advice for data without a length), epoch 2 read the used-up
+    generator again and again: 100% CPU for ever, and SIGTERM waited for a step that never came."""
+    from nlptrain.errors import DataError
+
+    class SwapInAGenerator(Callback):
+        def on_train_start(self, trainer) -> None:
+            rows = [trainer.train_data[i] for i in range(10)]
+            trainer.train_data = (trainer.collate(rows[i:i + 5]) for i in range(0, 10, 5))
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [SwapInAGenerator()], epochs=2,
+                           steps_per_epoch=2)
+    with pytest.raises(DataError, match="the training data gave no batch in a whole pass: a "
+                                        "generator or iterator is read once"):
+        trainer.fit()
+    assert trainer.global_step == 2  # the first epoch trained
+
+
 class UnseededLoader(Callback):
     """The README's CurriculumData, as users write it: a DataLoader made at each epoch's start
     with no generator, so creating its iterator draws a seed from the global RNG (and a shuffled
