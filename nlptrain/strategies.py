@@ -165,6 +165,7 @@ class DDP(SingleDevice):
         self.shared_memory_all_reduce = shared_memory_all_reduce
         self.gradient_sync: CpuGradientSync | None = None  # the hook, once training began (CPU)
         self._hooked: torch.nn.Module | None = None
+        self._ours: torch.nn.Module | None = None  # the wrapper that got our hook, not a user's
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.dist.device)
@@ -177,6 +178,15 @@ class DDP(SingleDevice):
         return DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
                                        **sync_buffers)
 
+    def rewrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Wrap again (see SingleDevice.rewrap), with the comm hook a callback registered on the
+        old wrapper (Freeze's unfreezing dropped it, unsaid, for ours)."""
+        theirs = [] if model is self._ours else list(getattr(model, "_comm_hooks", None) or [])
+        wrapped = super().rewrap(model)
+        for hook, state in theirs:
+            wrapped.register_comm_hook(state, hook)
+        return wrapped
+
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
         if self._hooked is not model:
@@ -187,6 +197,7 @@ class DDP(SingleDevice):
             if not getattr(model, "_comm_hooks", None):
                 self.gradient_sync = register_cpu_gradient_sync(
                     model, self.sync_touched_rows, self.shared_memory_all_reduce)
+                self._ours = model
         # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
         with model.no_sync() if skip_sync else contextlib.nullcontext():
             yield

@@ -119,3 +119,30 @@ def test_fgm_and_rdrop_all_reduce_once_a_step_on_two_ranks(tmp_path, tiny_model_
         assert (run["steps"], run["calls"]) == (plain["steps"], plain["calls"]), name
         assert all(torch.equal(v, second[name]["weights"][k]) for k, v in run["weights"].items())
         assert any(not torch.equal(v, plain["weights"][k]) for k, v in run["weights"].items())
+
+
+def hooked_freeze_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    dist = distributed.from_env()
+    train, test = toy_sets(Path(folder) / f"rank{rank}", Path(model_dir), rows=24)
+    config = TrainConfig(epochs=2, batch_size=4, lr=1e-3, timeout=60)  # 3 steps an epoch
+    found = {}
+    for order in ("freeze first", "hook first"):
+        counter = CountAllReduces()
+        callbacks = [Freeze(2, "steps"), counter] if order == "freeze first" else \
+            [counter, Freeze(2, "steps")]
+        trainer = DistTrainer(tiny_model(Path(model_dir)), train, test, config=config,
+                              callbacks=callbacks, dist=dist)
+        trainer.fit()
+        trainer.close()
+        found[order] = counter.calls
+    dist.close()
+    return found
+
+
+def test_a_comm_hook_a_callback_registered_outlives_freezes_rewrapping(tmp_path, tiny_model_dir):
+    """Each unfreeze wraps the model in a new DDP wrapper: the user's hook was lost, and
+    nlptrain's own put in its place (with Freeze listed last, from the first step)."""
+    first, second = run_ranks(hooked_freeze_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert first == second
+    # Frozen for 2 steps (the head's gradients alone), then all: every step went through it.
+    assert first["freeze first"] == first["hook first"] >= 6, first
