@@ -166,6 +166,7 @@ class DDP(SingleDevice):
         self.gradient_sync: CpuGradientSync | None = None  # the hook, once training began (CPU)
         self._hooked: torch.nn.Module | None = None
         self._ours: torch.nn.Module | None = None  # the wrapper that got our hook, not a user's
+        self._checked: torch.nn.Module | None = None  # the wrapper whose first step was checked
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
         model = model.to(self.dist.device)
@@ -201,6 +202,23 @@ class DDP(SingleDevice):
         # Gradient accumulation: all-reduce gradients only on the micro-step that updates.
         with model.no_sync() if skip_sync else contextlib.nullcontext():
             yield
+        if not skip_sync and self._checked is not model:
+            self._checked = model
+            _check_every_parameter_is_used(model)
+
+
+def _check_every_parameter_is_used(model: torch.nn.Module) -> None:
+    """After a wrapper's first synced backward: DDP waits for a gradient of every trainable
+    parameter, and one the forward never used (a model of your own on BertModel, its pooler
+    unused) failed the next step with torch's advice of a setting nlptrain does not pass."""
+    unused = [name for name, param in model.module.named_parameters()
+              if param.requires_grad and param.grad is None]
+    if unused:
+        raise ConfigError(
+            f"DDP: {len(unused)} trainable parameter(s) got no gradient in the first step "
+            f"({', '.join(unused[:4])}{', ...' if len(unused) > 4 else ''}), and DDP waits for "
+            "every one: freeze them (param.requires_grad_(False)) or build the model without "
+            "them (BertModel: add_pooling_layer=False)")
 
 
 class FSDP2(SingleDevice):

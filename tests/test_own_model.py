@@ -69,6 +69,40 @@ def test_own_model_under_ddp_evaluates_like_one_process(tmp_path, tiny_model_dir
     assert results[0]["positive_rate"] == results[0]["by_hand"]
 
 
+def _unused_pooler(rank: int, world_size: int, folder: str, model_dir: str) -> str:
+    from pathlib import Path
+
+    from transformers import BertModel
+
+    from nlptrain.distributed import Distributed
+    from nlptrain.errors import ConfigError
+
+    dist = Distributed(60)
+    (Path(folder) / f"rank{rank}").mkdir()
+    trainer, _ = make(Path(folder) / f"rank{rank}", Path(model_dir), dist=dist)
+    trainer.unwrapped_model.encoder = BertModel.from_pretrained(model_dir)  # with its pooler
+    trainer.model = trainer.strategy.rewrap(trainer.model)
+    try:
+        trainer.fit()
+    except ConfigError as err:
+        return str(err)
+    finally:
+        dist.close()
+    return "trained"
+
+
+@pytest.mark.distributed
+def test_a_trainable_parameter_the_forward_never_uses_is_named_under_ddp(tmp_path, tiny_model_dir):
+    """BertModel's pooler, unused by a head of the user's own on the token states: torch failed
+    the second step, advising find_unused_parameters=True, which nlptrain does not pass."""
+    said = run_ranks(_unused_pooler, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    assert said[0] == said[1] == (
+        "DDP: 2 trainable parameter(s) got no gradient in the first step (encoder.pooler.dense."
+        "weight, encoder.pooler.dense.bias), and DDP waits for every one: freeze them "
+        "(param.requires_grad_(False)) or build the model without them (BertModel: "
+        "add_pooling_layer=False)")
+
+
 def test_a_metric_for_best_that_no_metric_gives_is_refused_before_training(tmp_path,
                                                                            tiny_model_dir):
     """Without metrics= of the user's own, the kind's are all there are: a misspelt name is an
