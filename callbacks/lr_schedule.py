@@ -97,7 +97,10 @@ class LRSchedule(Callback):
             self._make(trainer, total)
         elif self.plan.end_step != total:  # continue from the progress reached, not a jump
             step = trainer.global_step
-            self.plan = Plan(step, self.plan.progress(step), total)
+            if self.plan.progress(step) >= 1.0:  # fit() again with more epochs: lr 0 all along
+                self._plan_again_from_the_start(trainer, total)
+            else:
+                self.plan = Plan(step, self.plan.progress(step), total)
 
     def _make(self, trainer: Trainer, total: int) -> None:
         saved = self._saved
@@ -112,17 +115,24 @@ class LRSchedule(Callback):
         if self.plan.end_step != total:
             step = trainer.global_step
             if saved is not None and self.plan.progress(step) >= 1.0:  # ended: more epochs given
-                self.plan = Plan(0, 0.0, total)
-                self._set_warmup(None, total)
-                ended = max(trainer.scheduler.get_last_lr())
-                for group, base in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs,
-                                       strict=True):
-                    group["lr"] = base * self.shape(self.plan.progress(step))
-                log.info("lr schedule: it had ended at step %d (lr %.3g); planned again over %d "
-                         "steps as if from the start: lr %.3g from step %d", step, ended, total,
-                         logged_lr(trainer.optimizer), step + 1)
+                self._plan_again_from_the_start(trainer, total)
             else:
                 self.plan = Plan(step, self.plan.progress(step), total)
+
+    def _plan_again_from_the_start(self, trainer: Trainer, total: int) -> None:
+        """The schedule had ended and more steps come (more epochs on resume, or a second
+        fit()): planned again over `total` as if from the start, warmup included."""
+        step = trainer.global_step
+        self.plan = Plan(0, 0.0, total)
+        self._set_warmup(None, total)
+        ended = max(trainer.scheduler.get_last_lr())
+        for group, base in zip(trainer.optimizer.param_groups, trainer.scheduler.base_lrs,
+                               strict=True):
+            group["lr"] = base * self.shape(self.plan.progress(step))
+        if trainer.is_main:
+            log.info("lr schedule: it had ended at step %d (lr %.3g); planned again over %d "
+                     "steps as if from the start: lr %.3g from step %d", step, ended, total,
+                     logged_lr(trainer.optimizer), step + 1)
 
     def on_step_end(self, trainer: Trainer) -> None:
         trainer.scheduler.step()

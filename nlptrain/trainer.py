@@ -140,7 +140,7 @@ class Trainer(ProgressCounters):
         self.interrupted, self._resume_samples = False, 0
         self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
         self._loader_for: tuple[Any, Any] = (None, None)
-        self._failed, self._owns_dist = False, dist is None
+        self._failed, self._owns_dist, self._fits = False, dist is None, 0
         self._loaded_optimizer = self.optimizer if self.resumed_from is not None else None
         if self.resumed_from is not None:
             try:  # weights, optimizer, progress, every rank's RNG, the callbacks' state
@@ -177,6 +177,11 @@ class Trainer(ProgressCounters):
                 self.callbacks.fire("on_train_start", self)
                 self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
                 self._check_resumed_optimizer()
+                if self.epoch >= self.config.epochs and self._fits and self.is_main:
+                    log.warning("fit(): this trainer has trained its %d epoch(s) already (step "
+                                "%d); nothing to train: give config.epochs more to train on",
+                                self.config.epochs, self.global_step)
+                self._fits += 1
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True

@@ -163,6 +163,26 @@ def test_a_list_of_batches_swapped_in_is_trained_as_is(tmp_path, tiny_model_dir)
     assert math.isclose(trainer.optimizer.param_groups[0]["lr"], 0.0, abs_tol=1e-12)
 
 
+def test_fit_again_with_more_epochs_plans_the_ended_schedule_again_and_without_says_so(
+        tmp_path, tiny_model_dir, caplog):
+    """A second fit() trained nothing, unsaid; with more epochs it trained at lr 0 (the schedule
+    had ended), where a resume with more epochs plans it again."""
+    from dataclasses import replace
+
+    record = LrPerStep()
+    trainer = make_trainer(tmp_path, tiny_model_dir, [record], epochs=1, batch_size=8)
+    trainer.fit()
+    ended = trainer.global_step
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    assert trainer.global_step == ended and "has trained its 1 epoch(s) already" in caplog.text
+    trainer.config = replace(trainer.config, epochs=3)
+    trainer.fit()
+    assert trainer.global_step == 3 * ended
+    later = [lr for step, lr in record.lrs.items() if step > ended]
+    assert len(later) == 2 * ended - 1 and min(later) > 1e-5, record.lrs
+
+
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
     """With steps_per_epoch (the advice for data without a length), epoch 2 read the used-up
     generator again and again: 100% CPU for ever, and SIGTERM waited for a step that never came."""
