@@ -27,6 +27,7 @@ from nlptrain.data.tokenized import Collator, TokenizedDataset, loss_targets
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, TrainingError
 from nlptrain.kinds import SingleLabel, TaskKind
+from nlptrain.loaders import check_batch
 from nlptrain.precision import autocast
 from nlptrain.samplers import EvalBatches
 
@@ -93,6 +94,8 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     index, outputs, labels = [], [], []
     began = said = time.perf_counter()
     for step, batch in enumerate(itertools.chain(loader, filler)):
+        if step == 0:
+            check_batch(batch, ("input_ids", "labels", "index"), "an evaluation batch")
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
             logits = logits_of(model(**inputs))

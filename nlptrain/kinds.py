@@ -153,8 +153,11 @@ class SingleLabel(TaskKind):
              label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
 
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1), weight=class_weights,
-                               label_smoothing=label_smoothing)
+        if targets.is_floating_point():  # (torch: "expected scalar type Long")
+            raise DataError(f"single-label targets are class ids (integers), not {targets.dtype}; "
+                            "scores train as a regression (kind=Regression())")
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1).long(),
+                               weight=class_weights, label_smoothing=label_smoothing)
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().softmax(dim=-1)

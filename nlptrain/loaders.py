@@ -164,11 +164,30 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.batches_per_epoch = progress.batch_in_epoch + agreed
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     if skip and epoch_random is not None:
-        return _read_past(loader, skip, agreed, epoch_random)
+        return _first_checked(_read_past(loader, skip, agreed, epoch_random))
     batches = itertools.islice(iter(loader), skip, skip + agreed)
     dataset = getattr(loader, "dataset", None)
-    return _as_long_as_said(batches, agreed, dataset) if isinstance(dataset, IterableDataset) \
-        else batches
+    return _first_checked(_as_long_as_said(batches, agreed, dataset)
+                          if isinstance(dataset, IterableDataset) else batches)
+
+
+def _first_checked(batches: Iterator) -> Iterator:
+    """The batches, the first checked to hold what the loop reads (a collate or dataset of a
+    user's without them failed as a bare KeyError inside the step)."""
+    for at, batch in enumerate(batches):
+        if at == 0:
+            check_batch(batch, ("input_ids", "labels"), "a training batch")
+        yield batch
+
+
+def check_batch(batch: Any, keys: tuple[str, ...], what: str) -> None:
+    missing = [key for key in keys if not isinstance(batch, dict) or key not in batch]
+    if missing:
+        held = ", ".join(map(repr, batch)) if isinstance(batch, dict) else type(batch).__name__
+        raise DataError(f"{what} holds no {', '.join(map(repr, missing))} (it holds {held}): a "
+                        "batch is a dict of input_ids, attention_mask, labels and index (the row "
+                        "numbers, which evaluation gathers by); a collate of your own must keep "
+                        "them (nlptrain.data.Collator does)")
 
 
 def _known_length(loader: Any, config: TrainConfig) -> bool:

@@ -411,3 +411,36 @@ def test_a_fine_tuning_key_the_trainers_kind_cannot_take_is_refused(tiny_model_d
                                           r"for single_label tasks, not regression$"):
         Trainer(model, rows(tokenizer, [0.5, 0.1]), config=TrainConfig(label_smoothing=0.1),
                 kind=Regression(), label_names=["score"])
+
+
+def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer):
+    """A collate of the user's that dropped 'index' trained an epoch, then the evaluation failed
+    with KeyError: 'index'; rows keyed 'label' (datasets' name) were a KeyError in a DataLoader;
+    int32 class ids from a collate were torch's 'expected scalar type Long'."""
+    from nlptrain.data import Collator
+
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    data = rows(tokenizer, [0, 1] * 4)
+    pad = Collator(0)
+
+    def without_index(batch_rows):
+        return {k: v for k, v in pad(batch_rows).items() if k != "index"}
+
+    trainer = Trainer(model, data, data, config=TrainConfig(epochs=1, batch_size=4),
+                      collate=without_index)
+    with pytest.raises(DataError, match=r"^an evaluation batch holds no 'index' \(it holds "
+                                        r"'input_ids', .*a collate of your own must keep them"):
+        trainer.fit()
+    keyed_label = [{"input_ids": data[i]["input_ids"], "label": 0} for i in range(4)]
+    with pytest.raises(DataError, match=r"^a row holds no 'labels' \(its keys: 'input_ids', "
+                                        r"'label'\).*rename_column\('label', 'labels'\)"):
+        pad(keyed_label)
+
+    def int32_ids(batch_rows):
+        return {**pad(batch_rows), "labels": torch.tensor([r["labels"] for r in batch_rows],
+                                                          dtype=torch.int32)}
+
+    trained = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data,
+                      config=TrainConfig(epochs=1, batch_size=4), collate=int32_ids)
+    trained.fit()
+    assert trained.global_step == 2

@@ -199,6 +199,12 @@ class Collator:
         return np.maximum(longest, np.minimum(rounded, self.limit)) if self.limit else rounded
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        missing = [key for key in ("input_ids", "labels") if key not in rows[0]]
+        if missing:  # (else a KeyError inside a DataLoader)
+            raise DataError(f"a row holds no {', '.join(map(repr, missing))} (its keys: "
+                            f"{', '.join(map(repr, rows[0]))}): the Collator pads rows of "
+                            "input_ids and labels (a datasets.Dataset's 'label' column: "
+                            "rename_column('label', 'labels'))")
         width = int(self.width(max(len(r["input_ids"]) for r in rows)))
         input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
