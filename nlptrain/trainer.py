@@ -35,7 +35,8 @@ from nlptrain.task_files import train_config, validate_finetuning
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
-MetricFn = Callable[[Predictions], dict[str, float]]           # gathered predictions -> metrics
+MetricFn = Callable[[Predictions], dict[str, Any]]  # gathered predictions -> numbers (or lists)
+CollateFn = Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]  # rows -> a batch
 
 
 class Trainer(ProgressCounters):
@@ -59,7 +60,7 @@ class Trainer(ProgressCounters):
         config: TrainConfig | dict[str, Any] | None = None,
         callbacks: Sequence[Callback] = (),
         tokenizer: Any = None,
-        collate: Collator | None = None,
+        collate: CollateFn | None = None,
         dist: distributed.Backend | None = None,
         kind: TaskKind | None = None,
         label_names: Sequence[str] | None = None,
