@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from nlptrain.data.tokenized import Collator, TokenizedDataset, loss_targets
+from nlptrain.data.tokenized import TokenizedDataset, loss_targets
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, TrainingError
 from nlptrain.kinds import SingleLabel, TaskKind
@@ -70,7 +70,8 @@ def logits_of(outputs: Any) -> torch.Tensor:
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
-            collate: Collator, batch_size: int = 64, precision: str = "fp32",
+            collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
+            batch_size: int = 64, precision: str = "fp32",
             kind: TaskKind | None = None, equal_steps: bool = False) -> Predictions:
     """Score this rank's share of `dataset`, gather all shares, return them in row order.
 
