@@ -140,6 +140,16 @@ def test_a_cache_folder_that_cannot_take_an_entry_is_one_error_naming_it(
     assert not cache.is_dir() or not list(cache.iterdir())  # no staging folder left
 
 
+def test_the_same_file_named_by_another_path_is_a_cache_hit(tmp_path, tiny_model_dir):
+    """--train-file gives the absolute path: the same bytes were tokenized and stored again."""
+    write_toy_tsv(tmp_path / "train.tsv", 20)
+    tokenizer = Counting(load_tokenizer(str(tiny_model_dir)))
+    vocab = LabelVocab.from_config(["neg", "pos"])
+    for name in ("train.tsv", str(tmp_path / "train.tsv"), "./train.tsv"):
+        load_file(FileSpec(path=name), tmp_path, vocab, tokenizer, 16, tmp_path / "cache", "train")
+    assert tokenizer.calls == 1 and len(list((tmp_path / "cache").iterdir())) == 1
+
+
 def test_key_follows_truncation_side_and_type_ids(tmp_path, tiny_model_dir):
     """Both change the tokens a row keeps: a left-truncating tokenizer must not map the entry a
     right-truncating one wrote."""

@@ -173,7 +173,10 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
     else:
         for path in files:
             open_checked(path, what)
-        how = {"spec": vars(spec), "labels": vocab and [vocab.values, vocab.names],
+        # The file's bytes are in the key: not the path that names it (train.tsv, or its
+        # absolute path as --train-file gives it, tokenized it twice); a label template stays.
+        named = {**vars(spec), "path": spec.path if "{label}" in spec.path else ""}
+        how = {"spec": named, "labels": vocab and [vocab.values, vocab.names],
                "format": format_of(spec) if "{label}" not in spec.path else "lines",
                "kind": [kind.name, getattr(kind, "separator", None)]}
         key = cache_key(files, tokenizer, max_length, how)
