@@ -219,7 +219,11 @@ def read_part(spec: FileSpec) -> Examples:
     """The rows of one part file, checked as the readers check them; the targets are encoded by
     the caller, which names a bad label's file and line."""
     examples = Examples()
-    for row in iter_rows(spec, "", (), "per-rank train"):
+    # The parts hold what split wrote: a column the task reads and they lack (a pair's second
+    # text, split without the task) is mended by splitting again, not by the task's keys.
+    fix = ("make the per-rank files again with split --task TASK (it writes the task's "
+           "{role}_column), or --set data.{role}_column=... to split")
+    for row in iter_rows(spec, "", (), "per-rank train", fix=fix):
         examples.add(row)
     return examples
 

@@ -230,3 +230,19 @@ def test_a_resume_mid_epoch_onto_files_split_again_is_refused(tmp_path, toy_task
            "the run read): resuming mid-epoch would skip rows it never trained" in capsys.readouterr().err
     assert main(split) == 0  # the same split as at first: the same files
     assert main([*train, "--resume"]) == 0
+
+
+def test_parts_split_without_the_tasks_pair_column_say_to_split_again(tmp_path):
+    """The advice was to set text_pair_column in the task, which already set it."""
+    from nlptrain.callbacks.per_rank_data import read_part
+
+    from nlptrain.config import FileSpec
+    from nlptrain.errors import DataError
+
+    part = tmp_path / "part-00000-of-00002.jsonl"
+    part.write_text(json.dumps({"text": "a", "label": "pos"}) + "\n")
+    spec = FileSpec(path=str(part), format="jsonl", text_column="text",
+                    text_pair_column="text_pair", label_column="label")
+    with pytest.raises(DataError, match=r"part-00000-of-00002\.jsonl:1: .*make the per-rank "
+                                        r"files again with split --task TASK"):
+        read_part(spec)
