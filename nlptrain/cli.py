@@ -130,6 +130,11 @@ def check_train(args: argparse.Namespace) -> None:
     worker loads it), and that a resume fits the run: a mistake is one error, not one a rank."""
     task = resolve_task(args)  # (per-rank files: the train file is never read, and may be gone)
     check_data_files(task, ("valid", "test") if task.data.train_shards else ("train", "valid", "test"))
+    if task.data.train_shards:  # their manifest, for this many ranks (each rank said it)
+        from nlptrain.data.split import Manifest
+
+        folder = Path(task.data_dir or ".") / task.data.train_shards
+        Manifest.load(folder, typed=task.data.train_shards).check_world_size(args.nproc, folder)
     for spec in args.callback:
         check_file(spec)
     from nlptrain.resume_checks import check_resume

@@ -241,8 +241,23 @@ def test_per_rank_files_start_without_the_train_file_they_were_split_from(toy_ta
     """The check before --nproc starts workers required [data] train, which such a run never
     reads (split, then the train file moved away: the README's way to hold the data once)."""
     from nlptrain.cli import build_parser, check_train
+    from nlptrain.data.split import Manifest
+    from nlptrain.errors import ConfigError, DataError
 
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    Manifest(2, [{"file": "part-0.jsonl", "rows": 1}, {"file": "part-1.jsonl", "rows": 1}],
+             ["neg", "pos"]).save(parts)
     (toy_task.parent / "train.tsv").unlink()
-    args = build_parser().parse_args(["train", "--task", str(toy_task), "--train-shards",
-                                      str(tmp_path / "parts"), "--nproc", "2"])
-    check_train(args)  # no error: the parts' own checks come with the run
+
+    def check(shards: str, nproc: str) -> None:
+        check_train(build_parser().parse_args(["train", "--task", str(toy_task), "--train-shards",
+                                               shards, "--nproc", nproc]))
+
+    check(str(parts), "2")  # no error: the train file is not needed
+    # Their manifest before any worker starts (each rank said it, after ~20 s of start-up).
+    with pytest.raises(ConfigError, match="the per-rank files were made for 2 ranks, but this "
+                                          "job runs 3"):
+        check(str(parts), "3")
+    with pytest.raises(DataError, match=r"nope/manifest\.json: no manifest; make the per-rank files"):
+        check(str(tmp_path / "nope"), "2")

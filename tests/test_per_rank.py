@@ -246,3 +246,17 @@ def test_parts_split_without_the_tasks_pair_column_say_to_split_again(tmp_path):
     with pytest.raises(DataError, match=r"part-00000-of-00002\.jsonl:1: .*make the per-rank "
                                         r"files again with split --task TASK"):
         read_part(spec)
+
+
+def test_per_rank_files_named_from_the_working_folder_say_where_they_are_looked_for(
+        tmp_path, monkeypatch):
+    """./parts held the manifest, but train_shards is relative to the data folder: the advice
+    was to run split again."""
+    from nlptrain.data.split import Manifest
+    from nlptrain.errors import DataError
+
+    Manifest(1, [{"file": "part-0.jsonl", "rows": 1}], ["neg", "pos"]).save(tmp_path)
+    monkeypatch.chdir(tmp_path.parent)
+    with pytest.raises(DataError, match=rf"no manifest; \./{tmp_path.name} holds one, but "
+                                        "train_shards is relative to the task's data folder"):
+        Manifest.load(tmp_path.parent / "data" / tmp_path.name, typed=tmp_path.name)

@@ -71,11 +71,18 @@ class Manifest:
         (Path(folder) / MANIFEST).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
 
     @classmethod
-    def load(cls, folder: str | Path) -> Manifest:
+    def load(cls, folder: str | Path, typed: str | None = None) -> Manifest:
+        """The manifest in `folder`; `typed`: the folder as the task gave it, relative to its
+        data folder (where it names one in the working folder instead, the error says so)."""
         path = Path(folder) / MANIFEST
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
+            here = Path(typed or "") / MANIFEST
+            if typed and here.is_file() and here.resolve() != path.resolve():
+                raise DataError(f"{path}: no manifest; ./{typed} holds one, but train_shards is "
+                                "relative to the task's data folder: give --data-dir . or its "
+                                "absolute path") from None
             raise DataError(f"{path}: no manifest; make the per-rank files with "
                             "`python -m nlptrain split ... --world-size N --out "
                             f"{folder}`") from None
