@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 
 import numpy as np
+import pytest
 
 from nlptrain.predict_output import rows_of, write_rows
 
@@ -48,3 +49,27 @@ def test_tsv_output_writes_the_inputs_kept_values_as_given() -> None:
     row = next(rows_of(again, np.array([[0.25, 0.75]]), ["neg", "pos"], False))
     assert {k: v for k, v in row.items() if "score" in k} == {
         "input_input_input_score": 0.5, "input_score": "x", "input_input_score": 1}
+
+
+def test_the_writer_records_that_its_stdout_closed_as_it_finds_out(tmp_path, monkeypatch):
+    """predict --nproc | head: the launcher reads this record to end quietly with 141, even when
+    the agent ends the writer before it exits (only the launcher's half was tested)."""
+    import json
+
+    from nlptrain.launch import STDOUT_CLOSED
+    from nlptrain.predict_output import write_output
+
+    class Closed:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self) -> None:
+            pass
+
+    record = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(record))
+    monkeypatch.setattr("sys.stdout", Closed())
+    with pytest.raises(BrokenPipeError):
+        write_output(iter([{"label": "pos"}]), None, "jsonl", ["neg", "pos"], False)
+    said = json.loads(record.read_text())["message"]["message"]
+    assert said.startswith(STDOUT_CLOSED), said
