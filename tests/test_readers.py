@@ -41,14 +41,6 @@ def test_jsonl_and_named_columns(tmp_path):
     assert ex.texts == ["nice", "bad"] and ex.labels == ["1", "0"]
 
 
-def test_jsonl_boolean_labels_are_named_as_the_file_writes_them(tmp_path):
-    """true was the label 'True', a value the file never holds (and errors named it)."""
-    rows = [{"text": "nice", "label": True}, {"text": "bad", "label": False},
-            {"text": "both", "label": [True, False]}]
-    ex = read(tmp_path, "a.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
-    assert ex.labels == ["true", "false", ["true", "false"]]
-
-
 def test_one_file_per_label(tmp_path):
     (tmp_path / "x.pos").write_text("good one\ngreat one\n")
     (tmp_path / "x.neg").write_text("bad one\n\n")
