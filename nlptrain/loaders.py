@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -181,9 +181,10 @@ def _first_checked(batches: Iterator) -> Iterator:
 
 
 def check_batch(batch: Any, keys: tuple[str, ...], what: str) -> None:
-    missing = [key for key in keys if not isinstance(batch, dict) or key not in batch]
+    # Any mapping: transformers' collators give a BatchEncoding (a UserDict, not a dict).
+    missing = [key for key in keys if not isinstance(batch, Mapping) or key not in batch]
     if missing:
-        held = ", ".join(map(repr, batch)) if isinstance(batch, dict) else type(batch).__name__
+        held = ", ".join(map(repr, batch)) if isinstance(batch, Mapping) else type(batch).__name__
         raise DataError(f"{what} holds no {', '.join(map(repr, missing))} (it holds {held}): a "
                         "batch is a dict of input_ids, attention_mask, labels and index (the row "
                         "numbers, which evaluation gathers by); a collate of your own must keep "

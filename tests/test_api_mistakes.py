@@ -444,3 +444,9 @@ def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer
                       config=TrainConfig(epochs=1, batch_size=4), collate=int32_ids)
     trained.fit()
     assert trained.global_step == 2
+    from transformers import BatchEncoding  # transformers' collators: a mapping, not a dict
+
+    encoded = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data, data,
+                      config=TrainConfig(epochs=1, batch_size=4),
+                      collate=lambda batch_rows: BatchEncoding(pad(batch_rows)))
+    assert "accuracy" in encoded.fit()
