@@ -58,18 +58,21 @@ def encoder_layout(model: torch.nn.Module) -> EncoderLayout:
         if isinstance(module, torch.nn.ModuleList) and name.split(".")[-1] in LAYER_LIST_NAMES:
             if embeddings is not None and len(module) > 0:
                 return _with_the_rest(base, EncoderLayout(embeddings, list(module)),
-                                      name.rpartition(".")[0])
+                                      name.rpartition(".")[0], own=base is model)
     raise ConfigError(f"{type(model).__name__}: found no `embeddings` module and encoder layer list "
                       f"(a ModuleList named one of {', '.join(LAYER_LIST_NAMES)}); layer_lr_decay and "
                       "Freeze need them")
 
 
-def _with_the_rest(base: torch.nn.Module, layout: EncoderLayout, encoder: str) -> EncoderLayout:
+def _with_the_rest(base: torch.nn.Module, layout: EncoderLayout, encoder: str,
+                   own: bool) -> EncoderLayout:
     """Place the base model's parameters outside the embeddings and the layers: those before
     the encoder (ELECTRA's embeddings_project) and the encoder's own shared position tables
     (DeBERTa's rel_embeddings, with their LayerNorm) feed every layer, so they go with the
     embeddings; the encoder's others (a final norm) with the top layer; those after it (the
-    pooler) are the head's."""
+    pooler) are the head's. In a module of your own (`own`: no `base_model` apart from its
+    head) only those named for embeddings come before the encoder: a head declared first stays
+    the head."""
     in_layers = {id(p) for layer in layout.layers for p in layer.parameters()}
     placed = in_layers | {id(p) for p in layout.embeddings.parameters()}
     reached_encoder = False
@@ -81,7 +84,7 @@ def _with_the_rest(base: torch.nn.Module, layout: EncoderLayout, encoder: str) -
             continue
         if in_encoder:
             inside.append((name, param))
-        elif not reached_encoder:
+        elif not reached_encoder and (not own or "embed" in name):
             layout.with_embeddings.append(param)
     positional = any(re.search(r"embed|rel", name[len(encoder) + 1:]) for name, _ in inside)
     for _, param in inside:

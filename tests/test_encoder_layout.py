@@ -41,6 +41,28 @@ OUTSIDE = {
 }
 
 
+def test_a_head_declared_before_the_encoder_in_a_module_of_your_own_stays_the_head():
+    """Everything before the encoder went with the embeddings: a head declared first got their
+    lr, and Freeze froze it."""
+    import torch
+
+    class Mine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.classifier = torch.nn.Linear(8, 2)
+            self.embeddings = torch.nn.Embedding(10, 8)
+            self.token_embeddings_scale = torch.nn.Linear(8, 8)  # named for embeddings
+            self.encoder = torch.nn.Module()
+            self.encoder.layer = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(2)])
+
+    model = Mine()
+    lr_of = {id(p): group["lr"] for group in
+             param_groups(model, 1.0, TrainConfig(layer_lr_decay=0.5)) for p in group["params"]}
+    assert lr_of[id(model.classifier.weight)] == 1.0
+    assert lr_of[id(model.token_embeddings_scale.weight)] == 0.125
+    assert id(model.classifier.weight) not in {id(p) for p in encoder_layout(model).blocks()[0]}
+
+
 @pytest.mark.parametrize("family", sorted(OUTSIDE))
 def test_each_parameter_has_the_lr_of_the_block_it_feeds(family):
     model = tiny(family)
