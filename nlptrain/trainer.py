@@ -178,10 +178,13 @@ class Trainer(ProgressCounters):
                 self.callbacks.fire("on_train_start", self)
                 self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
                 self._check_resumed_optimizer()
-                if self.epoch >= self.config.epochs and self._fits and self.is_main:
+                if self._fits and self.is_main and self.epoch >= self.config.epochs:
                     log.warning("fit(): this trainer has trained its %d epoch(s) already (step "
                                 "%d); nothing to train: give config.epochs more to train on",
                                 self.config.epochs, self.global_step)
+                elif self._fits and self.is_main and self.should_stop:  # (a callback's stop)
+                    log.warning("fit(): this trainer's run was stopped at step %d (should_stop); "
+                                "nothing to train", self.global_step)
                 self._fits += 1
                 self._train_epochs()
             except BaseException as error:

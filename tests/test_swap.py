@@ -183,6 +183,20 @@ def test_fit_again_with_more_epochs_plans_the_ended_schedule_again_and_without_s
     assert len(later) == 2 * ended - 1 and min(later) > 1e-5, record.lrs
 
 
+def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_model_dir, caplog):
+    class StopAtTwo(Callback):
+        def on_step_end(self, trainer) -> None:
+            trainer.should_stop = trainer.should_stop or trainer.global_step == 2
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo()], epochs=3, batch_size=8)
+    trainer.fit()
+    stopped = trainer.global_step
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        trainer.fit()
+    assert trainer.global_step == stopped
+    assert f"this trainer's run was stopped at step {stopped} (should_stop)" in caplog.text
+
+
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
     """With steps_per_epoch (the advice for data without a length), epoch 2 read the used-up
     generator again and again: 100% CPU for ever, and SIGTERM waited for a step that never came."""
