@@ -47,6 +47,12 @@ def refuse_options_before_command(parser: argparse.ArgumentParser, argv: list[st
     top = options_of(parser)
     early = [token for token in argv[:at]
              if token.startswith("-") and token.split("=")[0] not in top]
+    if not early:
+        return
+    command = commands[argv[at]]
+    unknown = unknown_options(command, argv[:at])  # (not the command's either: its nearest)
+    if unknown:
+        refuse_unknown(command, argv[at], unknown)
     if early:
         fixed = " ".join([argv[at], *argv[:at], *argv[at + 1:]])
         parser.error(f"{early[0].split('=')[0]} is an option of the command and goes after it: "

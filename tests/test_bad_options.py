@@ -207,6 +207,10 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     (["eval", "--model", "m", "--group-by-length=false"], "(eval takes this task key as --set "
                                                           "train.group_by_length=false)"),
     # A command's option before it: argparse took 'debug' for the command.
+    # An option before the command that the command does not take either: its nearest.
+    (["--verbose", "train"], "nlptrain train: error: unrecognized arguments: --verbose"),
+    (["--modle", "m", "eval"], "nlptrain eval: error: unrecognized arguments: --modle m (did "
+                               "you mean --model?)"),
     (["--log-level", "debug", "train", "--epochs", "1"],
      "nlptrain: error: --log-level is an option of the command and goes after it: nlptrain "
      "train --log-level debug --epochs 1"),
