@@ -39,6 +39,20 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
     check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
     check_best_metric_kept(folder, task, saved["task"])
     check_data_kept(folder, given, was.get("data_dir") or "")
+    check_a_checkpoint_is_left(folder)
+
+
+def check_a_checkpoint_is_left(folder: Path) -> None:
+    """Refuse to resume a run that finished and has no checkpoint left (checkpoints/ removed, as
+    the run's closing line says it may be): it began again from the pre-trained weights and
+    replaced the run's results, model and record. A run that died before its first checkpoint
+    has no results: it starts afresh."""
+    finished = (folder / "results.json").is_file() or (folder / "model").is_dir()
+    if finished and not step_folders(folder / "checkpoints"):
+        raise ConfigError(f"{folder}: holds a finished run and no checkpoint to go on from "
+                          "(checkpoints/ is gone or empty), so a resume would train it again "
+                          "from the start over its results; to do that, --overwrite; to keep "
+                          "them, another --output-dir")
 
 
 def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:

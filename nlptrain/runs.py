@@ -249,4 +249,5 @@ def disk_use_line(folder: Path) -> str:
     if not checkpoints:
         return f"{folder}: {total / mb:.0f} MB"
     return (f"{folder}: {total / mb:.0f} MB, of which checkpoints/ {checkpoints / mb:.0f} MB (kept "
-            "to resume or go back; safe to remove once the run is done)")
+            "to resume or go back; safe to remove once the run is done, which then ends it: no more "
+            "epochs by --resume)")

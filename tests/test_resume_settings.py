@@ -310,3 +310,22 @@ def test_the_optimizer_changes_said_on_resume_are_the_runs_lr_and_weight_decay()
               for group in optimizer.param_groups]
     assert keep_group_settings(optimizer, wanted) == ["lr 0.001 -> 0.002",
                                                       "weight_decay 0.01 -> 0.02"]
+
+
+def test_a_finished_run_whose_checkpoints_were_removed_is_not_trained_again_over(
+        toy_task, tmp_path, capsys):
+    """Its closing line says checkpoints/ is safe to remove once the run is done; a resume then
+    began from the pre-trained weights and replaced the run's results, model and record."""
+    import shutil
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--max-steps", "4", "--batch-size", "16"]) == 0
+    shutil.rmtree(run / "checkpoints")
+    results, config = (run / "results.json").read_bytes(), (run / "config.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "2"]) == 1
+    assert "holds a finished run and no checkpoint to go on from (checkpoints/ is gone or " \
+           "empty)" in capsys.readouterr().err
+    assert (run / "results.json").read_bytes() == results
+    assert (run / "config.json").read_bytes() == config
