@@ -38,6 +38,7 @@ class MetricLogger(Callback):
         self.closing_row: dict | None = None  # a resumed run's, given back if no step runs
         self.stepped = False  # a step ran in this fit (else the window is the checkpoint's)
         self.rate = TrainingRate()
+        self.unwritten = 0  # rows a full disk kept out
         self._reset(time.perf_counter())
 
     def _reset(self, now: float) -> None:
@@ -50,11 +51,17 @@ class MetricLogger(Callback):
         self.batches = 0
 
     def _write(self, row: dict) -> None:
-        if self.handle is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.handle = open(self.path, "a", encoding="utf-8")  # append: resume continues it
-        self.handle.write(json.dumps(strict_json(row)) + "\n")
-        self.handle.flush()
+        try:
+            if self.handle is None:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self.handle = open(self.path, "a", encoding="utf-8")  # append: resume continues it
+            self.handle.write(json.dumps(strict_json(row)) + "\n")
+            self.handle.flush()
+        except OSError as err:  # a full disk: said once, not a traceback at every row
+            if not self.unwritten:
+                log.warning("%s: a row cannot be written (%s); rows are left out until one can",
+                            self.path, err.strerror or err)
+            self.unwritten += 1
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         # The loss window goes on across epochs (the steps after an epoch's last row are in the

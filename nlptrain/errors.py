@@ -26,6 +26,10 @@ class CheckpointError(NlptrainError):
     """A checkpoint is missing, incomplete, unsafe, or from another model or task."""
 
 
+class OutOfSpace(NlptrainError):
+    """A run's file cannot be written for want of space; nothing trained is lost."""
+
+
 class TrainingError(NlptrainError):
     """Training cannot go on (e.g. the loss became NaN); the message names the step. All ranks
     agree on it before raising it."""

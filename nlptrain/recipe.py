@@ -38,6 +38,7 @@ from nlptrain.runs import (
     forget_unstarted_run,
     launch_run_dir,
     new_run_dir,
+    out_of_space_said,
     prepare_run_dir,
 )
 from nlptrain.scores import strict_json
@@ -121,7 +122,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column,
                                          "header": train_file.header, "quoted": train_file.quoted}
-    with open_run_dir(task, opts, dist) as (run_dir, has_run):
+    with open_run_dir(task, opts, dist) as (run_dir, has_run), out_of_space_said(run_dir):
         log_sizes(task, sets, dist)
 
         callbacks, best = run_callbacks(task, opts, sets, run_dir)
@@ -181,8 +182,10 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
         made_here = not folder.exists()
         lock.acquire(folder)
         try:
-            found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
-                                    overwrite=overwrite, launch=launch, callbacks=opts.callback_specs)
+            with out_of_space_said(folder):
+                found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
+                                        overwrite=overwrite, launch=launch,
+                                        callbacks=opts.callback_specs)
         except BaseException:
             lock.release(refused=True)
             raise

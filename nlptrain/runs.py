@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -16,7 +17,7 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, OutOfSpace
 from nlptrain.resume_checks import (
     changed_settings,
     check_a_checkpoint_is_whole,
@@ -249,5 +250,34 @@ def disk_use_line(folder: Path) -> str:
     if not checkpoints:
         return f"{folder}: {total / mb:.0f} MB"
     return (f"{folder}: {total / mb:.0f} MB, of which checkpoints/ {checkpoints / mb:.0f} MB (kept "
-            "to resume or go back; safe to remove once the run is done, which then ends it: no more "
-            "epochs by --resume)")
+            "to resume or go back; safe to remove once the run is done, which can then not be "
+            "resumed)")
+
+
+@contextlib.contextmanager
+def out_of_space_said(folder: Path) -> Any:
+    """A file of the run in `folder` (config.json, results, predictions, plots, report) that a
+    full disk or quota stops is one line naming it and what to do, not a traceback: the
+    checkpoints are kept, and a resume writes the run's files again."""
+    try:
+        yield
+    except Exception as err:
+        full = next((e for e in _chain(err) if isinstance(e, OSError)
+                     and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
+        if full is None:
+            raise
+        try:
+            space = f", {shutil.disk_usage(folder).free / 2**20:.0f} MB free on its disk"
+        except OSError:
+            space = ""
+        raise OutOfSpace(f"{full.filename or folder}: cannot be written ({full.strerror}{space}); "
+                         "what was trained is kept: free space, then train --resume "
+                         f"--output-dir {folder}") from None
+
+
+def _chain(err: BaseException | None) -> Any:
+    """The error and those it was raised while handling (matplotlib's PNG writer raises an
+    AttributeError of its own while handling the OSError of a full disk)."""
+    while err is not None:
+        yield err
+        err = err.__cause__ or err.__context__

@@ -98,3 +98,43 @@ def test_clear_leftovers_removes_half_writes_and_puts_back_a_folder_moved_aside(
     assert (tmp_path / "model" / "weights").read_text() == ".old-model"  # put back
     assert (tmp_path / "step-00000002" / "weights").read_text() == "step-00000002"  # kept
     assert durable.clear_leftovers(tmp_path / "absent") == []
+
+
+def test_a_run_file_a_full_disk_stops_is_one_line_with_what_to_do(toy_task, tmp_path, capsys,
+                                                                  monkeypatch):
+    """results.json, predictions, plots, report, config.json: a full disk was a 40-line
+    traceback (with matplotlib's, an AttributeError raised while handling it)."""
+    import errno
+
+    import nlptrain.recipe
+    from nlptrain.cli import main
+
+    def full_disk(run_dir, *args):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "plots" / "a.png"))
+        except OSError:
+            raise AttributeError("'_idat' object has no attribute 'fileno'") from None
+
+    monkeypatch.setattr(nlptrain.recipe, "write_outputs", full_disk)
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--max-steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"error: {run / 'plots' / 'a.png'}: cannot be written (No space left on device, " in err
+    assert f"what was trained is kept: free space, then train --resume --output-dir {run}" in err
+    assert "Traceback" not in err, err
+
+
+def test_metrics_rows_a_full_disk_keeps_out_are_said_once(tmp_path, caplog):
+    from nlptrain.callbacks import MetricLogger
+
+    class Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+    logger = MetricLogger(tmp_path / "metrics.jsonl")
+    logger.handle = Full()
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        logger._write({"step": 1})
+        logger._write({"step": 2})
+    assert caplog.text.count("a row cannot be written (No space left on device)") == 1
+    assert logger.unwritten == 2
