@@ -177,15 +177,7 @@ class Trainer(ProgressCounters):
             try:
                 self.callbacks.fire("on_train_start", self)
                 self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
-                self._check_resumed_optimizer()
-                if self._fits and self.is_main and self.epoch >= self.config.epochs:
-                    log.warning("fit(): this trainer has trained its %d epoch(s) already (step "
-                                "%d); nothing to train: give config.epochs more to train on",
-                                self.config.epochs, self.global_step)
-                elif self._fits and self.is_main and self.should_stop:  # (a callback's stop)
-                    log.warning("fit(): this trainer's run was stopped at step %d (should_stop); "
-                                "nothing to train", self.global_step)
-                self._fits += 1
+                self._check_before_training()
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True
@@ -214,9 +206,18 @@ class Trainer(ProgressCounters):
             self.callbacks.fire("on_epoch_end", self)
             self.progress.next_epoch()
 
-    def _check_resumed_optimizer(self) -> None:
+    def _check_before_training(self) -> None:
         """An optimizer put in place of the one a checkpoint loaded into (before fit, or in
-        on_train_start) would go on without its state: refused, once (a later fit may)."""
+        on_train_start) would go on without its state: refused, once (a later fit may). A fit()
+        again with nothing to train says so."""
+        if self._fits and self.is_main and self.epoch >= self.config.epochs:
+            log.warning("fit(): this trainer has trained its %d epoch(s) already (step %d); "
+                        "nothing to train: give config.epochs more to train on",
+                        self.config.epochs, self.global_step)
+        elif self._fits and self.is_main and self.should_stop:  # (a callback's stop)
+            log.warning("fit(): this trainer's run was stopped at step %d (should_stop); nothing "
+                        "to train", self.global_step)
+        self._fits += 1
         loaded, self._loaded_optimizer = self._loaded_optimizer, None
         if loaded not in (None, self.optimizer):
             raise ConfigError("trainer.optimizer was replaced after resume_from loaded the checkpoint "
