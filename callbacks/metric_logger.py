@@ -7,6 +7,7 @@ loss window, so the file ends as that of the run never stopped."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import time
@@ -58,6 +59,8 @@ class MetricLogger(Callback):
             self.handle.write(json.dumps(strict_json(row)) + "\n")
             self.handle.flush()
         except OSError as err:  # a full disk: said once, not a traceback at every row
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
             if not self.unwritten:
                 log.warning("%s: a row cannot be written (%s); rows are left out until one can",
                             self.path, err.strerror or err)

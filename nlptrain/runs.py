@@ -17,7 +17,7 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError, OutOfSpace
+from nlptrain.errors import ConfigError, NlptrainError, OutOfSpace
 from nlptrain.resume_checks import (
     changed_settings,
     check_a_checkpoint_is_whole,
@@ -261,6 +261,8 @@ def out_of_space_said(folder: Path) -> Any:
     checkpoints are kept, and a resume writes the run's files again."""
     try:
         yield
+    except NlptrainError:  # said already (a checkpoint's own line: what was saved is kept)
+        raise
     except Exception as err:
         full = next((e for e in _chain(err) if isinstance(e, OSError)
                      and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
@@ -280,4 +282,4 @@ def _chain(err: BaseException | None) -> Any:
     AttributeError of its own while handling the OSError of a full disk)."""
     while err is not None:
         yield err
-        err = err.__cause__ or err.__context__
+        err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)

@@ -32,11 +32,19 @@ def unknown_options(parser: argparse.ArgumentParser, tokens: list[str]) -> list[
     known = options_of(parser)
     for at, token in enumerate(tokens):
         flag = token.split("=")[0]
-        if token.startswith("--") and len(token) > 2 and \
-                not any(option.startswith(flag) for option in known):
+        if _is_option(token) and not any(option.startswith(flag) for option in known):
             with_value = at + 1 < len(tokens) and not tokens[at + 1].startswith("-")
             return tokens[at:at + 2] if with_value and "=" not in token else [token]
     return []
+
+
+def _is_option(token: str) -> bool:
+    """--name or -x, not a value such as -5 or -1e-3 (nor a lone -, stdin)."""
+    try:
+        float(token)
+    except ValueError:
+        return token.startswith("-") and len(token) > 1
+    return False
 
 
 def refuse_options_before_command(parser: argparse.ArgumentParser, argv: list[str]) -> None:

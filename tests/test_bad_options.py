@@ -209,6 +209,7 @@ def test_a_misspelt_option_gets_its_commands_usage_and_the_nearest_name(capsys):
     # A command's option before it: argparse took 'debug' for the command.
     # An option before the command that the command does not take either: its nearest.
     (["--verbose", "train"], "nlptrain train: error: unrecognized arguments: --verbose"),
+    (["-x", "train"], "nlptrain train: error: unrecognized arguments: -x"),
     (["--modle", "m", "eval"], "nlptrain eval: error: unrecognized arguments: --modle m (did "
                                "you mean --model?)"),
     (["--log-level", "debug", "train", "--epochs", "1"],

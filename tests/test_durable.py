@@ -112,8 +112,8 @@ def test_a_run_file_a_full_disk_stops_is_one_line_with_what_to_do(toy_task, tmp_
     def full_disk(run_dir, *args):
         try:
             raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "plots" / "a.png"))
-        except OSError:
-            raise AttributeError("'_idat' object has no attribute 'fileno'") from None
+        except OSError:  # (raised while handling it: "During handling of the above ...")
+            raise AttributeError("'_idat' object has no attribute 'fileno'")  # noqa: B904
 
     monkeypatch.setattr(nlptrain.recipe, "write_outputs", full_disk)
     run = tmp_path / "run"
@@ -138,3 +138,25 @@ def test_metrics_rows_a_full_disk_keeps_out_are_said_once(tmp_path, caplog):
         logger._write({"step": 2})
     assert caplog.text.count("a row cannot be written (No space left on device)") == 1
     assert logger.unwritten == 2
+
+    class Folder:  # not a full disk: an error, as before (rows lost with exit 0 otherwise)
+        def write(self, text):
+            raise IsADirectoryError(21, "Is a directory")
+
+    logger.handle = Folder()
+    with pytest.raises(IsADirectoryError):
+        logger._write({"step": 3})
+
+
+def test_a_checkpoints_own_line_on_a_full_disk_is_not_renamed(tmp_path):
+    """Its CheckpointError (what was saved before it is kept) was taken for a run file's, from
+    the OSError it had hidden ('what was trained is kept', naming a staging file)."""
+    from nlptrain.errors import CheckpointError
+    from nlptrain.runs import out_of_space_said
+
+    with pytest.raises(CheckpointError, match="what was saved before it is kept"):
+        with out_of_space_said(tmp_path):
+            try:
+                raise OSError(28, "No space left on device", str(tmp_path / ".tmp-step-1" / "meta.json"))
+            except OSError:
+                raise CheckpointError("step-1: cannot be written; what was saved before it is kept") from None
