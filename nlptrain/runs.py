@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,7 @@ def disk_use_line(folder: Path) -> str:
 
 
 @contextlib.contextmanager
-def out_of_space_said(folder: Path) -> Any:
+def out_of_space_said(folder: Path) -> Iterator[None]:
     """A file of the run in `folder` (config.json, results, predictions, plots, report) that a
     full disk or quota stops is one line naming it and what to do, not a traceback: the
     checkpoints are kept, and a resume writes the run's files again."""
