@@ -137,11 +137,12 @@ def check_train(args: argparse.Namespace) -> None:
         Manifest.load(folder, typed=task.data.train_shards).check_world_size(args.nproc, folder)
     for spec in args.callback:
         check_file(spec)
-    from nlptrain.resume_checks import check_resume
+    from nlptrain.resume_checks import check_resume, check_strategy_fits
     from nlptrain.runs import check_free
 
     if args.resume and args.output_dir:  # what the checkpoint cannot take (seed, model, ...)
         check_resume(Path(args.output_dir), task.to_dict())
+        check_strategy_fits(Path(args.output_dir), task.to_dict()["train"], args.nproc)
     if args.output_dir:  # a refusal said once, and not restarted
         check_free(Path(args.output_dir), run_allowed=args.resume or args.overwrite)
 

@@ -5,6 +5,7 @@ weights in model/ and best/ that transformers.pipeline loads and scores as nlptr
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import pytest
@@ -213,19 +214,29 @@ def test_eight_ranks_on_loopback_then_four_resume(tmp_path, tiny_model_dir):
 
 def test_a_resume_fsdp_cannot_load_is_refused_and_leaves_the_run_as_it_was(toy_task, tmp_path):
     """A one-process run checkpoints whole weights; fsdp on 2 processes loads only shards. The
-    refusal must name the cure, and must not record fsdp in config.json: else the plain
-    `--resume` that follows would be refused as well."""
+    refusal must name the cure (said once, by `--nproc`'s own process, before any worker
+    starts), and must not record fsdp in config.json, which each rank checks again (a launcher
+    of its own, e.g. torchrun): else the plain `--resume` that follows would be refused as well."""
+    from nlptrain.run_record import read_config
+    from nlptrain.runs import prepare_run_dir
+
     run = tmp_path / "run"
     first = run_cli(["train", "--task", str(toy_task), "--output-dir", str(run), "--max-steps", "2"],
                     tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     recorded = (run / "config.json").read_text()
+    refusal = ("step-00000002: holds whole weights (written by one process, or under ddp), which "
+               "fsdp on 2 processes cannot load; resume it with [train] strategy = ddp, or in one "
+               "process")
     refused = run_cli(["train", "--output-dir", str(run), "--resume", "--strategy", "fsdp",
-                       "--max-steps", "3"], tmp_path, nproc=2)
+                       "--max-steps", "3", "--nproc", "2"], tmp_path)
     assert refused.returncode == 1
-    assert "step-00000002: holds whole weights (written by one process, or under ddp), which fsdp " \
-           "on 2 processes cannot load; resume it with [train] strategy = ddp, or in one process" \
-           in refused.stderr, refused.stderr[-3000:]
+    assert refused.stderr.count(refusal) == 1, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr and "rank" not in refused.stderr, refused.stderr
+    task = read_config(run)["task"]
+    with pytest.raises(CheckpointError, match=re.escape(refusal)):  # a rank's own check
+        prepare_run_dir(run, {**task, "train": {**task["train"], "strategy": "fsdp"}}, 2,
+                        resume=True, overwrite=False)
     assert (run / "config.json").read_text() == recorded
     again = run_cli(["train", "--output-dir", str(run), "--resume", "--max-steps", "3"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
