@@ -327,18 +327,19 @@ def main(argv: list[str] | None = None) -> int:
             tell_launcher(f"error: {err}")
         return err.exit_code
     except RuntimeError as err:
-        from nlptrain.distributed import PeerFailed, is_peer_failure, timeout_message
+        from nlptrain.distributed import PeerFailed, peer_failure_in, timeout_message
 
         message = timeout_message(err)  # no rank reported an error: this one is the first to know
         if message:
             print(f"{_rank_prefix()}error: {message}", file=sys.stderr)
             tell_launcher(f"error: {message}")
             return 1
-        if not is_peer_failure(err):
+        peer = peer_failure_in(err)
+        if peer is None:
             tell_launcher(None)
             raise
         said = str(err) if isinstance(err, PeerFailed) else \
-            f"another rank failed (see its error); {str(err).splitlines()[0][:160]}"
+            f"another rank failed (see its error); {str(peer).splitlines()[0][:160]}"
         print(f"{_rank_prefix()}stopping: {said}", file=sys.stderr)
         tell_launcher("stopped: another rank failed (see its error)", follows=True)
         return 1

@@ -282,19 +282,32 @@ class PeerFailed(RuntimeError):
 
 
 def is_peer_failure(error: BaseException) -> bool:
-    """Did a collective fail because another rank died (its own error is reported there)?"""
-    text = str(error)
-    return isinstance(error, (PeerFailed, dist.DistError)) or "closed by peer" in text or \
-        "reset by peer" in text
+    """Did a collective fail because another rank died (its own error is reported there)? Also
+    where that is the context of a later error: a DataLoader's worker, ended as this rank
+    unwinds, raises "worker ... is killed by signal" over the peer's failure."""
+    return peer_failure_in(error) is not None
+
+
+def peer_failure_in(error: BaseException | None) -> BaseException | None:
+    """The error in `error`'s chain (itself, then what it was raised from or while handling)
+    that says another rank ended, if any."""
+    while error is not None:
+        text = str(error)
+        if isinstance(error, (PeerFailed, dist.DistError)) or "closed by peer" in text or \
+                "reset by peer" in text:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def as_peer_failure(error: BaseException, rank: int, step: int) -> PeerFailed | None:
     """`error` as a PeerFailed, where it is another rank's failure seen here (not a timeout,
     which `timeout_message` says)."""
-    if isinstance(error, PeerFailed) or not is_peer_failure(error) or timed_out(error):
+    peer = peer_failure_in(error)
+    if isinstance(error, PeerFailed) or peer is None or timed_out(peer):
         return None
     return PeerFailed(f"another rank failed (see its error); rank {rank} stopped at step {step} "
-                      f"({str(error).splitlines()[0][:160]})")
+                      f"({str(peer).splitlines()[0][:160]})")
 
 
 def from_env(timeout_s: float = 600.0, environment: Environment | None = None) -> Backend:

@@ -313,3 +313,26 @@ def test_a_rank_at_a_port_that_takes_the_connection_and_never_answers_ends_at_th
     assert "took the connection but never answered in 2 s: a program other than the job's store " \
         "listens there" in err, err
     server.close()
+
+
+def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
+    """Rank 1 killed, rank 0 with DataLoader workers: gloo's "reset by peer" is the context of
+    "DataLoader worker ... is killed by signal: Terminated" (the workers end as rank 0 unwinds);
+    it was printed as both tracebacks, not as the one line of a peer's failure."""
+    from nlptrain.distributed import PeerFailed, as_peer_failure, is_peer_failure
+
+    try:
+        try:
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+                               "[127.0.0.1]:5533: Connection reset by peer")
+        except RuntimeError:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")  # noqa: B904 (as torch raises it)
+    except RuntimeError as error:
+        outer = error
+    said = as_peer_failure(outer, 0, 2)
+    assert isinstance(said, PeerFailed) and is_peer_failure(outer)
+    assert str(said) == ("another rank failed (see its error); rank 0 stopped at step 2 ([../third"
+                         "_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:5533:"
+                         " Connection reset by peer)")
+    assert as_peer_failure(RuntimeError("DataLoader worker (pid 4242) is killed by signal: "
+                                        "Terminated. "), 0, 2) is None  # its own: as it is
