@@ -149,7 +149,16 @@ def check_train(args: argparse.Namespace) -> None:
 
 def check_eval(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: the task, and the file it scores."""
+    check_test_file_is_scored(args)
     check_data_files(resolve_task(args), (args.split,))
+
+
+def check_test_file_is_scored(args: argparse.Namespace) -> None:
+    """`--test-file F --split valid` scored the valid set and never read F, unsaid."""
+    test_file = getattr(args, "set:data.test", None)
+    if test_file is not None and args.split != "test":
+        raise ConfigError(f"--test-file {test_file} is scored as the test set, and --split "
+                          f"{args.split} scores the task's {args.split} set instead: drop --split")
 
 
 def check_data_files(task: Any, which: tuple[str, ...]) -> None:
@@ -199,6 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     environment = launch_environment(args)
     start_logging(args, environment.rank)
+    check_test_file_is_scored(args)
     task = resolve_task(args)
     with recipe.backend(task.train.timeout, environment) as dist:
         metrics = recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)

@@ -44,6 +44,11 @@ def resolve_model_path(name: str) -> Path:
         return Path(module.get_model_path())
     path = Path(name).expanduser()
     known = ", ".join(SHORT_NAMES)
+    if not (path / "config.json").is_file() and (path / "meta.json").is_file():
+        run = path.parent.parent if path.parent.name == "checkpoints" else Path("RUN")
+        raise ConfigError(f"{path}: a checkpoint of a run (its training state), not a model: "
+                          f"give the run's model, {run / 'model'} (or {run / 'best'}); to train "
+                          f"on from it, train --resume --output-dir {run}")
     if not (path / "config.json").is_file():
         raise ConfigError(f"{path}: no model here (no config.json); give a folder saved with "
                           f"save_pretrained or a short name ({known})")

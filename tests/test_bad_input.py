@@ -205,6 +205,21 @@ def test_model_path_without_a_model(capsys, toy_task, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_checkpoint_given_as_the_model_to_score_names_the_runs_model(capsys, tmp_path):
+    """It said 'no config.json; give ... a short name (minilm)', which predict then refuses."""
+    step = tmp_path / "run" / "checkpoints" / "step-00000004"
+    step.mkdir(parents=True)
+    (step / "meta.json").write_text("{}")
+    (step / "state.pt").write_bytes(b"")
+    (tmp_path / "in.txt").write_text("fine\n")
+    assert main(["predict", "--model", str(step), "--input", str(tmp_path / "in.txt")]) == 1
+    run = tmp_path / "run"
+    assert capsys.readouterr().err == (
+        f"error: {step}: a checkpoint of a run (its training state), not a model: give the run's "
+        f"model, {run / 'model'} (or {run / 'best'}); to train on from it, train --resume "
+        f"--output-dir {run}\n")
+
+
 @pytest.mark.parametrize(("weights", "said"), [
     (None, r"no file named model\.safetensors"),
     (b"version https://git-lfs.github.com/spec/v1\noid sha256:ab\nsize 90000000\n",

@@ -91,6 +91,11 @@ def test_eval_of_one_split_reads_no_other_splits_file(toy_task: Path, labelled_m
     assert json.loads(capsys.readouterr().out)["rows"] == 120
     assert main([*args[:-2], "--split", "test"]) == 1
     assert "test.tsv:2" in capsys.readouterr().err  # the split asked for is read, and checked
+    # A file to score with another split: the split was scored and the file never read.
+    assert main([*args, "--test-file", "mine.tsv"]) == 1
+    assert capsys.readouterr().err == ("error: --test-file mine.tsv is scored as the test set, "
+                                       "and --split train scores the task's train set instead: "
+                                       "drop --split\n")
 
 
 def test_eval_of_a_file_elsewhere_caches_its_tokens_next_to_that_file(
