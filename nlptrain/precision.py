@@ -39,6 +39,8 @@ PROBE_SHAPE = (128, 384, 768)  # tokens x hidden x width, of MiniLM-sized layers
 PROBE_BUDGET_S = 0.1  # after one timed round, stop once the probe has taken this long
 PROBE_ATTEMPTS = 3  # probes at most while bf16 looks no faster (`probe_cpu`)
 STEP_PROBE_BUDGET_S = 1.0  # the same for the job's own step, on a GPU
+SLOWER_KEPT = 0.5  # eval/predict keep a model's precision down to this speed-up: its run's scores
+                   # (a Xeon without AMX: bf16 0.7x); CPUs without its units are at 0.02-0.03x
 
 
 @dataclass
@@ -139,11 +141,37 @@ def for_scoring(requested: str, trained_in: str | None, device: torch.device,
                 dist: Backend | None = None) -> str:
     """The precision a saved model scores in (`eval`, `predict`): `requested`, but "auto" is the
     one the model was trained and tested in (`trained_in`, its config.json's record) where it has
-    one, not a new probe: its scores then match its run's."""
+    one: its scores then match its run's. Unless this device runs it far slower than fp32 (a
+    model trained in fp16 on a GPU, scored on a CPU without fp16 units: 0.02x): then fp32, said.
+    Every rank takes rank 0's."""
     if requested == "auto" and trained_in:
-        log.info("precision auto: %s (the model was trained and tested in it)", trained_in)
-        return trained_in
+        def decide() -> tuple[str, str]:
+            return _scoring_precision(trained_in, device)
+
+        chosen, reason = dist.on_main(decide) if dist is not None else decide()
+        log.info("precision auto: %s (%s)", chosen, reason)
+        return chosen
     return choose(requested, device, dist).precision
+
+
+def _scoring_precision(trained_in: str, device: torch.device) -> tuple[str, str]:
+    """`trained_in` unless this device runs it far slower than fp32 (then fp32); and why."""
+    kept = (trained_in, "the model was trained and tested in it")
+    if trained_in == "fp32":
+        return kept
+    if device.type == "cuda":
+        if trained_in == "bf16" and not torch.cuda.is_bf16_supported():
+            return "fp32", "the model was trained in bf16, which this GPU lacks"
+        return kept
+    if device.type != "cpu" or trained_in not in ("bf16", "fp16"):
+        return kept
+    probe = probe_cpu_matmuls(precisions=("fp32", trained_in))
+    speedup = probe[f"{trained_in}_speedup"]
+    if speedup >= SLOWER_KEPT:
+        return kept
+    return "fp32", (f"the model was trained in {trained_in}, whose matmuls run {speedup:.2f}x "
+                    f"as fast as fp32's on this CPU; --precision {trained_in} scores exactly as "
+                    "its run did")
 
 
 def probe_cpu(attempts: int = PROBE_ATTEMPTS) -> dict[str, float]:

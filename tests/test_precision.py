@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from cpu_speed import pretend_cpu_speedups
 from ddp import run_ranks
 
 from nlptrain import TrainConfig, Trainer
@@ -138,6 +139,7 @@ def test_config_json_and_checkpoints_record_it_and_a_resume_keeps_it(toy_task, t
     # `eval` under auto scores in the precision the model was trained and tested in (its
     # config.json says which), whatever auto would pick now; a model without that record is
     # decided as auto decides, and either way it says what it chose.
+    pretend_cpu_speedups(monkeypatch, bf16=2.0)  # (a CPU without bf16 units: see below)
     assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task)]) == 0
     assert "precision auto: bf16 (the model was trained and tested in it)" in capsys.readouterr().err
     model_config = run / "model" / "config.json"
@@ -287,3 +289,25 @@ def test_fp16_asked_for_on_a_cpu_without_fp16_units_says_what_is_faster(monkeypa
         else:
             assert f"fp16 matmuls run {fp16:.2f}x as fast as fp32's here" in caplog.text
             assert said in caplog.text, caplog.text
+
+
+@pytest.mark.parametrize(("trained_in", "speedup", "chosen"), [
+    ("bf16", 2.0, "bf16"), ("bf16", 0.7, "bf16"), ("bf16", 0.03, "fp32"), ("fp16", 0.02, "fp32"),
+    ("fp32", 0.01, "fp32")])
+def test_scoring_keeps_the_models_precision_unless_this_cpu_runs_it_far_slower(
+        monkeypatch, caplog, trained_in, speedup, chosen):
+    """A model trained in fp16 on a GPU was scored in fp16 on a CPU without fp16 units (0.02x:
+    predict took twice fp32's time, unsaid). Its run's precision is kept where this CPU runs it
+    at least half as fast as fp32 (its scores then equal its run's), else fp32, said."""
+    from nlptrain.precision import for_scoring
+
+    pretend_cpu_speedups(monkeypatch, **{trained_in: speedup})
+    with caplog.at_level("INFO", logger="nlptrain"):
+        assert for_scoring("auto", trained_in, torch.device("cpu")) == chosen
+    if chosen == trained_in:
+        assert f"precision auto: {chosen} (the model was trained and tested in it)" in caplog.text
+    else:
+        assert (f"precision auto: fp32 (the model was trained in {trained_in}, whose matmuls run "
+                f"{speedup:.2f}x as fast as fp32's on this CPU; --precision {trained_in} scores "
+                "exactly as its run did)") in caplog.text
+    assert for_scoring(trained_in, trained_in, torch.device("cpu")) == trained_in  # as asked

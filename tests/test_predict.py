@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from cpu_speed import pretend_cpu_speedups
 
 from nlptrain.cli import build_parser, main
 from nlptrain.data.readers import read_texts
@@ -342,6 +343,7 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
     (model / "config.json").write_text(json.dumps(config))
     monkeypatch.chdir(tmp_path)
     Path("in.tsv").write_text('a1\t"great, ""really"" great"\nb2\tawful\n')
+    pretend_cpu_speedups(monkeypatch, bf16=2.0)  # a CPU that runs bf16 well
     assert main(["predict", "--model", "model", "--input", "in.tsv", "--keep-columns", "0",
                  "--format", "jsonl"]) == 0
     out, err = capsys.readouterr()
