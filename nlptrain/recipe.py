@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ from nlptrain.resume_checks import check_resume
 from nlptrain.run_record import keep_reached_epochs, record_in_config
 from nlptrain.runs import (
     RunDirLock,
+    RunRecordBefore,
     began_in_this_launch,
     disk_use_line,
     forget_unstarted_run,
@@ -40,6 +41,7 @@ from nlptrain.runs import (
     new_run_dir,
     out_of_space_said,
     prepare_run_dir,
+    refused_before_training,
 )
 from nlptrain.scores import strict_json
 from nlptrain.signals import stopped_message
@@ -122,17 +124,19 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column,
                                          "header": train_file.header, "quoted": train_file.quoted}
-    with open_run_dir(task, opts, dist) as (run_dir, has_run), out_of_space_said(run_dir):
+    with open_run_dir(task, opts, dist) as (run_dir, has_run, refused), out_of_space_said(run_dir):
         log_sizes(task, sets, dist)
 
         callbacks, best = run_callbacks(task, opts, sets, run_dir)
         eval_set = sets.valid if sets.valid is not None else sets.test
         # Resumed from the newest whole checkpoint (rank 0 checks, every rank takes its choice), it
         # goes on as the run began: weights, data position, "auto"'s precision.
-        trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
-                              tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
-                              kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
-                              progress=False)  # run_callbacks's, where the log level is info
+        with refused_before_training(refused, lambda: 0):
+            trainer = DistTrainer(model, sets.train, eval_set, config=config, callbacks=callbacks,
+                                  tokenizer=tokenizer, collate=collator(tokenizer, task), dist=dist,
+                                  kind=kind, resume_from=run_dir / "checkpoints" if has_run else None,
+                                  progress=False)  # run_callbacks's, where the log level is info
+        started_at = trainer.global_step
         task.train.precision = trainer.config.precision  # (report, model card: config.json's record)
         reached = trainer.epoch + bool(trainer.batch_in_epoch)  # (a resume's: epochs begun)
         if reached > task.train.epochs:  # fewer asked than reached: nothing trains, said as such
@@ -140,7 +144,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             try:
-                trainer.fit()
+                with refused_before_training(refused, lambda: trainer.global_step - started_at):
+                    trainer.fit()
             except Interrupted as stop:  # the command line's cure: the folder to go on in
                 raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
                                   stop.step) from None
@@ -160,9 +165,10 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
 
 @contextmanager
 def open_run_dir(task: TaskConfig, opts: RunOptions,
-                 dist: distributed.Backend) -> Iterator[tuple[Path, bool]]:
+                 dist: distributed.Backend) -> Iterator[tuple[Path, bool, Callable[[], None]]]:
     """Rank 0 makes (or reopens, to resume) the run directory and holds its lock (`RunDirLock`)
-    until the block ends; every rank learns its path, and whether there is a run to resume."""
+    until the block ends; every rank learns its path, whether there is a run to resume, and how
+    to put the run's record back as it was (a resume that its checkpoint refuses)."""
     # A launcher's restart (torchrun/--nproc --max-restarts, a requeued SLURM job) starts the
     # same command again: it resumes by itself.
     launch = dist.environment
@@ -182,6 +188,8 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
         made_here = not folder.exists()
         lock.acquire(folder)
         try:
+            if resume:
+                record.keep(folder)
             with out_of_space_said(folder):
                 found = prepare_run_dir(folder, task.to_dict(), dist.world_size, resume=resume,
                                         overwrite=overwrite, launch=launch,
@@ -197,13 +205,13 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
             new_run.append((folder, made_here))
         return str(folder), found
 
-    lock = RunDirLock()
+    lock, record = RunDirLock(), RunRecordBefore()
     new_run: list[tuple[Path, bool]] = []  # (folder, made by this run), where this process made it
     folder: str | None = None
     try:
         folder, has_run = dist.on_main(make)
         log.info("run directory: %s", folder)
-        yield Path(folder), has_run
+        yield Path(folder), has_run, record.put_back
     except BaseException as error:
         forgotten = bool(new_run) and forget_unstarted_run(*new_run[0])  # the lock is still held
         if forgotten:

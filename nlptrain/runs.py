@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +284,34 @@ def _chain(err: BaseException | None) -> Any:
     while err is not None:
         yield err
         err = err.__cause__ or (None if err.__suppress_context__ else err.__context__)
+
+
+class RunRecordBefore:
+    """The run's record (config.json) as it was before a resume rewrote it (on rank 0), put back
+    where the resume is refused before it trains a step: a checkpoint that a stream's reader
+    count, per-rank files or the task does not fit. Else the refused settings stayed in it, and
+    the plain `--resume` that the refusal suggests was refused too."""
+
+    def __init__(self) -> None:
+        self._kept: tuple[Path, str] | None = None
+
+    def keep(self, folder: Path) -> None:
+        path = folder / CONFIG_FILE
+        self._kept = (path, path.read_text()) if path.is_file() else None
+
+    def put_back(self) -> None:
+        if self._kept is not None:
+            write_text(*self._kept)
+            self._kept = None
+
+
+@contextlib.contextmanager
+def refused_before_training(put_back: Callable[[], None], steps: Callable[[], int]) -> Iterator[None]:
+    """`put_back` the run's record where the block is refused (an NlptrainError) before
+    `steps()` trained any step."""
+    try:
+        yield
+    except NlptrainError:
+        if steps() == 0:
+            put_back()
+        raise

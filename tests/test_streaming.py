@@ -4,6 +4,7 @@ epoch (also on 2 real ranks x 2 workers through DistTrainer), reshuffled by set_
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 from pathlib import Path
 from types import SimpleNamespace
@@ -299,3 +300,24 @@ def test_a_stream_without_a_length_under_several_workers_is_told_it_has_none():
     with pytest.raises(ConfigError, match=r"^the training data has no length: set \[train\] "
                                           r"steps_per_epoch$"):
         epoch_batches(loader, config, Progress(), rank0, 0)
+
+
+def test_a_resume_its_checkpoint_refuses_leaves_the_runs_record_as_it_was(toy_task, tmp_path,
+                                                                          capsys):
+    """The refused settings (here 2 DataLoader workers for a stream read by 1) stayed in
+    config.json, so the plain `--resume` that the refusal suggests was refused as well."""
+    from nlptrain.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--streaming",
+                 "--steps-per-epoch", "5", "--max-steps", "2", "--checkpoint-every", "2",
+                 "--no-cache"]) == 0
+    recorded = (run / "config.json").read_text()
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume", "--max-steps", "4",
+                 "--num-workers", "2"]) == 1
+    assert "a stream stopped mid-epoch resumes only as it was read, by 1 rank(s) x 1 DataLoader " \
+           "worker(s) (this job: 1 x 2)" in capsys.readouterr().err
+    assert (run / "config.json").read_text() == recorded
+    assert main(["train", "--output-dir", str(run), "--resume", "--max-steps", "4"]) == 0
+    assert json.loads((run / "config.json").read_text())["resumes"][-1]["world_size"] == 1
