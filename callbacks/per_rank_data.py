@@ -168,7 +168,14 @@ class PerRankData(Callback):
             why += f"; max_steps {cfg.max_steps} ends the run {steps_left} optimizer step(s) in"
         report = {"epoch": trainer.epoch, "batches": trainer.batches_per_epoch, "ranks": ranks,
                   "why": why}
-        changed = not self.reports or self.reports[-1]["ranks"] != ranks
+        # Said as the first epoch starts, then where the plan changes (also where max_steps ends).
+        changed = not self.reports or (self.reports[-1]["ranks"], self.reports[-1]["why"]) != \
+            (ranks, why)
+        if trainer.is_main and not self.reports and capped and not self.shuffle and \
+                any(r["dropped"] for r in ranks):
+            log.warning("per-rank data in file order with steps_per_epoch = %d: each epoch trains "
+                        "the same first rows of each file, and the rest are never trained; give "
+                        "--shard-shuffle, or leave steps_per_epoch at 0", cfg.steps_per_epoch)
         self.reports.append(report)
         if trainer.is_main and changed:
             log.info("%s", self.describe(report))

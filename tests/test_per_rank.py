@@ -206,6 +206,29 @@ def test_the_report_says_what_set_each_ranks_batch_count(tmp_path, caplog):
         with caplog.at_level("INFO", logger="nlptrain"):
             callback.on_batch_start(trainer, {})
         assert f"each rank takes {batches} batches ({why})" in caplog.text
+    # In file order, steps_per_epoch trains the same first rows every epoch: warned, once.
+    assert caplog.text.count("each epoch trains the same first rows of each file, and the rest "
+                             "are never trained; give --shard-shuffle") == 1
+
+
+def test_each_epoch_whose_plan_differs_is_said_also_where_max_steps_ends_it(tmp_path, caplog):
+    """max_steps ending the run inside epoch 2 was never said: the plan was logged only where
+    the ranks' numbers changed, and they do not."""
+    from types import SimpleNamespace
+
+    source = write_toy_tsv(tmp_path / "train-all.tsv", 237, seed=1)
+    callback = PerRankData(write_parts(tmp_path / "parts", source, [100, 137]))
+    callback.manifest = Manifest.load(tmp_path / "parts")
+    config = TrainConfig(batch_size=8, max_steps=17, epochs=3)
+    with caplog.at_level("INFO", logger="nlptrain"):
+        for epoch, step in ((0, 0), (1, 13)):
+            callback.on_epoch_start(SimpleNamespace(epoch=epoch))
+            callback.on_batch_start(SimpleNamespace(config=config, batches_per_epoch=13,
+                                                    epoch=epoch, global_step=step, is_main=True), {})
+    said = [r.getMessage().splitlines()[0] for r in caplog.records]
+    assert said == ["per-rank data, epoch 1: each rank takes 13 batches (uneven shards policy: drop)",
+                    "per-rank data, epoch 2: each rank takes 13 batches (uneven shards policy: "
+                    "drop; max_steps 17 ends the run 4 optimizer step(s) in)"]
 
 
 def test_a_resume_mid_epoch_onto_files_split_again_is_refused(tmp_path, toy_task, capsys,
