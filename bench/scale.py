@@ -145,7 +145,7 @@ def table(results: list[dict]) -> str:
         first = r["ranks"][0]
         step, step_bytes = describe(first.get("step", {}))
         evals, eval_bytes = describe(first["eval"])
-        written = sorted({round(x["wrote_bytes"] / 2**20, 1) for x in r["ranks"]})
+        written = [round(x["wrote_bytes"] / 2**20, 1) for x in r["ranks"]]  # in rank order
         lines.append(f"| {r['model']} | {first['kind']} | {r['world']} | {step} | "
                      f"{step_bytes / 2**20:.2f} | {evals} | {eval_bytes / 2**10:,.0f} | "
                      f"{max(x['write_s'] for x in r['ranks']):.2f} | "
