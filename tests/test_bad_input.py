@@ -214,7 +214,7 @@ def test_a_checkpoint_given_as_the_model_to_score_names_the_runs_model(capsys, t
     (tmp_path / "in.txt").write_text("fine\n")
     assert main(["predict", "--model", str(step), "--input", str(tmp_path / "in.txt")]) == 1
     run = tmp_path / "run"
-    assert capsys.readouterr().err == (
+    assert capsys.readouterr().err.endswith(
         f"error: {step}: a checkpoint of a run (its training state), not a model: give the run's "
         f"model, {run / 'model'} (or {run / 'best'}); to train on from it, train --resume "
         f"--output-dir {run}\n")

@@ -258,10 +258,10 @@ def test_runs_started_in_the_same_second_get_folders_of_their_own(
     with contextlib.ExitStack() as held:  # each run holds its folder while it runs
         made = [held.enter_context(recipe.open_run_dir(task, opts, dist)) for opts in (
             recipe.RunOptions(), recipe.RunOptions(overwrite=True), recipe.RunOptions(resume=True))]
-    assert [(folder.name, has_run) for folder, has_run in made] == [
+    assert [(folder.name, has_run) for folder, has_run, _ in made] == [
         ("toy-20260101-120000", False), ("toy-20260101-120000-2", False),
         ("toy-20260101-120000-3", False)]
-    assert all((folder / "config.json").is_file() for folder, _ in made)
+    assert all((folder / "config.json").is_file() for folder, _, _ in made)
 
 
 def test_resume_without_output_dir_says_a_new_run_starts(tmp_path: Path,
@@ -275,7 +275,7 @@ def test_resume_without_output_dir_says_a_new_run_starts(tmp_path: Path,
     monkeypatch.chdir(tmp_path)
     with nlptrain_messages() as messages:
         with recipe.open_run_dir(TaskConfig(name="toy"), recipe.RunOptions(resume=True),
-                                 SingleProcess()) as (folder, has_run):
+                                 SingleProcess()) as (folder, has_run, _):
             pass
     assert not has_run
     assert any(f"--resume without --output-dir: a new run starts in {folder}" in m
