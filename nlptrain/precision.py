@@ -148,7 +148,9 @@ def for_scoring(requested: str, trained_in: str | None, device: torch.device,
         def decide() -> tuple[str, str]:
             return _scoring_precision(trained_in, device)
 
-        chosen, reason = dist.on_main(decide) if dist is not None else decide()
+        # Only a half precision is probed (rank 0's, for every rank); fp32 needs no collective.
+        probed = dist is not None and trained_in != "fp32"
+        chosen, reason = dist.on_main(decide) if probed else decide()
         log.info("precision auto: %s (%s)", chosen, reason)
         return chosen
     return choose(requested, device, dist).precision
