@@ -31,7 +31,7 @@ from nlptrain import optim
 from nlptrain.config import data_order_harm, data_order_keys
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
-from nlptrain.errors import CheckpointError
+from nlptrain.errors import CheckpointError, CheckpointWriteError
 from nlptrain.integrity import (
     PREFIX,
     file_checksums,
@@ -123,12 +123,13 @@ def writing(folder: Path) -> Iterator[Path]:
         with staged_folder(folder) as staging:
             yield staging
     except WRITE_ERRORS as err:
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        reason = (err.strerror if isinstance(err, OSError) and err.strerror  # not the staging path
+                  else (str(err).strip().splitlines() or [type(err).__name__])[0][:200])
         try:
             space = f"; {shutil.disk_usage(folder.parent).free / 2**20:.0f} MB free on its disk"
         except OSError:
             space = ""
-        raise CheckpointError(f"{folder}: cannot be written ({reason}){space}; what was saved "
+        raise CheckpointWriteError(f"{folder}: cannot be written ({reason}){space}; what was saved "
                               "before it is kept") from None
 
 

@@ -26,6 +26,11 @@ class CheckpointError(NlptrainError):
     """A checkpoint is missing, incomplete, unsafe, or from another model or task."""
 
 
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint or model folder cannot be written (a full disk, a read-only folder); the
+    checkpoints written before it are kept."""
+
+
 class OutOfSpace(NlptrainError):
     """A run's file cannot be written for want of space; nothing trained is lost."""
 

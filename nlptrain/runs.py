@@ -18,7 +18,7 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import ConfigError, NlptrainError, OutOfSpace
+from nlptrain.errors import CheckpointWriteError, ConfigError, NlptrainError, OutOfSpace
 from nlptrain.resume_checks import (
     changed_settings,
     check_a_checkpoint_is_whole,
@@ -259,10 +259,14 @@ def disk_use_line(folder: Path) -> str:
 def out_of_space_said(folder: Path) -> Iterator[None]:
     """A file of the run in `folder` (config.json, results, predictions, plots, report) that a
     full disk or quota stops is one line naming it and what to do, not a traceback: the
-    checkpoints are kept, and a resume writes the run's files again."""
+    checkpoints are kept, and a resume writes the run's files again. A checkpoint's or model's
+    own line (what was saved before it is kept) gains the resume that goes on from there."""
     try:
         yield
-    except NlptrainError:  # said already (a checkpoint's own line: what was saved is kept)
+    except CheckpointWriteError as err:
+        raise CheckpointWriteError(f"{err}: once it can be written, train --resume --output-dir "
+                                   f"{folder}") from None
+    except NlptrainError:  # said already
         raise
     except Exception as err:
         full = next((e for e in _chain(err) if isinstance(e, OSError)

@@ -160,3 +160,30 @@ def test_a_checkpoints_own_line_on_a_full_disk_is_not_renamed(tmp_path):
                 raise OSError(28, "No space left on device", str(tmp_path / ".tmp-step-1" / "meta.json"))
             except OSError:
                 raise CheckpointError("step-1: cannot be written; what was saved before it is kept") from None
+
+
+def test_a_model_a_full_disk_stops_names_the_resume_that_finishes_the_run(toy_task, tmp_path,
+                                                                          capsys, monkeypatch):
+    """The export's line said what was kept but not how to go on; that resume trains nothing
+    again and writes the model."""
+    import errno
+
+    import nlptrain.checkpoint
+    from nlptrain.cli import main
+
+    def full_disk(tokenizer, folder, max_length):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "tokenizer.json"))
+
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--max-steps", "2"]
+    with monkeypatch.context() as patch:
+        patch.setattr(nlptrain.checkpoint, "save_tokenizer", full_disk)
+        assert main(args) == 1
+    err = capsys.readouterr().err
+    assert f"error: {run / 'model'}: cannot be written (No space left on device)" in err
+    assert ("what was saved before it is kept: once it can be written, train --resume "
+            f"--output-dir {run}") in err
+    assert not (run / "model").exists()
+    assert main([*args, "--resume"]) == 0
+    assert "nothing left to train" in capsys.readouterr().err
+    assert (run / "model" / "tokenizer.json").is_file()
