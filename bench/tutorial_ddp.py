@@ -48,6 +48,7 @@ def main() -> None:
     train_set, test_set = encode(train_rows), encode(split.test_rows)
     torch.manual_seed(job["seed"])  # the new classifier head is the same on every rank
     model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2).to(device)
+    compute = common.ComputeDtype(model)
     ddp_model = DDP(model, device_ids=[local_rank] if cuda else None)
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=job["lr"], fused=cuda or None)
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
@@ -105,7 +106,7 @@ def main() -> None:
 
     result = {"contender": "a", "train_rows": len(train_rows), "eval_s": eval_s, **clock.as_dict(),
               **metrics, "phases_ms": phases.medians_ms(), "precision": args.precision,
-              "device": str(device),
+              "compute_dtype": compute.dtype, "device": str(device),
               "threads": torch.get_num_threads(),
               "settings": {"padding": "max_length", "scheduler": "constant", "warmup": 0,
                            "max_grad_norm": 0, "weight_decay": 0.01, "group_by_length": False,
