@@ -45,14 +45,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def check_data_dir(folder: Path, *needed: str) -> str | None:
-    """Why `folder` cannot serve as --data-dir (it lacks one of `needed`), or None: said once,
-    before any launch (else each launch fails, its cause inside its log)."""
+def check_data_dir(folder: Path, *needed: str, option: bool = True) -> str | None:
+    """Why `folder` cannot serve as the data folder (it lacks one of `needed`), or None: said
+    once, before any launch (else each launch fails, its cause inside its log). `option`: the
+    script takes --data-dir (else only NLPTRAIN_DATA_DIR)."""
     missing = [name for name in needed if not (Path(folder) / name).is_dir()]
     if not missing:
         return None
-    return (f"--data-dir {folder}: no {', '.join(f'{m}/' for m in missing)} there; pass --data-dir "
-            "(the folder holding rt-polarity/, sst-2/, ...) or set NLPTRAIN_DATA_DIR")
+    where = "the folder holding rt-polarity/, sst-2/, ..."
+    return (f"data folder {folder}: no {', '.join(f'{m}/' for m in missing)} there; "
+            + (f"pass --data-dir ({where}) or set NLPTRAIN_DATA_DIR" if option
+               else f"set NLPTRAIN_DATA_DIR to {where}"))
+
+
+def task_folders(*tasks: str) -> list[str]:
+    """The folders under --data-dir that the shipped `tasks` read (sst2: sst-2), for
+    check_data_dir."""
+    import tomllib
+
+    found = []
+    for name in tasks:
+        data = tomllib.loads((REPO / "tasks" / f"{name}.toml").read_text())["data"]
+        found.append(Path(data["train"]).parts[0])
+    return found
 
 
 def default_data_dir() -> Path:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import common  # noqa: E402  (bench/, this script's folder, is first on sys.path)
 from nlptrain.callbacks import FGM, RDrop
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -62,7 +63,7 @@ SMOKE = ["--set", "train.epochs=1", "--set", "train.steps_per_epoch=5", "--set",
 
 
 def data_dir() -> Path:
-    return Path(os.environ.get("NLPTRAIN_DATA_DIR", BENCH_DIR.parent.parent / "shared" / "data"))
+    return common.default_data_dir()
 
 
 def run_one(task: str, extra: list[str], seed: int, out: Path, args: argparse.Namespace) -> dict:
@@ -120,6 +121,10 @@ def main() -> None:
     parser.add_argument("--fresh", action="store_true", help="rerun finished runs")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results" / "finetune")
     args = parser.parse_args()
+    unusable = common.check_data_dir(data_dir(), *common.task_folders(*args.tasks),
+                                       option=False)
+    if unusable:
+        sys.exit(unusable)
     if args.smoke:
         args.out = args.out / "smoke"
     report = []

@@ -46,7 +46,7 @@ NLPTRAIN = {"nlptrain": {}, "nlptrain-random": {"train.group_by_length": False}}
 
 
 def data_dir() -> str:
-    return os.environ.get("NLPTRAIN_DATA_DIR") or str(BENCH.parent.parent / "shared" / "data")
+    return str(common.default_data_dir())
 
 
 def load_task(name: str, args: argparse.Namespace):
@@ -236,6 +236,10 @@ def main() -> None:
         print(table([json.loads(f.read_text()) for f in wanted if f.is_file()], args.tasks,
                     our_contender(args.contenders)))
         return
+    unusable = common.check_data_dir(Path(data_dir()), *common.task_folders(*args.tasks),
+                                       option=False)
+    if unusable:
+        sys.exit(unusable)
     out.mkdir(parents=True, exist_ok=True)
     print(f"CPU: {platform.processor() or platform.machine()} "
           f"({common.cpu_model()}), {os.cpu_count()} cores; {args.nproc} ranks; results in {out}")

@@ -57,6 +57,9 @@ def main() -> None:
     parser.add_argument("--collective-timeout", type=float, default=600,
                         help="the ranks' --timeout (2 shows that no rank waits in a collective)")
     args = parser.parse_args()
+    unusable = common.check_data_dir(args.data_dir, *common.task_folders(args.task))
+    if unusable:
+        sys.exit(unusable)
     os.environ.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
     print(f"CPU: {common.cpu_model()}, {os.cpu_count()} cores; task {args.task}; "
           f"collective timeout {args.collective_timeout:g} s")
