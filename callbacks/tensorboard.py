@@ -1,6 +1,7 @@
 """TensorBoard logging (`train --tensorboard`): loss, lr, gradient norm (when clipping) and
 throughput every `log_every` steps, and each evaluation's metrics, written to an event folder on
-rank 0.
+rank 0. The loss is metrics.jsonl's: the mean over the steps since the previous point (carried
+across a checkpoint), not the logged step's alone.
 
 TensorBoard is optional: this module imports it only when training starts, and without the
 package the run goes on with a warning saying how to install it.
@@ -31,6 +32,8 @@ class TensorBoardLogger(Callback):
         self.log_dir = Path(log_dir)
         self.writer: Any = None
         self.rate = TrainingRate()  # of the steps since the previous logged one
+        self.loss_sum: Any = 0.0  # of those steps, on the device until a point is logged
+        self.steps = 0
 
     def on_train_start(self, trainer: Trainer) -> None:
         try:
@@ -57,16 +60,26 @@ class TensorBoardLogger(Callback):
         if self.writer is None or not trainer.is_update_step:
             return
         self.rate.add(trainer.step_rows)
+        self.loss_sum, self.steps = self.loss_sum + trainer.step_loss, self.steps + 1
         if step % trainer.config.log_every:
             return
         now = time.perf_counter()
-        self.writer.add_scalar("train/loss", trainer.last_loss, step)
+        self.writer.add_scalar("train/loss", float(self.loss_sum) / self.steps, step)
+        self.loss_sum, self.steps = 0.0, 0
         self.writer.add_scalar("train/lr", trainer.step_lr, step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
             self.writer.add_scalar("train/grad_norm", grad_norm, step)
         self.writer.add_scalar("train/samples_per_s", self.rate.per_second(now), step)
         self.rate.restart(now)
+
+    def on_save_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        state["tensorboard_loss"] = {"loss_sum": float(self.loss_sum), "steps": self.steps}
+
+    def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
+        saved = state.get("tensorboard_loss")
+        if saved is not None:
+            self.loss_sum, self.steps = float(saved["loss_sum"]), int(saved["steps"])
 
     def on_valid_start(self, trainer: Trainer) -> None:
         self.rate.evaluation_begins()

@@ -85,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="add a callback of yours, made with no arguments: a module path "
                        "(mypkg.callbacks:Notify) or a file (my_callbacks.py:Notify); repeatable "
                        "(a --resume gives them again: it loads no code by itself)")
-    train.add_argument("--tensorboard", action="store_true",
-                       help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard)")
+    train.add_argument("--tensorboard", action=argparse.BooleanOptionalAction,
+                       help="also log to RUN_DIR/tensorboard (needs: pip install tensorboard); a "
+                       "--resume of a run that logged there goes on unless --no-tensorboard")
     train.add_argument("--progress-every", type=positive_seconds, default=30.0, metavar="SECONDS",
                        help="when stderr is not a terminal (a log file), one progress line this "
                             "often instead of a progress bar (default: 30)")

@@ -59,7 +59,9 @@ class RunOptions:
     resume: bool = False
     overwrite: bool = False
     use_cache: bool = True
-    tensorboard: bool = False  # also log to RUN_DIR/tensorboard (when the package is installed)
+    # Also log to RUN_DIR/tensorboard (when the package is installed); None: as the run resumed
+    # did (it has that folder), else not.
+    tensorboard: bool | None = None
     progress_every_s: float = 30.0  # a progress line this often when stderr is not a terminal
     callbacks: list[Callback] = field(default_factory=list)
     callback_specs: list[str] = field(default_factory=list)  # what made `callbacks` (config.json)
@@ -242,7 +244,10 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
         from nlptrain.callbacks import PerRankData
 
         callbacks.append(PerRankData.from_task(task, sets.vocab, opts.use_cache))
-    if opts.tensorboard:
+    tensorboard = opts.tensorboard
+    if tensorboard is None:  # a resume goes on with what the run logged, as with its task
+        tensorboard = opts.resume and (run_dir / "tensorboard").is_dir()
+    if tensorboard:
         from nlptrain.callbacks.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))

@@ -268,3 +268,36 @@ def test_a_terminal_of_no_width_gets_plain_progress_lines():
             assert ProgressBar(stream=terminal)._is_plain()
     finally:
         os.close(parent)
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed")
+def test_tensorboards_loss_is_metrics_jsonls_window_mean_across_a_resume(tmp_path, tiny_model_dir):
+    """TensorBoard's train/loss was the logged step's loss alone, beside metrics.jsonl's (and the
+    plot's) mean since the previous point, under the same name."""
+    config = {**STEPS, "log_every": 2}  # points at steps 2, 4, 6: each the mean of its 2 steps
+
+    def loggers():
+        return [MetricLogger(tmp_path / "run.jsonl", 2), TensorBoardLogger(tmp_path / "tb")]
+
+    # A crash after step 5 and a resume from step 3's checkpoint: the window of step 4 spans it.
+    crash_then_resume(tmp_path, tiny_model_dir, loggers, crash_after=5, every=3, **config)
+    means = [(r["step"], r["loss"]) for r in train_rows(tmp_path / "run.jsonl")]
+    assert [step for step, _ in means] == [2, 4, 6]
+    logged = scalars(tmp_path / "tb")["train/loss"]
+    assert [step for step, _ in logged] == [2, 4, 6]
+    assert [value for _, value in logged] == pytest.approx([loss for _, loss in means], rel=1e-6)
+
+
+@pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed")
+def test_a_resume_goes_on_logging_to_tensorboard_as_the_run_did(toy_task, tmp_path):
+    """--tensorboard is not part of the task: a plain --resume (which needs no options retyped)
+    stopped logging there, unsaid; --no-tensorboard still stops it."""
+    from nlptrain.cli import main
+
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--set", "train.log_every=1"]
+    assert main([*args, "--tensorboard", "--max-steps", "2"]) == 0
+    assert main([*args, "--resume", "--max-steps", "4"]) == 0
+    assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
+    assert main([*args, "--resume", "--max-steps", "6", "--no-tensorboard"]) == 0
+    assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
