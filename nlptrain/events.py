@@ -155,6 +155,15 @@ def unknown_events(callback: Callback) -> list[str]:
             if name.startswith("on_") and name not in EVENTS]
 
 
+def unread_state_methods(callback: Callback) -> list[str]:
+    """`state_dict` / `load_state_dict` (Lightning's callback state) on a callback that does not
+    override the event nlptrain calls instead: its state would be lost at a resume, silently."""
+    events = {"state_dict": "on_save_checkpoint", "load_state_dict": "on_load_checkpoint"}
+    own = type(callback)
+    return [name for name, event in events.items()
+            if callable(getattr(own, name, None)) and getattr(own, event) is getattr(Callback, event)]
+
+
 class CallbackList:
     """Fires an event on each callback in order, skipping rank-0-only ones on other ranks."""
 
@@ -166,6 +175,10 @@ class CallbackList:
                 log.warning("callback %s.%s is no event, so it is never called%s",
                             type(callback).__name__, name,
                             f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")
+            for name in unread_state_methods(callback) if is_main else ():
+                log.warning("callback %s.%s is never called: a checkpoint keeps a callback's state "
+                            "through on_save_checkpoint / on_load_checkpoint (trainer, state)",
+                            type(callback).__name__, name)
         self.callbacks = sorted(callbacks, key=lambda c: c.runs_last)  # stable: order kept
         self.is_main = is_main
         # Each callback's checkpoint state is its own dict, kept flat in the checkpoint unless one

@@ -244,3 +244,27 @@ def test_a_misspelt_event_is_warned_of_with_the_event_it_is_near(tmp_path, tiny_
         make_trainer(tmp_path, tiny_model_dir, [Typo()]).fit()
     assert "callback Typo.on_epoch_ended is no event, so it is never called (did you mean " \
            "on_epoch_end?)" in caplog.text
+
+
+def test_lightnings_state_methods_on_a_callback_are_warned_of(tmp_path, tiny_model_dir, caplog):
+    """A callback written the Lightning way lost its state at a resume, unsaid."""
+    class Counted(Callback):  # Lightning's names: never called here
+        def state_dict(self) -> dict:
+            return {}
+
+        def load_state_dict(self, state: dict) -> None:
+            pass
+
+    class Kept(Counted):  # its own state_dict, used by the events nlptrain calls: no warning
+        def on_save_checkpoint(self, trainer, state: dict) -> None:
+            state.update(self.state_dict())
+
+        def on_load_checkpoint(self, trainer, state: dict) -> None:
+            self.load_state_dict(state)
+
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        make_trainer(tmp_path, tiny_model_dir, [Counted(), Kept()])
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"callback Counted.{name} is never called: a checkpoint keeps a callback's "
+                    "state through on_save_checkpoint / on_load_checkpoint (trainer, state)"
+                    for name in ("state_dict", "load_state_dict")], said
