@@ -257,7 +257,7 @@ def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
     run_dir = getattr(stop, "run_dir", resumed)
     if run_dir is None:
         return "stopped before the run wrote anything; run the same command again to start it"
-    return ("stopped at once, without waiting for the step under way; the run goes on from its "
+    return ("stopped at once, without waiting for a step under way; the run goes on from its "
             f"last whole checkpoint, or from the start where it wrote none, with train --resume "
             f"--output-dir {run_dir}")
 
@@ -324,7 +324,10 @@ def main(argv: list[str] | None = None) -> int:
             code = start_workers(args, argv, lambda: check(args))
             if code is not None:
                 return code
-        code = args.handler(args)
+        from nlptrain.signals import interrupt_on_signals
+
+        with interrupt_on_signals():  # a preemption outside the steps: a Ctrl-C, said
+            code = args.handler(args)
         return _flush_stdout() or code
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)
@@ -366,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         # checkpoints), or the first one before training began
         said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
-        print(f"{_rank_prefix()}interrupted: {said}", file=sys.stderr)
+        by = getattr(stop, "signal_name", "")  # SIGTERM, SIGHUP; else a Ctrl-C
+        print(f"{_rank_prefix()}interrupted{f' by {by}' if by else ''}: {said}", file=sys.stderr)
         tell_launcher(f"{INTERRUPTED_AT_ONCE}: {said}")  # not the agreed stop, exit code 130 too
         return 130
     except Exception:

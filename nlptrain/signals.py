@@ -2,7 +2,8 @@
 
 A cluster's preemption (SLURM sends SIGTERM), a Ctrl-C or a closed terminal (SIGHUP, which
 `--nproc`'s launcher passes on to its workers) then ends with a checkpoint instead of a
-half-written step; a second Ctrl-C kills as usual.
+half-written step; a second Ctrl-C kills as usual. Outside the steps (reading the data, the
+final scoring and export), each of them is a Ctrl-C: the command says how to go on.
 """
 
 from __future__ import annotations
@@ -36,15 +37,44 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
         if signal.SIGINT in previous:  # a second Ctrl-C kills (an ignored one stays ignored)
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
+    with _handled_by(handle) as previous:
+        yield
+
+
+class StoppedBySignal(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside the training steps, raised as a Ctrl-C is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signal_name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise StoppedBySignal as SIGINT raises
+    KeyboardInterrupt: a preemption while the data is read or the results written ended the
+    process at once, without a word (and without the cleanup a Ctrl-C gets)."""
+
+    def handle(signum: int, frame: Any) -> None:
+        raise StoppedBySignal(signum)
+
+    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:])):
+        yield
+
+
+@contextlib.contextmanager
+def _handled_by(handle: Callable[[int, Any], None],
+                signals: tuple[signal.Signals, ...] = STOP_SIGNALS) -> Iterator[dict]:
+    """`handle` for `signals` within the block (the previous handlers, yielded, come back)."""
     try:
         # One ignored stays so (nohup ignores SIGHUP; a script's `cmd &`, SIGINT), as Python leaves
         # an ignored SIGINT: the run goes on past a closed terminal, as asked.
-        previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS
+        previous = {s: signal.signal(s, handle) for s in signals
                     if signal.getsignal(s) is not signal.SIG_IGN}
     except ValueError:  # not the main thread
         previous = {}
     try:
-        yield
+        yield previous
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
