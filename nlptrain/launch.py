@@ -190,7 +190,10 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
 
 
 def _record(failure: Any) -> str:
-    """A failed worker's record (`tell_launcher`), '' where it wrote none."""
+    """A failed worker's record (`tell_launcher`), '' where it wrote none (torch then makes up
+    a message: "To enable traceback see: ...")."""
+    if not os.path.isfile(failure.error_file):
+        return ""
     return failure.message.get("message", "") if isinstance(failure.message, dict) \
         else str(failure.message)
 
@@ -213,8 +216,11 @@ def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> 
                 "(not to this launcher); the line above says how to go on")
     if exitcode >= 0 and message.startswith(EXITED):
         return f"rank {rank} of {nproc} ended by {message}, with no error of its own"
-    if exitcode >= 0:
+    if exitcode >= 0 and message:
         return f"rank {rank} of {nproc} failed (exit code {exitcode}); its error is above"
+    if exitcode >= 0:  # no record: it ended before nlptrain's handling (os._exit, an import)
+        return (f"rank {rank} of {nproc} failed (exit code {exitcode}) without reporting an "
+                "error; any output of its own is above")
     name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
     if -exitcode == signal.SIGKILL:  # no chance to say anything: the reason is outside
         return (f"rank {rank} of {nproc} was killed by SIGKILL, with no error of its own: by the "

@@ -60,7 +60,11 @@ def test_workers_stop_with_a_checkpoint_when_their_launcher_is_killed(toy_folder
 
 
 def test_a_worker_killed_without_a_word_is_named_as_such():
-    assert failure_summary(1, 2, 1) == "rank 1 of 2 failed (exit code 1); its error is above"
+    assert failure_summary(1, 2, 1, "Traceback ...") == ("rank 1 of 2 failed (exit code 1); its "
+                                                         "error is above")
+    # No record (os._exit(3) in a user's code): nothing of it above to point at.
+    assert failure_summary(1, 2, 3) == ("rank 1 of 2 failed (exit code 3) without reporting an "
+                                        "error; any output of its own is above")
     killed = failure_summary(1, 2, -signal.SIGKILL)
     assert killed.startswith("rank 1 of 2 was killed by SIGKILL, with no error of its own")
     assert "out-of-memory" in killed and "its error is above" not in killed
@@ -143,7 +147,18 @@ def test_a_reader_that_closes_the_pipe_is_no_failure_under_nproc(tiny_model_dir,
     assert out.returncode == 141 and "failed" not in out.stderr, out.stderr[-3000:]
 
 
-def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsys):
+def recorded_failure(folder, rank: int, exitcode: int, record: str):
+    """A worker's failure as the agent reads it, with the record it wrote (tell_launcher's)."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = folder / f"error-{rank}.json"
+    error_file.write_text(json.dumps({"message": record, "timestamp": 100}))
+    return ProcessFailure(rank, 10 + rank, exitcode, str(error_file))
+
+
+def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsys, tmp_path):
     """1 run in 17: rank 1's record ("stopped: another rank failed") was dated before the agent
     noticed rank 0's exit 141, and the launcher said "rank 1 of 2 failed (exit code 1)"."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -156,13 +171,17 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
     assert capsys.readouterr().err == ""
     # The writer ended by the agent (SIGTERM) while closing down, after rank 1's stop: its
     # record says the pipe closed ("rank 0 of 2 was ended by SIGTERM", in a CI run).
-    ended = ProcessFailure(0, 11, -15, "<N/A>")
-    ended.message = {"message": "stdout closed: the reader has what it wanted"}
+    ended = recorded_failure(tmp_path, 0, -15, "stdout closed: the reader has what it wanted")
     assert reported_failure(ChildFailedError("nlptrain", {0: ended, 1: follower}), 2) == PIPE_CLOSED
     assert capsys.readouterr().err == ""
-    failed = ProcessFailure(1, 12, 1, "<N/A>")
+    failed = recorded_failure(tmp_path, 1, 1, "error: something the rank said")
     assert reported_failure(ChildFailedError("nlptrain", {1: failed}), 2) == 1
     assert "error: rank 1 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
+    # No error file (os._exit(3)): torch's made-up message ("To enable traceback ...") is none.
+    silent = ProcessFailure(1, 12, 3, "<N/A>")
+    assert reported_failure(ChildFailedError("nlptrain", {1: silent}), 2) == 3
+    assert ("error: rank 1 of 2 failed (exit code 3) without reporting an error; any output of "
+            "its own is above") in capsys.readouterr().err
 
 
 @pytest.mark.distributed
