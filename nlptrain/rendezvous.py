@@ -8,6 +8,7 @@ must count the same world size; else torch's own tcp:// rendezvous.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ def join(environment: Environment, backend: str, timeout: timedelta) -> None:
     """Start this rank's default process group: through the launcher's store (torchrun), a job's
     own (a launcher's id tells jobs apart) or torch's tcp:// rendezvous at the master address."""
     rank, world = environment.rank, environment.world_size
+    _check_host_resolves(environment)
     with _port_taken_said(environment):
         _check_store_answers(environment, timeout)
         store = _attempt_store(environment, timeout) or _job_store(environment, timeout)
@@ -33,6 +35,19 @@ def join(environment: Environment, backend: str, timeout: timedelta) -> None:
         host = f"[{host}]" if ":" in host else host
         dist.init_process_group(backend, init_method=f"tcp://{host}:{environment.master_port}",
                                 rank=rank, world_size=world, timeout=timeout)
+
+
+def _check_host_resolves(environment: Environment) -> None:
+    """A rendezvous host name that does not resolve was a timeout blamed on the other ranks
+    ("no answer ... --timeout sets how long ranks wait"), torch's warnings above it."""
+    host = environment.master_addr
+    try:
+        socket.getaddrinfo(host, environment.master_port)
+    except socket.gaierror as err:
+        given = "MASTER_ADDR" if environment.environ.get("MASTER_ADDR") else "rank 0's host"
+        raise ConfigError(f"rank {environment.rank}: the rendezvous host {host} ({given}) does "
+                          f"not resolve ({err.strerror}); set MASTER_ADDR to rank 0's host name "
+                          "or address") from None
 
 
 def _check_store_answers(environment: Environment, timeout: timedelta) -> None:

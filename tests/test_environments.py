@@ -336,3 +336,19 @@ def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
                          " Connection reset by peer)")
     assert as_peer_failure(RuntimeError("DataLoader worker (pid 4242) is killed by signal: "
                                         "Terminated. "), 0, 2) is None  # its own: as it is
+
+
+@pytest.mark.parametrize("given, named", [({"MASTER_ADDR": "nosuchhost.invalid"}, "MASTER_ADDR"),
+                                          ({"SLURM_STEP_NODELIST": "nosuchhost.invalid"},
+                                           "rank 0's host")])
+def test_a_rendezvous_host_that_does_not_resolve_is_named_at_once(monkeypatch, capsys, given, named):
+    """It was a timeout blamed on the other ranks, with advice to raise --timeout."""
+    for name, value in {**SRUN, **given}.items():
+        monkeypatch.setenv(name, value)
+    if "MASTER_ADDR" not in given:  # (SLURM's node list names it)
+        monkeypatch.delenv("MASTER_ADDR", raising=False)
+    assert cli.main(["train", "--timeout", "30"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"[rank 1] error: rank 1: the rendezvous host nosuchhost.invalid "
+                          f"({named}) does not resolve ("), err
+    assert err.endswith("); set MASTER_ADDR to rank 0's host name or address\n"), err
