@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from nlptrain.config import FileSpec
 from nlptrain.data import LabelVocab, TokenizedDataset
+from nlptrain.data.label_order import LabelOrder
 from nlptrain.data.readers import Examples, iter_rows
 from nlptrain.data.split import Manifest
 from nlptrain.data.tokenized import cache_key, cached, default_cache_dir
@@ -121,6 +122,8 @@ class PerRankData(Callback):
         if len(dataset) != self.manifest.rows[rank]:
             raise DataError(f"{part}: {len(dataset)} rows, but the manifest says "
                             f"{self.manifest.rows[rank]}; the file changed: run split again")
+        if trainer.is_main and not self.shuffle and self.kind.has_classes:
+            self._warn_if_grouped(part, dataset)
         length = max(self.manifest.rows) if self.uneven == "wrap" else len(dataset)
         self.sampler = EpochSampler(len(dataset), self.shuffle, self.seed, length)
         cfg = trainer.config
@@ -129,6 +132,15 @@ class PerRankData(Callback):
             drop_last=cfg.drop_last, num_workers=cfg.num_workers,
             pin_memory=trainer.device.type == "cuda", persistent_workers=cfg.num_workers > 0,
             generator=torch.Generator().manual_seed(self.seed))  # not the global RNG (resume)
+
+    def _warn_if_grouped(self, part: Path, dataset: TokenizedDataset) -> None:
+        """Rows grouped by label (split without --shuffle), read in file order: every rank
+        trains class by class. Said from rank 0's file (round-robin parts look alike)."""
+        order = LabelOrder.of_targets(dataset.label_ids)  # the targets held: no second read
+        if order.grouped:
+            log.warning("%s: the rows come grouped by label (%s): read in file order, each rank "
+                        "trains class by class and learns little; give --shard-shuffle (or split "
+                        "again with --shuffle)", part, order)
 
     def _check_same_files(self, trainer: Trainer) -> None:
         """A resume mid-epoch skips the batches done of each rank's file: of files split again

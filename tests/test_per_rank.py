@@ -49,13 +49,14 @@ def write_parts(folder: Path, source: Path, sizes: list[int]) -> Path:
     return folder
 
 
-def fit(folder: Path, model_dir: str, epochs: int = 1, **options) -> tuple[PerRankData, RecordRows]:
+def fit(folder: Path, model_dir: str, epochs: int = 1, max_steps: int = 0,
+        **options) -> tuple[PerRankData, RecordRows]:
     tokenizer = load_tokenizer(model_dir)
     torch.manual_seed(0)
     model = load_model(model_dir, ["neg", "pos"])
     data = PerRankData(folder, ["neg", "pos"], max_length=32, **options)
     record = RecordRows(tokenizer)
-    config = TrainConfig(epochs=epochs, batch_size=8, lr=1e-3, timeout=60)
+    config = TrainConfig(epochs=epochs, max_steps=max_steps, batch_size=8, lr=1e-3, timeout=60)
     trainer = DistTrainer(model, None, None, config=config, callbacks=[data, record],
                           tokenizer=tokenizer)
     try:
@@ -283,3 +284,25 @@ def test_per_rank_files_named_from_the_working_folder_say_where_they_are_looked_
     with pytest.raises(DataError, match=rf"no manifest; \./{tmp_path.name} holds one, but "
                                         "train_shards is relative to the task's data folder"):
         Manifest.load(tmp_path.parent / "data" / tmp_path.name, typed=tmp_path.name)
+
+
+def test_a_file_grouped_by_label_read_in_file_order_warns(tmp_path, tiny_model_dir):
+    """Rows of one class, then of the other, trained in file order: each epoch is class by
+    class and the model learns little; said at the start, unless the rows are shuffled."""
+    from log_capture import nlptrain_messages
+
+    source = write_toy_tsv(tmp_path / "mixed.tsv", 120, seed=2)
+    header, *rows = source.read_text().splitlines()
+    by_label = tmp_path / "by-label.tsv"
+    by_label.write_text("\n".join([header, *sorted(rows, key=lambda r: r.split("\t")[1])]) + "\n")
+    grouped, mixed = write_parts(tmp_path / "grouped", by_label, [120]), \
+        write_parts(tmp_path / "mixed", source, [120])
+    with nlptrain_messages() as said:
+        for folder, shuffle in ((grouped, False), (grouped, True), (mixed, False)):
+            fit(folder, str(tiny_model_dir), max_steps=1, shuffle=shuffle)  # said before step 1
+    warned = [m for m in said if "grouped by label" in m]
+    assert len(warned) == 1, said
+    assert warned[0].startswith(f"{grouped / part_name(0, 1)}: the rows come grouped by label "
+                                "(1 label change in 120 rows; a shuffled order has ~")
+    assert warned[0].endswith("read in file order, each rank trains class by class and learns "
+                              "little; give --shard-shuffle (or split again with --shuffle)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli, write_toy_tsv
+from log_capture import nlptrain_messages
 
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data.readers import iter_rows
@@ -171,3 +172,27 @@ def test_a_multi_label_file_split_as_single_label_trains_its_labels_not_their_co
                  str(tmp_path / "parts2")]) == 1
     assert "empty.tsv:3: the row has no label (read as single-label: a multi-label or regression " \
         "file needs --set data.kind=multi_label" in capsys.readouterr().err
+
+
+def test_a_source_grouped_by_label_warns_unless_shuffled(tmp_path, capsys):
+    """One file per label (a `lines` task), split in file order, made every rank train all of
+    one class, then all of the other: the model learnt nothing, and nothing said so."""
+    from nlptrain.cli import main
+
+    for label in ("neg", "pos"):
+        (tmp_path / f"mr.{label}").write_text("".join(f"{label} row {i}\n" for i in range(150)))
+    task = toy_task(tmp_path, "mr.{label}", labels=["neg", "pos"], format="lines")
+    warning = ("the rows come grouped by label in every part (part-00000-of-00002.jsonl: 1 label "
+               "change in 150 rows; a shuffled order has ~75): read in file order, each rank "
+               "trains class by class and learns little; give --shuffle (or train with "
+               "--shard-shuffle)")
+    with nlptrain_messages() as said:
+        split_task(task, tmp_path / "grouped", 2)
+        split_task(task, tmp_path / "shuffled", 2, shuffle=True)
+        write_toy_tsv(tmp_path / "mixed.tsv", 300, seed=5)  # labels at random: in file order is fine
+        split_task(toy_task(tmp_path, "mixed.tsv"), tmp_path / "mixed", 2)
+    assert said == [f"{tmp_path / 'mr.neg'}, {tmp_path / 'mr.pos'}: {warning}"]
+    assert main(["split", "--task", "rt-polarity", "--data-dir", str(tmp_path), "--set",
+                 "data.train=mr.{label}", "--world-size", "2", "--out", str(tmp_path / "cli")]) == 0
+    assert f"warning: {tmp_path / 'mr.neg'}, {tmp_path / 'mr.pos'}: {warning}" in \
+        capsys.readouterr().err

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import logging
 import os
 import random
 import shutil
@@ -31,8 +32,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from nlptrain.data.label_order import LabelOrder, label_key
 from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import ConfigError, DataError, every_rank
+from nlptrain.logs import add_log_level
 
 MANIFEST = "manifest.json"
 FORMAT = "nlptrain-shards"
@@ -40,6 +43,8 @@ VERSION = 1
 BUCKET_BYTES = 8 << 20  # rows held in memory at once while shuffling
 MAX_BUCKETS = 512       # open files while shuffling; a bucket grows past 8 MB beyond 4 GB input
 MAX_LABELS = 10_000      # more distinct labels than this is a wrong label column
+
+log = logging.getLogger("nlptrain")
 
 
 def part_name(rank: int, world_size: int) -> str:
@@ -124,7 +129,8 @@ class _Parts:
         self.by = by
         self.sizes = [(0, r) for r in range(world_size)]  # heap of (characters, rank)
 
-    def write(self, line: str) -> None:
+    def write(self, line: str) -> int:
+        """Deal `line` to a part; its rank."""
         if self.by == "size":
             size, rank = heapq.heappop(self.sizes)
             heapq.heappush(self.sizes, (size + len(line), rank))
@@ -133,6 +139,7 @@ class _Parts:
         self.handles[rank].write(line)
         self.rows[rank] += 1
         self.written += 1
+        return rank
 
     def close(self) -> None:
         for handle in self.handles:
@@ -158,7 +165,7 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
 
     sources: dict[str, None] = {}  # the files read, in order: named by the errors
 
-    def lines() -> Iterable[str]:
+    def lines() -> Iterable[tuple[str, tuple[str, ...]]]:  # each row's JSON line and its labels
         for row in rows:
             sources.setdefault(row.path)
             labels.update(kind.label_values(row.label))
@@ -168,16 +175,18 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
             record = {"text": row.text, "label": row.label}
             if row.pair is not None:
                 record["text_pair"] = row.pair
-            yield json.dumps(record, ensure_ascii=False) + "\n"
+            yield json.dumps(record, ensure_ascii=False) + "\n", label_key(row.label, kind)
 
     parts = _Parts(folder, world_size, by)
+    orders = [LabelOrder() for _ in range(world_size)]  # file order: each part's, as written
     try:
         if shuffle:
-            for line in _shuffled(lines(), folder, seed, input_bytes, bucket_bytes):
+            for line in _shuffled((line for line, _ in lines()), folder, seed, input_bytes,
+                                  bucket_bytes):
                 parts.write(line)
         else:
-            for line in lines():
-                parts.write(line)
+            for line, key in lines():
+                orders[parts.write(line)].add(key)
     finally:
         parts.close()
     source = ", ".join(sources) or "the input"
@@ -189,8 +198,21 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
     infos = [{"file": name, "rows": n, "bytes": (folder / name).stat().st_size,
               "checksum": file_digest([folder / name])} for name, n in zip(parts.names, parts.rows,
                                                                             strict=True)]
+    warn_if_grouped(source, dict(zip(parts.names, orders, strict=True)))
     return Manifest(world_size, infos, LabelVocab.infer(sorted(labels)).values, by=by,
                     shuffle=shuffle, seed=seed if shuffle else None)
+
+
+def warn_if_grouped(source: str, orders: dict[str, LabelOrder]) -> None:
+    """One warning where parts in file order come grouped by label (see label_order.py)."""
+    grouped = [(name, order) for name, order in orders.items() if order.grouped]
+    if not grouped:
+        return
+    where = "every part" if len(grouped) == len(orders) else f"{len(grouped)} of {len(orders)} parts"
+    name, order = grouped[0]
+    log.warning("%s: the rows come grouped by label in %s (%s: %s): read in file order, each "
+                "rank trains class by class and learns little; give --shuffle (or train with "
+                "--shard-shuffle)", source, where, name, order)
 
 
 def _shuffled(lines: Iterable[str], folder: Path, seed: int, input_bytes: int,
@@ -294,13 +316,16 @@ def add_command(commands: Any) -> None:
                             help=help_text)
     parser.add_argument("--header", dest="set:data.header", action=argparse.BooleanOptionalAction,
                         help="tsv/csv: the first row names the columns (default: true)")
+    add_log_level(parser)
     parser.set_defaults(handler=cmd_split)
 
 
 def cmd_split(args: argparse.Namespace) -> int:
     from nlptrain.config import TaskConfig, file_spec
+    from nlptrain.logs import setup_logging
     from nlptrain.task_options import apply_overrides, resolve_task
 
+    setup_logging(0, args.log_level)
     if args.task:
         task = resolve_task(args)
     elif args.file:
