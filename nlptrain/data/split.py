@@ -299,7 +299,10 @@ def add_command(commands: Any) -> None:
     parser.add_argument("--by", choices=["rows", "size"], default="rows",
                         help="rows: round-robin, counts differ by at most one; size: balance "
                         "characters, row counts may differ (default: rows)")
-    parser.add_argument("--shuffle", action="store_true", help="shuffle the rows first (seeded)")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="shuffle the rows first (seeded); without it the parts keep the "
+                        "source's order, which a run reads as it is unless --shard-shuffle (a "
+                        "source grouped by label is warned of)")
     parser.add_argument("--seed", type=int, default=42, help="shuffle seed (default: 42)")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier split in --out")
     parser.add_argument("--task", help="task file or shipped task whose file to split")
