@@ -207,8 +207,13 @@ def fill(cls: type, values: dict[str, Any], where: str) -> Any:
             raise ConfigError(f"{where}: unknown key '{key}'. Valid keys: {', '.join(hints)}")
         if not _type_ok(value, hints[key]):
             wanted = getattr(hints[key], "__name__", str(hints[key]))
+            listed = ""
+            if isinstance(value, str) and "," in value and _type_ok([], hints[key]):
+                # `--set data.labels=neg,pos`: words are no TOML values, as numbers are
+                words = ", ".join(f'"{word.strip()}"' for word in value.split(","))
+                listed = f"; a list of words is written with quotes, [{words}]"
             raise ConfigError(
-                f"{where}: '{key}' must be {wanted}, got {type(value).__name__} {value!r}"
+                f"{where}: '{key}' must be {wanted}, got {type(value).__name__} {value!r}{listed}"
             )
     return cls(**values)
 
