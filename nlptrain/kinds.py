@@ -306,7 +306,8 @@ class Regression(TaskKind):
                 score = float(cell) if isinstance(cell, str) and "_" not in cell else math.nan
             except ValueError:
                 score = math.nan
-            if not math.isfinite(score):
+            spelt_infinite = str(cell).strip().lstrip("+-").lower() in ("inf", "infinity")
+            if math.isnan(score) or spelt_infinite:  # (1e400 overflows to inf: out of range)
                 path, line = where(i)
                 raise DataError(f"{path}:{line}: score {cell!r} is not a number; a regression "
                                 "task needs a number in the label column")

@@ -93,10 +93,13 @@ def test_regression_targets_are_floats_and_a_bad_score_names_the_line(tmp_path):
     (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=r"s.tsv:5: score '3_5' is not a number"):
         LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
-    lines[4] = lines[4].rsplit("\t", 1)[0] + "\t1e39"  # a number, but inf in float32
-    (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
-    with pytest.raises(DataError, match=r"s.tsv:5: score '1e39' is beyond float32's range"):
-        LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
+    for cell, said in [("1e39", "is beyond float32's range"),  # a number, but inf in float32
+                       ("-1e400", "is beyond float32's range"),  # (inf in float64 too)
+                       ("inf", "is not a number"), ("-Infinity", "is not a number")]:
+        lines[4] = lines[4].rsplit("\t", 1)[0] + f"\t{cell}"
+        (tmp_path / "s.tsv").write_text("\n".join(lines) + "\n")
+        with pytest.raises(DataError, match=f"s.tsv:5: score '{cell}' {said}"):
+            LabelVocab(["score"], ["score"]).encode(read_examples(spec, tmp_path, []), Regression())
 
 
 def test_pairs_are_encoded_as_real_pairs_with_type_ids(tiny_model_dir):
