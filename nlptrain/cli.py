@@ -272,6 +272,17 @@ def _rank_prefix() -> str:
     return "" if rank == 0 else f"[rank {rank}] "
 
 
+def _under_agent() -> bool:
+    """A worker of torch's elastic agent: its SIGTERM may stop it for another rank's failure,
+    which is said, and the agent says its own stop; a Ctrl-C's line would mislead."""
+    from nlptrain.environments import detect
+
+    try:
+        return detect().has_agent
+    except (KeyError, ValueError, NlptrainError):  # (said by the command itself)
+        return False
+
+
 def _drop_stdout() -> None:
     """Send what is left in stdout's buffer nowhere: the interpreter's flush at exit would
     raise the same error again, as a traceback."""
@@ -326,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
                 return code
         from nlptrain.signals import interrupt_on_signals
 
-        with interrupt_on_signals():  # a preemption outside the steps: a Ctrl-C, said
-            code = args.handler(args)
+        with interrupt_on_signals(enabled=not _under_agent()):  # a preemption outside the
+            code = args.handler(args)                           # steps: a Ctrl-C, said
         return _flush_stdout() or code
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
         log.debug("%s", err)

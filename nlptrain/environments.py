@@ -100,6 +100,12 @@ class Environment:
         return False
 
     @property
+    def has_agent(self) -> bool:
+        """Started by torch's elastic agent (torchrun, `--nproc`), which SIGTERMs every worker
+        when one fails, and says so itself when it is stopped."""
+        return False
+
+    @property
     def local_rank(self) -> int:
         return self.local_rank_argument if self.local_rank_argument is not None else 0
 
@@ -195,6 +201,10 @@ class TorchElastic(Environment):
     def local_rank(self) -> int:
         fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
         return self._int("LOCAL_RANK", fallback)
+
+    @property
+    def has_agent(self) -> bool:
+        return "TORCHELASTIC_RESTART_COUNT" in self.environ  # (not a hand-set env:// launch)
 
     def tie_to_launcher(self) -> None:
         # torch's elastic agent (torchrun, `--nproc`) starts each worker in a session of its own

@@ -50,7 +50,7 @@ class StoppedBySignal(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[None]:
+def interrupt_on_signals(enabled: bool = True) -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise StoppedBySignal as SIGINT raises
     KeyboardInterrupt: a preemption while the data is read or the results written ended the
     process at once, without a word (and without the cleanup a Ctrl-C gets)."""
@@ -58,7 +58,7 @@ def interrupt_on_signals() -> Iterator[None]:
     def handle(signum: int, frame: Any) -> None:
         raise StoppedBySignal(signum)
 
-    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:])):
+    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:]) if enabled else ()):
         yield
 
 

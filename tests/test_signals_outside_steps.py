@@ -54,3 +54,18 @@ def test_a_sigterm_while_the_test_set_is_scored_says_how_to_finish_the_run(toy_t
     assert main([*args, "--resume"]) == 0
     assert "nothing left to train" in capsys.readouterr().err
     assert json.loads((run / "results.json").read_text())["test"]["rows"] == 40
+
+
+def test_under_torchs_agent_a_sigterm_is_left_as_it_was():
+    """The agent (torchrun, --nproc) SIGTERMs every worker when one fails: a line saying 'run it
+    again' from each would bury the failing rank's error. It says its own stop itself."""
+    from nlptrain.environments import detect
+
+    torchrun = {"RANK": "1", "WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "abc",
+                "TORCHELASTIC_RESTART_COUNT": "0"}
+    assert detect(torchrun).has_agent
+    assert not detect({"RANK": "1", "WORLD_SIZE": "2"}).has_agent  # env:// set by hand
+    assert not detect({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "7",
+                       "SLURM_STEP_ID": "0"}).has_agent
+    with interrupt_on_signals(enabled=False):
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
