@@ -80,6 +80,10 @@ class TaskKind:
         raise NotImplementedError
 
     def is_better(self, metric: str, new: float, old: float | None, best_is: str = "auto") -> bool:
+        """Whether `new` beats the best so far, `old` (None: none yet). An undefined score (NaN:
+        a collapsed model's correlation) is never the better one, not even the first."""
+        if isinstance(new, float) and math.isnan(new):
+            return False
         if old is None or (isinstance(old, float) and math.isnan(old)):
             return True
         lower = best_is == "lower" or (best_is == "auto" and metric in LOWER_IS_BETTER)

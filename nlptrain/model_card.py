@@ -13,7 +13,7 @@ from typing import Any
 from nlptrain.durable import write_text
 from nlptrain.kinds import from_run_config
 from nlptrain.report import processes, train_settings
-from nlptrain.scores import scalar_metrics
+from nlptrain.scores import scalar_metrics, shown_score
 
 CARD_FILE = "README.md"
 SETTINGS = ("epochs", "max_steps", "batch_size", "lr", "scheduler", "warmup_ratio", "weight_decay",
@@ -34,13 +34,11 @@ def metrics_table(results: dict[str, Any]) -> list[str]:
     lines = ["| metric | " + " | ".join(title[s] for s in splits) + " |",
              "| --- |" + " ---: |" * len(splits)]
     for name in names:
-        cells = [_number(found[s][name]) if name in found[s] else "" for s in splits]
+        cells = [shown_score(found[s][name]) if name in found[s] else "" for s in splits]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:.4f}"  # counts stay counts
 
 
 def model_card(run_dir: Path) -> str:

@@ -50,9 +50,10 @@ def train_settings(config: dict[str, Any]) -> dict[str, Any]:
 def metrics_text(metrics: dict[str, Any]) -> str:
     """Every scalar metric, then (classification) per-class precision/recall/F1 and the
     confusion matrix, as text tables."""
-    from nlptrain.scores import metric_label, scalar_metrics
+    from nlptrain.scores import metric_label, scalar_metrics, shown_score
 
-    scalars = "  ".join(f"{metric_label(k)} {v:.4f}" for k, v in scalar_metrics(metrics).items())
+    scalars = "  ".join(f"{metric_label(k)} {shown_score(v)}"
+                        for k, v in scalar_metrics(metrics).items())
     at = f"  (at threshold {metrics['threshold']:g})" if "threshold" in metrics else ""
     lines = [f"rows {metrics['rows']}  {scalars}{at}"]
     if not metrics.get("per_class"):
@@ -104,12 +105,12 @@ def _results_section(results: dict[str, Any], evals: list[dict[str, Any]], eval_
     if results.get("test"):
         which = "the best model" if best is not None else "the last model"
         rows.append((f"test, {which} (model/)", results["test"]))
-    from nlptrain.scores import metric_label
+    from nlptrain.scores import metric_label, shown_score
 
     shown = [k for k in (*kind.metric_names, "loss") if any(k in m for _, m in rows)]
     table = _table(["", "step", "epoch", "rows", *map(metric_label, shown)],
                    [[label, m.get("step", "-"), m.get("epoch", "-"), m["rows"],
-                     *(m.get(k, "-") for k in shown)] for label, m in rows])
+                     *(shown_score(m[k]) if k in m else "-" for k in shown)] for label, m in rows])
     detail, where = (results["test"], "test") if results.get("test") else \
         (best or (evals[-1] if evals else None), eval_name)
     return table, detail, where

@@ -22,10 +22,20 @@ def strict_json(value: Any) -> Any:
     return value
 
 
-def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
-    """The numbers among `metrics` (not counts, per-class tables or matrices), in their order."""
-    return {k: v for k, v in (metrics or {}).items() if isinstance(v, int | float) and not
-            isinstance(v, bool) and k not in ("rows", "correct", "step", "epoch", "threshold")}
+def scalar_metrics(metrics: dict[str, Any] | None) -> dict[str, float | None]:
+    """The numbers among `metrics` (not counts, per-class tables or matrices), in their order;
+    an undefined score (NaN, read back from JSON as None) too: a table shows it as such."""
+    return {k: v for k, v in (metrics or {}).items() if (v is None or isinstance(v, int | float))
+            and not isinstance(v, bool)
+            and k not in ("rows", "correct", "step", "epoch", "threshold")}
+
+
+def shown_score(value: float | None) -> str:
+    """A score as the reports show it: 4 decimals, a count as it is, an undefined one (NaN; null
+    in JSON, a correlation of constant predictions) "n/a"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return str(value) if isinstance(value, int) else f"{value:.4f}"
 
 
 def best_score(metrics: dict[str, Any], metric: str) -> float:

@@ -4,6 +4,7 @@ directions; pairs encoded as real pairs with the same inputs in training and eva
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -199,12 +200,28 @@ def test_an_undefined_correlation_is_nan_and_never_the_better_score():
     assert np.isnan(found["pearson"]) and np.isnan(found["spearman"])
     assert found["mse"] == pytest.approx(np.mean((truth - 0.25) ** 2))
     assert not Regression().is_better("pearson", found["pearson"], -0.98)
+    # Nor the first score: a collapsed model evaluated first became best/, early stopping's
+    # patience never ran out, and the report named it "best on validation".
+    assert not Regression().is_better("pearson", found["pearson"], None)
+    assert Regression().is_better("pearson", -0.98, math.nan)
     from nlptrain.scores import strict_json  # results.json, eval --json: null, not NaN
 
     assert json.loads(json.dumps(strict_json(found)), parse_constant=pytest.fail)["pearson"] is None
     # A non-finite prediction: its scores are undefined (scikit-learn raised "Input contains NaN").
     broken = Regression().metrics(np.array([[1.0], [np.nan], [3.0], [2.0]]), truth, ["score"])
     assert all(np.isnan(broken[key]) for key in ("pearson", "spearman", "mse", "mae", "loss"))
+
+
+def test_an_undefined_score_reads_n_a_in_the_report_and_the_model_card():
+    """results.json holds it as null: the report showed Python's None, the model card left the
+    metric out (its "every metric of results.json")."""
+    from nlptrain.model_card import metrics_table
+    from nlptrain.report import metrics_text
+
+    results = {"valid": {"rows": 40, "pearson": None, "mse": 0.25},
+               "test": {"rows": 40, "pearson": math.nan, "mse": 0.5}}
+    assert metrics_table(results)[2:] == ["| pearson | n/a | n/a |", "| mse | 0.2500 | 0.5000 |"]
+    assert metrics_text(results["valid"]) == "rows 40  Pearson n/a  MSE 0.2500"
 
 
 def test_a_regression_loss_keeps_its_targets_in_float32_under_bf16():
