@@ -96,7 +96,8 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     began = said = time.perf_counter()
     for step, batch in enumerate(itertools.chain(loader, filler)):
         if step == 0:
-            check_batch(batch, ("input_ids", "labels", "index"), "an evaluation batch")
+            check_batch(batch, ("input_ids", "attention_mask", "labels", "index"),
+                        "an evaluation batch")
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
             logits = logits_of(model(**inputs))

@@ -176,7 +176,7 @@ def _first_checked(batches: Iterator) -> Iterator:
     user's without them failed as a bare KeyError inside the step)."""
     for at, batch in enumerate(batches):
         if at == 0:
-            check_batch(batch, ("input_ids", "labels"), "a training batch")
+            check_batch(batch, ("input_ids", "attention_mask", "labels"), "a training batch")
         yield batch
 
 

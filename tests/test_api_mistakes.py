@@ -283,6 +283,15 @@ def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer
     with pytest.raises(DataError, match=r"^an evaluation batch holds no 'index' \(it holds "
                                         r"'input_ids', .*a collate of your own must keep them"):
         trainer.fit()
+
+    def without_mask(batch_rows):  # a transformers model attended to the padding, unsaid
+        return {k: v for k, v in pad(batch_rows).items() if k != "attention_mask"}
+
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data,
+                      config=TrainConfig(epochs=1, batch_size=4), collate=without_mask)
+    with pytest.raises(DataError, match=r"^a training batch holds no 'attention_mask' \(it holds "
+                                        r"'input_ids', "):
+        trainer.fit()
     keyed_label = [{"input_ids": data[i]["input_ids"], "label": 0} for i in range(4)]
     with pytest.raises(DataError, match=r"^a row holds no 'labels' \(its keys: 'input_ids', "
                                         r"'label'\).*rename_column\('label', 'labels'\)"):
