@@ -155,6 +155,27 @@ def unknown_events(callback: Callback) -> list[str]:
             if name.startswith("on_") and name not in EVENTS]
 
 
+# Other trainers' names for an event (Lightning, transformers.Trainer): the nearest spelling
+# may be another event (on_train_batch_end is nearest on_train_end, once a run).
+OTHER_NAMES = {
+    "on_fit_start": "on_train_start", "on_fit_end": "on_train_end",
+    "on_train_epoch_start": "on_epoch_start", "on_train_epoch_end": "on_epoch_end",
+    "on_train_batch_start": "on_batch_start", "on_train_batch_end": "on_batch_end",
+    "on_validation_start": "on_valid_start", "on_validation_end": "on_valid_end",
+    "on_validation_epoch_end": "on_valid_end", "on_evaluate": "on_valid_end",
+    "on_step_begin": "on_batch_start", "on_before_backward": "on_backward_start",
+    "on_after_backward": "on_backward_end", "on_save": "on_save_checkpoint",
+}
+
+
+def event_named_elsewhere(name: str) -> str | None:
+    """The event another trainer calls `name`: fastNLP 0.x's and Keras's `*_begin` are our
+    `*_start` (difflib's nearest is the `*_end`, the opposite), Lightning's and transformers'."""
+    if name.endswith("_begin") and name.removesuffix("_begin") + "_start" in EVENTS:
+        return name.removesuffix("_begin") + "_start"
+    return OTHER_NAMES.get(name)
+
+
 def unread_state_methods(callback: Callback) -> list[str]:
     """`state_dict` / `load_state_dict` (Lightning's callback state) on a callback that does not
     override the event nlptrain calls instead: its state would be lost at a resume, silently."""
@@ -171,7 +192,8 @@ class CallbackList:
         for callback in callbacks:
             check_callback(callback)
             for name in unknown_events(callback) if is_main else ():
-                near = difflib.get_close_matches(name, EVENTS, n=1)
+                near = [known] if (known := event_named_elsewhere(name)) else \
+                    difflib.get_close_matches(name, EVENTS, n=1)
                 log.warning("callback %s.%s is no event, so it is never called%s",
                             type(callback).__name__, name,
                             f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")

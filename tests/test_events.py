@@ -246,6 +246,22 @@ def test_a_misspelt_event_is_warned_of_with_the_event_it_is_near(tmp_path, tiny_
            "on_epoch_end?)" in caplog.text
 
 
+@pytest.mark.parametrize("name, meant", [
+    ("on_epoch_begin", "on_epoch_start"),  # fastNLP 0.x, Keras: difflib's nearest is on_epoch_end
+    ("on_batch_begin", "on_batch_start"),
+    ("on_train_batch_end", "on_batch_end"),  # Lightning's per-batch hook, not once a run
+    ("on_validation_end", "on_valid_end"),
+    ("on_fit_start", "on_train_start")])
+def test_another_trainers_name_for_an_event_is_warned_of_with_ours(name, meant, caplog):
+    from nlptrain.events import CallbackList
+
+    typo = type("Elsewhere", (Callback,), {name: lambda self, trainer: None})()
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        CallbackList([typo], is_main=True)
+    assert f"callback Elsewhere.{name} is no event, so it is never called (did you mean " \
+           f"{meant}?)" in caplog.text
+
+
 def test_lightnings_state_methods_on_a_callback_are_warned_of(tmp_path, tiny_model_dir, caplog):
     """A callback written the Lightning way lost its state at a resume, unsaid."""
     class Counted(Callback):  # Lightning's names: never called here
