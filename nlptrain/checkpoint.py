@@ -46,6 +46,13 @@ log = logging.getLogger(__name__)
 
 
 
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's generators (every device's) from `seed`."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict[str, Any]:
     """Every generator's state: taken at each optimizer step (StepWindow), so kept cheap
     (numpy's `get_state` costs ~35 us a call: called once)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from nlptrain import distributed, kinds, losses, models, precision
 from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
+from nlptrain.checkpoint import seed_everything
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
@@ -65,12 +64,6 @@ class RunOptions:
     progress_every_s: float = 30.0  # a progress line this often when stderr is not a terminal
     callbacks: list[Callback] = field(default_factory=list)
     callback_specs: list[str] = field(default_factory=list)  # what made `callbacks` (config.json)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 @contextmanager

@@ -49,7 +49,8 @@ class Trainer(ProgressCounters):
     `resume_from`: a checkpoint, or a `Checkpointer`'s folder (its newest whole checkpoint, if
     any), loaded here: the trainer starts in its state and, under "auto", its precision.
     `progress`: a `ProgressBar` on the main process (plain lines where stderr is not a terminal)
-    unless `callbacks` holds one; False: none."""
+    unless `callbacks` holds one; False: none. Seeds Python's, NumPy's and torch's generators
+    from `config.seed`, as `transformers.Trainer` does."""
 
     def __init__(
         self,
@@ -74,6 +75,9 @@ class Trainer(ProgressCounters):
         self.dist = dist or distributed.SingleProcess()
         self.device = self.dist.device
         self.config = config = train_config(config)  # checked; its precision decided below
+        # Dropout's masks and the data order are the seed's, from Python as from the command
+        # line (a resume's checkpoint then sets the generators as they were).
+        checkpoint.seed_everything(config.seed)
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
         self.resume_asked = resume_from is not None  # also where no checkpoint was written yet
