@@ -177,6 +177,7 @@ class Trainer(ProgressCounters):
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
         evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
+        started_at = self.global_step
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
@@ -192,6 +193,11 @@ class Trainer(ProgressCounters):
                 raise
             finally:
                 self.callbacks.fire("on_train_end", self, failing=self._failed)
+        ended_before = self.resumed_from is not None and self.global_step == started_at
+        if ended_before and not self.metrics and self.eval_data is not None:  # (a crash in its
+            # export, say): the scores of the weights it ended with, as its own fit returned
+            self.metrics = {**self.evaluate(self.eval_data), "epoch": self.epoch,
+                            "step": self.global_step}
         return self.metrics or {"epoch": self.epoch, "step": self.global_step, "train_loss": self.last_loss}
 
     def _train_epochs(self) -> None:

@@ -301,3 +301,13 @@ def test_a_resume_goes_on_logging_to_tensorboard_as_the_run_did(toy_task, tmp_pa
     assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
     assert main([*args, "--resume", "--max-steps", "6", "--no-tensorboard"]) == 0
     assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
+
+
+def test_a_finished_run_resumed_from_python_returns_its_scores(tmp_path, tiny_model_dir):
+    """fit() of a run resumed where it had ended (its export crashed, say) returned the shape of
+    a run without evaluation data, {'epoch', 'step', 'train_loss': nan}."""
+    folder = tmp_path / "checkpoints"
+    ended = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, 3)], **STEPS).fit()
+    again = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, 3)], resume_from=folder,
+                         **STEPS).fit()
+    assert again == ended and "accuracy" in again
