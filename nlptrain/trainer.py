@@ -32,6 +32,7 @@ from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
+from nlptrain.trainer_arguments import checked_kind, listed_label_names, listed_metrics
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -56,7 +57,7 @@ class Trainer(ProgressCounters):
         self,
         model: torch.nn.Module,
         train_data: Dataset | Iterable | None = None,
-        eval_data: Dataset | None = None,
+        eval_data: Dataset | Sequence[Any] | None = None,  # rows: a list of dicts too
         *,
         config: TrainConfig | dict[str, Any] | None = None,
         callbacks: Sequence[Callback] = (),
@@ -83,14 +84,14 @@ class Trainer(ProgressCounters):
         self.resume_asked = resume_from is not None  # also where no checkpoint was written yet
         model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
-        self.kind = kind or kinds.from_model_config(model_config)
+        self.kind = checked_kind(kind) or kinds.from_model_config(model_config)
         if kind is not None and model_config is not None:  # an export predicts as it trained
             kinds.record_kind(model_config, kind)
-        self.label_names = list(label_names) if label_names else \
+        self.label_names = listed_label_names(label_names) or \
             kinds.label_names_of(model_config, self.kind)
-        self.kind.check(self.label_names, "" if metrics else self.metric_for_best, "Trainer")
+        self.metric_fns = listed_metrics(metrics)  # a user's own, on the gathered predictions
+        self.kind.check(self.label_names, "" if self.metric_fns else self.metric_for_best, "Trainer")
         validate_finetuning(config, self.kind.name, "Trainer(config=...)")  # the kinds they fit
-        self.metric_fns = list(metrics)  # a user's own metrics, on the gathered predictions
         self.tokenizer = tokenizer
         self.train_data = train_data = self._as_dataset(train_data, "train")
         eval_data = self._as_dataset(eval_data, "valid")
@@ -311,7 +312,7 @@ class Trainer(ProgressCounters):
     def metric_for_best(self) -> str:
         return self.config.metric_for_best or self.kind.default_metric
 
-    def evaluate(self, data: Dataset) -> dict[str, Any]:
+    def evaluate(self, data: Dataset | Sequence[Any]) -> dict[str, Any]:
         """Metrics on `data`, computed from every rank's predictions, duplicates excluded: the
         kind's, then the user's own (`metrics=`), all on the same gathered predictions."""
         with self.strategy.evaluating(self.model):

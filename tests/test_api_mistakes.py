@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from nlptrain import TrainConfig, Trainer
 from nlptrain.data import TokenizedDataset
 from nlptrain.errors import ConfigError, DataError
+from nlptrain.kinds import SingleLabel
 from nlptrain.models import load_model
 
 
@@ -236,7 +237,6 @@ def test_a_users_dataset_with_a_pairs_attribute_of_its_own_is_not_compared(tiny_
                                                                           tokenizer):
     """`pairs` of a user's Dataset may be its list of text pairs: a TypeError, not a check."""
     from nlptrain.data.hf_datasets import as_dataset
-    from nlptrain.kinds import SingleLabel
 
     single = TokenizedDataset.from_texts(["a", "b"], [0, 1], tokenizer, 16)
 
@@ -311,3 +311,21 @@ def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer
                       config=TrainConfig(epochs=1, batch_size=4),
                       collate=lambda batch_rows: BatchEncoding(pad(batch_rows)))
     assert "accuracy" in encoded.fit()
+
+
+def accuracy_of(outputs, targets, label_names):
+    return {"hits": float((outputs.argmax(-1) == targets).mean())}
+
+
+@pytest.mark.parametrize("argument, message", [
+    ({"kind": SingleLabel}, r"^kind=SingleLabel is a class: pass an instance, kind=SingleLabel\(\)$"),
+    ({"metrics": accuracy_of}, r"^metrics= takes a list of functions: metrics=\[accuracy_of\]$"),
+    ({"label_names": "neg,pos"}, r"^label_names= takes a list of names, not the string "
+                                 r"'neg,pos': label_names=\['neg', 'pos'\]$")])
+def test_an_argument_python_would_take_wrong_is_refused_with_the_cure(tiny_model_dir, tokenizer,
+                                                                      argument, message):
+    """They were a TypeError about TaskKind.check, 'function' object is not iterable, and a task
+    of 7 one-character labels."""
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    with pytest.raises(ConfigError, match=message):
+        Trainer(model, rows(tokenizer, [0, 1] * 4), config=TrainConfig(epochs=1), **argument)
