@@ -276,12 +276,12 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
 
     data = {}
     for name in ("train", "valid", "test"):
-        if getattr(sets, name) is not None:
+        if sets.rows(name) is not None:
             spec = file_spec(task, name)
             source = sets.sources.get(name) or (spec.path if spec else "")
-            if name == "train" and sets.sources:
+            if name == "train" and sets.sources.keys() & {"valid", "test"}:
                 source += " (less the held-out rows)"
-            data[name] = {"rows": len(getattr(sets, name)), "source": source}
+            data[name] = {"rows": sets.rows(name), "source": source}
     write_text(run_dir / "results.json", json.dumps(strict_json({**results, "data": data}), indent=1))
     if found is not None:
         with open_durably(run_dir / PREDICTIONS_FILE, "wb") as handle:  # whole or not at all
@@ -293,8 +293,8 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
 
 
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.Backend) -> None:
-    sizes = ", ".join(f"{name} {len(getattr(sets, name))}" for name in ("train", "valid", "test")
-                      if getattr(sets, name) is not None)
+    sizes = ", ".join(f"{name} {sets.rows(name)}" for name in ("train", "valid", "test")
+                      if sets.rows(name) is not None)
     log.info("task %s: %s rows; labels %s", task.name, sizes, sets.vocab.names)
     train = task.train
     accumulated = f" x {train.grad_accum} accumulated" if train.grad_accum > 1 else ""

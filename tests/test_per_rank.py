@@ -141,6 +141,10 @@ def test_cli_uneven_files_end_and_report(tmp_path, toy_task):
     assert "rank 1: dropping 5 of its 18 batches" in log  # the trainer's own per-rank warning
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["test"]["rows"] == 40
+    # The train set is the files' 237 rows (it was left out of results, report and model card).
+    assert results["data"]["train"] == {"rows": 237, "source": "parts (2 per-rank files)"}
+    assert "| train | 237 | parts (2 per-rank files) |" in (tmp_path / "run" / "report.md").read_text()
+    assert "task toy: train 237, test 40 rows" in log
     # Its model scored in one process: refused, as the per-rank files were made for 2 ranks
     # (eval reads none of them).
     scored = run_cli(["eval", "--model", "run/model", "--json"], cwd=tmp_path)

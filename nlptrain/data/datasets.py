@@ -75,6 +75,12 @@ class Datasets:
     test: TokenizedDataset | None
     vocab: LabelVocab
     sources: dict[str, str] = field(default_factory=dict)
+    shard_rows: int | None = None  # the rows of per-rank files (no rank holds them all)
+
+    def rows(self, name: str) -> int | None:
+        """The rows of set `name`, also the train set's of per-rank files; None: no such set."""
+        data = getattr(self, name)
+        return len(data) if data is not None else self.shard_rows if name == "train" else None
 
 
 def can_stratify(labels: np.ndarray) -> bool:
@@ -253,6 +259,13 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
 
         if dist.is_main:  # the same on every rank: said once
             warn_no_held_out(task, sets)
+        if task.data.train_shards:  # their count and folder, from the manifest (report, results)
+            from nlptrain.data.split import Manifest
+
+            folder = Path(task.data_dir or ".") / task.data.train_shards
+            manifest = Manifest.load(folder, typed=task.data.train_shards)
+            sets.shard_rows = sum(part["rows"] for part in manifest.parts)
+            sets.sources["train"] = f"{task.data.train_shards} ({manifest.world_size} per-rank files)"
         sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \
             if task.data.streaming else None
         return sets
