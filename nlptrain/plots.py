@@ -151,12 +151,15 @@ def plot_evaluation(evals: list[dict[str, Any]], path: Path, eval_name: str = "v
         for i in sorted(i for i in shown if math.isfinite(values[i])):
             ax.annotate(f"{values[i]:.3f}", (steps[i], values[i]), xytext=(0, -14 if below else 8),
                         textcoords="offset points", ha="center", fontsize=8, color=color)
-    if best and metric_for_best and metric_for_best in keys and \
-            math.isfinite(_score(best[-1].get(metric_for_best))):
-        last_best = best[-1]
-        ax.plot([last_best["step"]], [last_best[metric_for_best]], marker="*", markersize=16,
-                color="gold", markeredgecolor="black", linestyle="none",
-                label=f"best model (by {metric_for_best.replace('_', '-')})")
+    if best and metric_for_best and math.isfinite(_score(best[-1].get(metric_for_best))):
+        last_best, by = best[-1], metric_for_best.replace("_", "-")
+        if metric_for_best in keys:
+            ax.plot([last_best["step"]], [last_best[metric_for_best]], marker="*", markersize=16,
+                    color="gold", markeredgecolor="black", linestyle="none",
+                    label=f"best model (by {by})")
+        else:  # picked by a score not drawn here (loss, MSE: lower is better): its step
+            ax.axvline(last_best["step"], color="goldenrod", linestyle="--", linewidth=1.5,
+                       label=f"best model (by {by}, {_shown(last_best[metric_for_best])})")
     # Zoomed on the scores (not 0..1), so a one-point change between evaluations shows.
     scores = [v for r in evals for key in keys if math.isfinite(v := _score(r.get(key)))] or [0.0, 1.0]
     ax.set_ylim(max(-1.0, min(scores) - 0.05), min(1.02, max(scores) + 0.05))

@@ -202,6 +202,17 @@ def test_the_metric_that_picks_the_best_model_is_drawn_with_its_star(tmp_path: P
     legend = drawn["evaluation.png"].axes[0].get_legend_handles_labels()[1]
     assert legend == ["accuracy", "macro-F1", "MCC", "best model (by mcc)"]
 
+    # Picked by the loss (lower is better; not drawn here): the best one's step is marked.
+    config["task"]["train"]["metric_for_best"] = "loss"
+    (run / "config.json").write_text(json.dumps(config))
+    drawn.clear()
+    plot_run(run)
+    best = [r for r in rows if r.get("is_best")][-1]
+    marked = [line for line in drawn["evaluation.png"].axes[0].lines
+              if line.get_label().startswith("best model")]
+    assert [line.get_label() for line in marked] == [f"best model (by loss, {best['loss']:.3f})"]
+    assert list(marked[0].get_xdata()) == [best["step"]] * 2  # a vertical line at its step
+
 
 def test_a_short_runs_single_training_row_is_drawn_as_a_point() -> None:
     """One logged row (10 steps at log_every 10): a line alone draws nothing; a marker does."""
