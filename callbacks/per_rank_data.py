@@ -39,6 +39,7 @@ from nlptrain.errors import ConfigError, DataError
 from nlptrain.events import Callback
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
 from nlptrain.models import record_how_rows_were_read
+from nlptrain.signals import leave_stops_to_the_main_process
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -131,6 +132,7 @@ class PerRankData(Callback):
             dataset, batch_size=cfg.batch_size, sampler=self.sampler, collate_fn=trainer.collate,
             drop_last=cfg.drop_last, num_workers=cfg.num_workers,
             pin_memory=trainer.device.type == "cuda", persistent_workers=cfg.num_workers > 0,
+            worker_init_fn=leave_stops_to_the_main_process,
             generator=torch.Generator().manual_seed(self.seed))  # not the global RNG (resume)
 
     def _warn_if_grouped(self, part: Path, dataset: TokenizedDataset) -> None:

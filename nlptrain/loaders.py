@@ -23,6 +23,7 @@ from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.progress import Progress
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
+from nlptrain.signals import leave_stops_to_the_main_process
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
     common: dict[str, Any] = dict(
         collate_fn=collate, num_workers=config.num_workers,
         pin_memory=device.type == "cuda", persistent_workers=config.num_workers > 0 and epoch_reaches,
+        worker_init_fn=leave_stops_to_the_main_process,
         # Its own generator: creating the iterator then draws no number from the global RNG, so
         # dropout after a resume is exactly that of an uninterrupted run.
         generator=torch.Generator().manual_seed(config.seed))

@@ -80,6 +80,15 @@ def _handled_by(handle: Callable[[int, Any], None],
             signal.signal(signum, handler)
 
 
+def leave_stops_to_the_main_process(worker_id: int) -> None:
+    """A DataLoader worker's `worker_init_fn`: SIGTERM, SIGINT and SIGHUP ignored. A signal to
+    the whole process group (a scheduler's preemption, a Ctrl-C in the terminal) ended the
+    workers at once (torch's handler), and the main process's stop after the step then failed
+    on a worker gone, with no checkpoint; the main process ends its workers itself."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 RESUME_FROM_PYTHON = "resume_from= the Checkpointer's folder"
 
 

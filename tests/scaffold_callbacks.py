@@ -206,3 +206,12 @@ class SigtermAfterTraining(Callback):
         if not os.environ.get("NO_FAULT"):
             trainer.unwrapped_model.register_forward_pre_hook(
                 lambda module, inputs: os.kill(os.getpid(), signal.SIGTERM))
+
+
+class SigtermProcessGroup(Callback):
+    """SIGTERM to this process's whole group at AT_STEP (DataLoader workers included), as a
+    scheduler's preemption or a Ctrl-C in a terminal sends it."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
+            os.killpg(os.getpgid(0), signal.SIGTERM)

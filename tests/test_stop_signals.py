@@ -1,17 +1,21 @@
-"""SIGTERM and SIGHUP outside the training steps (reading the data, the final scoring, export and
-report) are a Ctrl-C: the command stops at once and says how to go on. They ended the process
-without a word (a cluster's preemption in the test scoring left no line in the job's log)."""
+"""Stop signals where the loop's own stop does not reach. Outside the training steps (reading
+the data, the final scoring, export and report) SIGTERM and SIGHUP are a Ctrl-C: the command
+stops at once and says how to go on (they ended the process without a word). And a signal to
+the whole process group reaches DataLoader workers too: they leave it to the main process."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, child_env
 
+from nlptrain.checkpoint import list_checkpoints
 from nlptrain.cli import main
 from nlptrain.signals import StoppedBySignal, interrupt_on_signals
 
@@ -69,3 +73,20 @@ def test_under_torchs_agent_a_sigterm_is_left_as_it_was():
                        "SLURM_STEP_ID": "0"}).has_agent
     with interrupt_on_signals(enabled=False):
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_sigterm_to_the_process_group_stops_after_the_step_with_dataloader_workers(toy_task,
+                                                                                     tmp_path):
+    """A scheduler's preemption signals every process of the job: torch's handler ended the
+    DataLoader workers at once, and the run failed on a worker gone (exit 1, no checkpoint)."""
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "nlptrain", "train", "--task", str(toy_task), "--output-dir", str(run),
+         "--set", "train.num_workers=2", "--callback", f"{SCAFFOLD}:SigtermProcessGroup"],
+        env=child_env(AT_STEP="3"), capture_output=True, text=True, timeout=240,
+        start_new_session=True)  # the group: this run and its workers alone
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert f"stopped by a signal after step 4; continue with --resume --output-dir {run}" in \
+        done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "exited unexpectedly" not in done.stderr
+    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000004"
