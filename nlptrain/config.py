@@ -210,9 +210,12 @@ def fill(cls: type, values: dict[str, Any], where: str) -> Any:
             wanted = getattr(hints[key], "__name__", str(hints[key]))
             listed = ""
             if isinstance(value, str) and "," in value and _type_ok([], hints[key]):
-                # `--set data.labels=neg,pos`: words are no TOML values, as numbers are
-                words = ", ".join(f'"{word.strip()}"' for word in value.split(","))
-                listed = f"; a list of words is written with quotes, [{words}]"
+                # `--set data.labels=neg,pos`: words are no TOML values, as numbers are (the
+                # shell has taken the quotes off ["neg","pos"]: [neg,pos])
+                words = ",".join(f'"{word.strip()}"' for word in value.strip("[]").split(","))
+                listed = (f"; quote the list for the shell: --set '{where.split('=')[0][6:]}"
+                          f"=[{words}]'" if where.startswith("--set ")
+                          else f"; a list of words is written with quotes: {key} = [{words}]")
             raise ConfigError(
                 f"{where}: '{key}' must be {wanted}, got {type(value).__name__} {value!r}{listed}"
             )

@@ -23,7 +23,10 @@ def test_unknown_override_key(capsys, toy_task, tmp_path):
     ("data.test.heder=true", "--set data.test.heder=true: unknown key 'heder'. Valid keys: path,"),
     # Words are no TOML values (numbers are: labels=0,1 is a list): the line shows the list.
     ("data.labels=neg, pos", "--set data.labels=neg, pos: 'labels' must be list | dict, got str "
-                             "'neg, pos'; a list of words is written with quotes, [\"neg\", \"pos\"]"),
+                             "'neg, pos'; quote the list for the shell: "
+                             "--set 'data.labels=[\"neg\",\"pos\"]'"),
+    # (the shell took the quotes off: its brackets are no label's)
+    ("data.labels=[neg,pos]", "; quote the list for the shell: --set 'data.labels=[\"neg\",\"pos\"]'"),
 ])
 def test_an_override_of_an_unknown_section_is_one_line(capsys, toy_task, tmp_path, override, message):
     code, err = train(capsys, toy_task, tmp_path / "run", "--set", override)
