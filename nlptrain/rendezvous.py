@@ -45,9 +45,9 @@ def _check_host_resolves(environment: Environment) -> None:
         socket.getaddrinfo(host, environment.master_port)
     except socket.gaierror as err:
         given = "MASTER_ADDR" if environment.environ.get("MASTER_ADDR") else "rank 0's host"
-        raise ConfigError(f"rank {environment.rank}: the rendezvous host {host} ({given}) does "
-                          f"not resolve ({err.strerror}); set MASTER_ADDR to rank 0's host name "
-                          "or address") from None
+        raise ConfigError(f"the rendezvous host {host} ({given}) does not resolve "
+                          f"({err.strerror}); set MASTER_ADDR to rank 0's host name or "
+                          "address") from None  # (the command line names the rank)
 
 
 def _check_store_answers(environment: Environment, timeout: timedelta) -> None:

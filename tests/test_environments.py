@@ -349,6 +349,6 @@ def test_a_rendezvous_host_that_does_not_resolve_is_named_at_once(monkeypatch, c
         monkeypatch.delenv("MASTER_ADDR", raising=False)
     assert cli.main(["train", "--timeout", "30"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"[rank 1] error: rank 1: the rendezvous host nosuchhost.invalid "
+    assert err.startswith(f"[rank 1] error: the rendezvous host nosuchhost.invalid "
                           f"({named}) does not resolve ("), err
     assert err.endswith("); set MASTER_ADDR to rank 0's host name or address\n"), err
