@@ -132,6 +132,8 @@ def writing(folder: Path) -> Iterator[Path]:
     except WRITE_ERRORS as err:
         reason = (err.strerror if isinstance(err, OSError) and err.strerror  # not the staging path
                   else (str(err).strip().splitlines() or [type(err).__name__])[0][:200])
+        if isinstance(err, RuntimeError) and "unexpected pos" in reason:  # torch.save's, on ENOSPC
+            reason = "torch.save wrote it short: the disk or quota is full"
         try:
             space = f"; {shutil.disk_usage(folder.parent).free / 2**20:.0f} MB free on its disk"
         except OSError:

@@ -187,3 +187,17 @@ def test_a_model_a_full_disk_stops_names_the_resume_that_finishes_the_run(toy_ta
     assert main([*args, "--resume"]) == 0
     assert "nothing left to train" in capsys.readouterr().err
     assert (run / "model" / "tokenizer.json").is_file()
+
+
+def test_torch_saves_own_error_on_a_full_disk_is_said_as_such(tmp_path):
+    """torch.save's ENOSPC is a RuntimeError of its C++ writer's ('unexpected pos 18816 vs
+    18708'), which the line showed as the reason."""
+    from nlptrain.checkpoint import writing
+    from nlptrain.errors import CheckpointWriteError
+
+    with pytest.raises(CheckpointWriteError, match=r"step-1: cannot be written \(torch\.save wrote "
+                                                   r"it short: the disk or quota is full\); "):
+        with writing(tmp_path / "step-1"):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 18816 "
+                               "vs 18708")
+    assert not (tmp_path / "step-1").exists()
