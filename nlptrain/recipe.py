@@ -29,7 +29,7 @@ from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
 from nlptrain.resume_checks import check_resume
-from nlptrain.run_record import keep_reached_epochs, record_in_config
+from nlptrain.run_record import keep_reached_epochs, read_config, record_in_config
 from nlptrain.runs import (
     RunDirLock,
     RunRecordBefore,
@@ -138,6 +138,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             dist.on_main(lambda: keep_reached_epochs(run_dir, reached))
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
+            tensorboard = logs_to_tensorboard(opts, run_dir)  # (a later plain --resume's choice)
+            dist.on_main(lambda: record_in_config(run_dir, "tensorboard", tensorboard))
             try:
                 with refused_before_training(refused, lambda: trainer.global_step - started_at):
                     trainer.fit()
@@ -237,14 +239,21 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
         from nlptrain.callbacks import PerRankData
 
         callbacks.append(PerRankData.from_task(task, sets.vocab, opts.use_cache))
-    tensorboard = opts.tensorboard
-    if tensorboard is None:  # a resume goes on with what the run logged, as with its task
-        tensorboard = opts.resume and (run_dir / "tensorboard").is_dir()
-    if tensorboard:
+    if logs_to_tensorboard(opts, run_dir):
         from nlptrain.callbacks.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))
     return [*callbacks, *opts.callbacks], best
+
+
+def logs_to_tensorboard(opts: RunOptions, run_dir: Path) -> bool:
+    """--tensorboard or --no-tensorboard, else a resume goes on as the run did (config.json
+    records it; a run from before that record, by its tensorboard/ folder)."""
+    if opts.tensorboard is not None:
+        return opts.tensorboard
+    if not opts.resume:
+        return False
+    return bool((read_config(run_dir) or {}).get("tensorboard", (run_dir / "tensorboard").is_dir()))
 
 
 def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,

@@ -301,6 +301,8 @@ def test_a_resume_goes_on_logging_to_tensorboard_as_the_run_did(toy_task, tmp_pa
     assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
     assert main([*args, "--resume", "--max-steps", "6", "--no-tensorboard"]) == 0
     assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
+    assert main([*args, "--resume", "--max-steps", "8"]) == 0  # stopped until asked again
+    assert [step for step, _ in scalars(run / "tensorboard")["train/loss"]] == [1, 2, 3, 4]
 
 
 def test_a_finished_run_resumed_from_python_returns_its_scores(tmp_path, tiny_model_dir):
