@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from nlptrain.checkpoint import rng_state, set_rng_state
 from nlptrain.config import TrainConfig
@@ -116,6 +116,11 @@ def batched_as_is(data: Any, config: TrainConfig) -> Any:
         raise ConfigError(f"[train] max_tokens = {config.max_tokens} cannot batch this training "
                           f"data: it is already batched ({type(data).__name__}, e.g. per-rank "
                           "files); give a Dataset, or leave max_tokens at 0")
+    if isinstance(data, DataLoader) and data.collate_fn is default_collate and \
+            getattr(data.dataset, "lengths", None) is not None:  # nlptrain's rows: ragged
+        raise DataError("a DataLoader of your own over tokenized rows needs collate_fn="
+                        "trainer.collate (nlptrain.data.Collator): torch's default collate "
+                        "cannot stack rows of different lengths")
     return data
 
 

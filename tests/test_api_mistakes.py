@@ -284,6 +284,13 @@ def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer
                                         r"'input_ids', .*a collate of your own must keep them"):
         trainer.fit()
 
+    from torch.utils.data import DataLoader  # torch's default collate: "stack expects each ..."
+
+    with pytest.raises(DataError, match=r"^a DataLoader of your own over tokenized rows needs "
+                                        r"collate_fn=trainer\.collate"):
+        Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), DataLoader(data, batch_size=4),
+                config=TrainConfig(epochs=1)).fit()
+
     def without_mask(batch_rows):  # a transformers model attended to the padding, unsaid
         return {k: v for k, v in pad(batch_rows).items() if k != "attention_mask"}
 
