@@ -134,8 +134,8 @@ def check_train(args: argparse.Namespace) -> None:
     if task.data.train_shards:  # their manifest, for this many ranks (each rank said it)
         from nlptrain.data.split import Manifest
 
-        folder = Path(task.data_dir or ".") / task.data.train_shards
-        Manifest.load(folder, typed=task.data.train_shards).check_world_size(args.nproc, folder)
+        folder, manifest = Manifest.of_task(task)
+        manifest.check_world_size(args.nproc, folder)
     for spec in args.callback:
         check_file(spec)
     from nlptrain.resume_checks import check_resume, check_strategy_fits

@@ -122,6 +122,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     with open_run_dir(task, opts, dist) as (run_dir, has_run, refused), out_of_space_said(run_dir):
         log_sizes(task, sets, dist)
 
+        # --tensorboard, --no-tensorboard, or on a resume as the run did: decided once here
+        opts = dataclasses.replace(opts, tensorboard=logs_to_tensorboard(opts, run_dir))
         callbacks, best = run_callbacks(task, opts, sets, run_dir)
         eval_set = sets.valid if sets.valid is not None else sets.test
         # Resumed from the newest whole checkpoint (rank 0 checks, every rank takes its choice), it
@@ -138,8 +140,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             dist.on_main(lambda: keep_reached_epochs(run_dir, reached))
         try:
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
-            tensorboard = logs_to_tensorboard(opts, run_dir)  # (a later plain --resume's choice)
-            dist.on_main(lambda: record_in_config(run_dir, "tensorboard", tensorboard))
+            # (what a later plain --resume follows)
+            dist.on_main(lambda: record_in_config(run_dir, "tensorboard", opts.tensorboard))
             try:
                 with refused_before_training(refused, lambda: trainer.global_step - started_at):
                     trainer.fit()
@@ -239,7 +241,7 @@ def run_callbacks(task: TaskConfig, opts: RunOptions, sets: Any,
         from nlptrain.callbacks import PerRankData
 
         callbacks.append(PerRankData.from_task(task, sets.vocab, opts.use_cache))
-    if logs_to_tensorboard(opts, run_dir):
+    if opts.tensorboard:
         from nlptrain.callbacks.tensorboard import TensorBoardLogger
 
         callbacks.append(TensorBoardLogger(run_dir / "tensorboard"))

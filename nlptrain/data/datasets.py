@@ -262,8 +262,7 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         if task.data.train_shards:  # their count and folder, from the manifest (report, results)
             from nlptrain.data.split import Manifest
 
-            folder = Path(task.data_dir or ".") / task.data.train_shards
-            manifest = Manifest.load(folder, typed=task.data.train_shards)
+            manifest = Manifest.of_task(task)[1]
             sets.shard_rows = sum(part["rows"] for part in manifest.parts)
             sets.sources["train"] = f"{task.data.train_shards} ({manifest.world_size} per-rank files)"
         sets.train = StreamingDataset.from_task(task, sets.vocab, tokenizer, dist) \

@@ -76,6 +76,13 @@ class Manifest:
         (Path(folder) / MANIFEST).write_text(json.dumps(body, indent=1) + "\n", encoding="utf-8")
 
     @classmethod
+    def of_task(cls, task: Any) -> tuple[Path, Manifest]:
+        """The folder of a task's per-rank files (`[data] train_shards`, in its data folder) and
+        its manifest."""
+        folder = Path(task.data_dir or ".") / task.data.train_shards
+        return folder, cls.load(folder, typed=task.data.train_shards)
+
+    @classmethod
     def load(cls, folder: str | Path, typed: str | None = None) -> Manifest:
         """The manifest in `folder`; `typed`: the folder as the task gave it, relative to its
         data folder (where it names one in the working folder instead, the error says so)."""

@@ -169,8 +169,7 @@ def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:
     if task.data.train_shards:
         from nlptrain.data.split import Manifest
 
-        folder = Path(task.data_dir or ".") / task.data.train_shards
-        manifest = Manifest.load(folder, typed=task.data.train_shards)
+        folder, manifest = Manifest.of_task(task)
         manifest.check_world_size(world_size, folder)  # before any model is loaded
         if vocab is None:  # (a multi-label file split as single-label saw "joy,fear" as one)
             from nlptrain.kinds import from_task
