@@ -1,8 +1,8 @@
 """How the ranks of a job find each other: the store each rank joins, checked to be its job's.
 
-Under torchrun the launcher's store; under SLURM or MPI (a launcher's id tells jobs apart) a store
-rank 0 hosts, which a rank of another job at the same port is refused from, and where every rank
-must count the same world size; else torch's own tcp:// rendezvous.
+Under torchrun the launcher's store; else a store rank 0 hosts, where every rank must count the
+same world size, and which (under SLURM or MPI, whose ids tell jobs apart) a rank of another job
+given the same port is refused from.
 """
 
 from __future__ import annotations
@@ -21,20 +21,14 @@ from nlptrain.errors import ConfigError
 
 
 def join(environment: Environment, backend: str, timeout: timedelta) -> None:
-    """Start this rank's default process group: through the launcher's store (torchrun), a job's
-    own (a launcher's id tells jobs apart) or torch's tcp:// rendezvous at the master address."""
+    """Start this rank's default process group: through the launcher's store (torchrun) or the
+    job's own, which rank 0 hosts at the master address."""
     rank, world = environment.rank, environment.world_size
     _check_host_resolves(environment)
     with _port_taken_said(environment):
         _check_store_answers(environment, timeout)
         store = _attempt_store(environment, timeout) or _job_store(environment, timeout)
-        if store is not None:
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-            return
-        host = environment.master_addr  # rank 0 hosts the store there
-        host = f"[{host}]" if ":" in host else host
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{environment.master_port}",
-                                rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def _check_host_resolves(environment: Environment) -> None:
@@ -103,17 +97,16 @@ def _group_keys(store: dist.Store, scope: str) -> dist.Store:
 OWNER_KEY = "nlptrain/rendezvous-of"
 
 
-def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | None:
-    """Rank 0 hosts the rendezvous at a port that another job may have been given too (two srun
-    steps of one allocation share its job id's port; a MASTER_PORT exported for both). A rank
-    that reached the other job's store would join its rendezvous and wait there, silent, for
-    the rest of the timeout. So rank 0 writes whose store it is and the other ranks read it
-    before joining: a rank of another job is refused at once. The job's own key prefix keeps
-    it off the other job's keys meanwhile."""
-    job = environment.rendezvous_id
-    if job is None:  # no launcher's id to tell jobs apart: torch's own tcp:// rendezvous
-        return None
+def _job_store(environment: Environment, timeout: timedelta) -> dist.Store:
+    """Rank 0 hosts the rendezvous (as torch's tcp:// would) at a port that another job may have
+    been given too (two srun steps of one allocation share its job id's port; a MASTER_PORT
+    exported for both). A rank that reached the other job's store would join its rendezvous and
+    wait there, silent, for the rest of the timeout. So rank 0 writes whose store it is and the
+    other ranks read it before joining: a rank of another job is refused at once. The job's own
+    key prefix keeps it off the other job's keys meanwhile. Without a launcher's id (env:// set
+    by hand) jobs cannot be told apart, but the ranks' world sizes are still checked."""
     host, port = environment.master_addr, environment.master_port
+    job = _job_name(environment)
     # Rank 0 does not wait for a count of ranks here: a rank that counts others is refused below.
     store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
                           timeout=timeout, multi_tenant=True,  # as torch's tcp:// makes it
@@ -125,29 +118,43 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store | Non
             f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
             f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
             "of one allocation running at once need one each)")
-    keys = _group_keys(store, job)
+    keys = _group_keys(store, environment.rendezvous_id or "env")
     _check_world_size(keys, environment)
     return keys
 
 
+def _job_name(environment: Environment) -> str:
+    host = environment.master_addr
+    return environment.rendezvous_id or \
+        f"the job at {f'[{host}]' if ':' in host else host}:{environment.master_port}"
+
+
 def _check_world_size(store: dist.Store, environment: Environment) -> None:
     """Every rank must count the same ranks (a launcher's variables set by hand, one task of a
-    job given another count): else gloo's mesh waits, past the timeout, for ranks that never
-    come, and ends in a traceback. Each rank writes its count; rank 0 reads every other's, the
-    others rank 0's: each rank of a mismatch is refused at once, naming both counts."""
-    rank, world = environment.rank, environment.world_size
+    job given another count): else gloo's mesh waits for ranks that never come, past the timeout
+    (under env://, the rank that counted fewer waited without end). Each rank writes its count;
+    rank 0 reads every other's, the others rank 0's: each rank of a mismatch is refused at once,
+    naming both counts."""
+    rank, world, job = environment.rank, environment.world_size, _job_name(environment)
 
     def check(other: int, counted: int) -> None:
         if counted != world:
             raise ConfigError(
-                f"rank {rank} counts {world} ranks in {environment.rendezvous_id}, rank {other} "
+                f"rank {rank} counts {world} ranks in {job}, rank {other} "
                 f"counts {counted}: every rank of a job needs the same world size; check the "
                 f"launcher's settings ({', '.join(environment.variables)})")
 
     if rank == 0:
         store.set("world-size/0", str(world))
         for other in range(1, world):
-            check(other, int(store.get(f"world-size/{other}")))
+            try:
+                counted = int(store.get(f"world-size/{other}"))
+            except dist.DistStoreError:  # its text names a key: the ranks not come, instead
+                absent = [r for r in range(other, world) if not store.check([f"world-size/{r}"])]
+                raise dist.DistStoreError(
+                    f"Timed out after {store.timeout.total_seconds():g} s waiting for rank(s) "
+                    f"{', '.join(map(str, absent))} of {world} to join {job}") from None
+            check(other, counted)
     else:  # rank 0's count read before this one is written: rank 0 may end (and its store) then
         counted = int(store.get("world-size/0"))
         store.set(f"world-size/{rank}", str(world))

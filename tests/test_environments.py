@@ -220,7 +220,7 @@ def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
 
 def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, capsys):
     """Rank 0 of 2 alone (rank 1 never starts): the rendezvous gives up after --timeout, and
-    the error says that no rank answered, not that one failed (none said a word)."""
+    the error says that no rank answered, not that one failed (none said a word), and which."""
     from conftest import free_port
 
     from nlptrain.distributed import is_peer_failure, timed_out
@@ -229,7 +229,8 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
         monkeypatch.setenv(name, value)
     assert cli.main(["train", "--timeout", "1"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: no answer from the other rank(s) in time (Timed out after ")
+    assert err.startswith("error: no answer from the other rank(s) in time (Timed out after 1 s "
+                          "waiting for rank(s) 1 of 2 to join the job at 127.0.0.1:"), err
     assert err.endswith("--timeout (eval: --set train.timeout=SECONDS) sets how long ranks wait "
                         "for each other\n")
     # A DDP all-reduce that times out in the backward is a plain RuntimeError (the gloo text).

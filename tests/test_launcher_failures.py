@@ -256,23 +256,31 @@ def _wait_for(ready, seconds: float) -> None:
 
 
 @pytest.mark.distributed
-def test_ranks_that_count_another_world_size_are_refused_at_once(toy_folder, tmp_path):
+@pytest.mark.parametrize("launcher", ["srun", "env://"])
+def test_ranks_that_count_another_world_size_are_refused_at_once(launcher, toy_folder, tmp_path):
     """One task of a job told 3 ranks, the other 2 (variables set by hand): gloo's mesh waited
-    past the timeout for a rank that never comes, then gave a traceback. Each rank now says it."""
-    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": str(free_port())}
+    past the timeout for a rank that never comes, then gave a traceback; under env://, the rank
+    that counted 2 waited without end. Each rank now says it."""
+    port = str(free_port())
+    job = "slurm-7.0" if launcher == "srun" else f"the job at 127.0.0.1:{port}"
+
+    def variables(rank: int, world: int) -> dict[str, str]:
+        if launcher == "srun":
+            return {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+                    "SLURM_LOCALID": str(rank), "SLURM_NTASKS": str(world)}
+        return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world)}
+
     started = [subprocess.Popen(
         [sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--output-dir", str(tmp_path / "run"),
          "--timeout", "300"], cwd=toy_folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=child_env(**slurm, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank),
-                                 SLURM_NTASKS=str(ntasks)))
-        for rank, ntasks in ((0, 2), (1, 3))]
+        text=True, env=child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **variables(rank, world)))
+        for rank, world in ((0, 2), (1, 3))]
     try:
         said = [process.communicate(timeout=120)[1] for process in started]
     finally:
         for process in started:
             process.kill()
     assert [process.returncode for process in started] == [1, 1], said
-    assert "error: rank 0 counts 2 ranks in slurm-7.0, rank 1 counts 3: every rank of a job " \
+    assert f"error: rank 0 counts 2 ranks in {job}, rank 1 counts 3: every rank of a job " \
            "needs the same world size" in said[0], said[0][-3000:]
-    assert "error: rank 1 counts 3 ranks in slurm-7.0, rank 0 counts 2" in said[1], said[1][-3000:]
+    assert f"error: rank 1 counts 3 ranks in {job}, rank 0 counts 2" in said[1], said[1][-3000:]
