@@ -220,6 +220,18 @@ def test_a_json_container_where_a_text_or_label_belongs_is_refused_not_stringifi
         read(tmp_path, "b.jsonl", "\n".join(lines) + "\n")
 
 
+def test_boolean_labels_are_spelled_as_json_and_arrow_write_them(tmp_path):
+    """JSON's true/false were read as Python's "True"/"False": a task listing its labels as the
+    file spells them (labels = ["false", "true"]) refused every row."""
+    rows = [{"text": "fine", "label": True}, {"text": "awful", "label": False},
+            {"text": "both", "label": [True]}]
+    ex = read(tmp_path, "b.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    assert ex.labels == ["true", "false", ["true"]]
+    pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"text": ["fine", "awful"], "label": [True, False]}), tmp_path / "b.parquet")
+    assert read(tmp_path, "b.parquet", (tmp_path / "b.parquet").read_bytes()).labels == ["true", "false"]
+
+
 def test_an_unknown_format_of_one_file_is_refused_naming_it(tmp_path):
     with pytest.raises(DataError, match=r"p\.parquet: unknown format 'Parquet'; use one of "
                                          r"auto, csv, jsonl, lines, parquet, tsv"):
