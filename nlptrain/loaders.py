@@ -109,9 +109,10 @@ def _shard_by_rank(data: IterableDataset, world_size: int, rank: int, workers: i
     return RankShard(data, world_size, rank)
 
 
-def batched_as_is(data: Any, config: TrainConfig) -> Any:
-    """A user's DataLoader or iterable of batches (e.g. PerRankData's), used as is; refused under
-    max_tokens, which it would silently ignore: its batches are already made."""
+def check_own_loader(data: Any, config: TrainConfig, world_size: int, say: bool) -> bool:
+    """A user's DataLoader or iterable of batches (e.g. PerRankData's), to be used as is; refused
+    under max_tokens, which it would silently ignore: its batches are already made. `say`: tell
+    where its sampler does not shard by rank, so that every rank reads every row (True: said)."""
     if config.max_tokens:
         raise ConfigError(f"[train] max_tokens = {config.max_tokens} cannot batch this training "
                           f"data: it is already batched ({type(data).__name__}, e.g. per-rank "
@@ -121,7 +122,22 @@ def batched_as_is(data: Any, config: TrainConfig) -> Any:
         raise DataError("a DataLoader of your own over tokenized rows needs collate_fn="
                         "trainer.collate (nlptrain.data.Collator): torch's default collate "
                         "cannot stack rows of different lengths")
-    return data
+    said = say and world_size > 1 and isinstance(data, DataLoader) and not isinstance(
+        data.dataset, IterableDataset) and isinstance(_sampler_of(data), _UNSHARDED)
+    if said:
+        log.info("train_data is a DataLoader of your own, used as is: its %s does not shard by "
+                 "rank, so each of the %d ranks reads all %d of its rows (right for per-rank data; "
+                 "else give the Dataset itself, which nlptrain shards, or a DistributedSampler)",
+                 type(_sampler_of(data)).__name__, world_size, len(data.dataset))
+    return said
+
+
+_UNSHARDED = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)
+
+
+def _sampler_of(loader: DataLoader) -> Any:
+    batches = loader.batch_sampler
+    return getattr(batches, "sampler", batches) if batches is not None else loader.sampler
 
 
 def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Backend,

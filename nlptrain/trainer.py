@@ -27,7 +27,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import batched_as_is, epoch_batches, train_loader, typical_batch
+from nlptrain.loaders import check_own_loader, epoch_batches, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
@@ -146,6 +146,7 @@ class Trainer(ProgressCounters):
         self.interrupted, self._resume_samples = False, 0
         self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
         self._loader_for: tuple[Any, Any] = (None, None)
+        self._said_unsharded = False  # a user's loader that every rank reads whole
         self._failed, self._owns_dist, self._fits = False, dist is None, 0
         self._loaded_optimizer = self.optimizer if self.resumed_from is not None else None
         if self.resumed_from is not None:
@@ -341,7 +342,9 @@ class Trainer(ProgressCounters):
             return self._loader_for[1]
         cfg, original, data = self.config, data, self._as_dataset(data, "train")
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
-            return batched_as_is(data, cfg)
+            self._said_unsharded |= check_own_loader(  # (a new one each epoch: said once)
+                data, cfg, self.dist.world_size, say=self.is_main and not self._said_unsharded)
+            return data
         loader = train_loader(data, cfg, self.dist.world_size, self.dist.rank, self.collate,
                               self.device)
         self._loader_for = (original, loader)

@@ -247,3 +247,31 @@ def test_a_users_unseeded_loader_resumed_mid_epoch_trains_the_weights_of_the_who
     expected = whole.unwrapped_model.state_dict()
     for name, value in resumed.unwrapped_model.state_dict().items():
         assert torch.equal(value, expected[name]), name
+
+
+def test_a_loader_of_ones_own_that_every_rank_reads_whole_is_said(caplog):
+    """A DataLoader of the user's is used as is (per-rank data is read that way); where its
+    sampler is torch's Sequential or Random one, each rank reads every row: said on rank 0, for
+    a user who forgot the DistributedSampler."""
+    from torch.utils.data import DistributedSampler, RandomSampler
+
+    from nlptrain.config import TrainConfig
+    from nlptrain.loaders import check_own_loader
+
+    rows = list(range(10))
+    said = []
+    for sampler, world in ((SequentialSampler(rows), 2), (RandomSampler(rows), 3),
+                           (SequentialSampler(rows), 1),
+                           (DistributedSampler(rows, num_replicas=2, rank=0), 2)):
+        with caplog.at_level("INFO", logger="nlptrain.loaders"):
+            caplog.clear()
+            said.append(check_own_loader(DataLoader(rows, sampler=sampler), TrainConfig(), world,
+                                         say=True))
+        assert bool(caplog.records) == said[-1]
+    assert said == [True, True, False, False]
+    assert check_own_loader(DataLoader(rows), TrainConfig(), 2, say=False) is False  # not rank 0
+    caplog.clear()
+    with caplog.at_level("INFO", logger="nlptrain.loaders"):
+        check_own_loader(DataLoader(rows, shuffle=True), TrainConfig(), 3, say=True)
+    assert "its RandomSampler does not shard by rank, so each of the 3 ranks reads all 10 of its " \
+           "rows" in caplog.text
