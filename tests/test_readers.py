@@ -230,6 +230,14 @@ def test_boolean_labels_are_spelled_as_json_and_arrow_write_them(tmp_path):
     pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
     pq.write_table(pa.table({"text": ["fine", "awful"], "label": [True, False]}), tmp_path / "b.parquet")
     assert read(tmp_path, "b.parquet", (tmp_path / "b.parquet").read_bytes()).labels == ["true", "false"]
+    # Labels listed as TOML booleans, as Python's "False"/"True" (a model trained before, a
+    # pandas CSV) or as JSON's: the file's booleans match each, and keep the task's order.
+    two = read(tmp_path, "c.jsonl", '{"text": "a", "label": true}\n{"text": "b", "label": false}\n')
+    for labels in ([False, True], ["False", "True"], ["false", "true"], ["FALSE", "TRUE"]):
+        assert LabelVocab.from_config(labels).encode(two).tolist() == [1, 0], labels
+    assert LabelVocab.from_config([False, True]).names == ["false", "true"]
+    assert LabelVocab.from_config(["true", "false"]).encode(
+        read(tmp_path, "d.csv", "text,label\na,True\nb,False\n")).tolist() == [0, 1]
 
 
 def test_an_unknown_format_of_one_file_is_refused_naming_it(tmp_path):

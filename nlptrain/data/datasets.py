@@ -18,6 +18,7 @@ import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
 from nlptrain.data.readers import Examples, format_of, open_checked, read_examples, source_files
+from nlptrain.data.rows import label_text
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir, say_truncated
 from nlptrain.distributed import Backend, SingleProcess
@@ -37,8 +38,8 @@ class LabelVocab:
     @classmethod
     def from_config(cls, labels: list | dict) -> LabelVocab:
         if isinstance(labels, dict):
-            return cls([str(k) for k in labels], [str(v) for v in labels.values()])
-        return cls([str(v) for v in labels], [str(v) for v in labels])
+            return cls([label_text(k) for k in labels], [label_text(v) for v in labels.values()])
+        return cls([label_text(v) for v in labels], [label_text(v) for v in labels])
 
     @classmethod
     def infer(cls, values: list[str]) -> LabelVocab:
@@ -58,9 +59,15 @@ class LabelVocab:
         return cls.infer([value for cell in cells for value in kind.label_values(cell)])
 
     def ids(self) -> dict[str, int]:
-        """Label as written in a file -> id; the names are accepted too."""
+        """Label as written in a file -> id; the names are accepted too, and a boolean label in
+        each of its usual spellings (JSON's and TOML's true, Python's True, TRUE): a JSONL file's
+        booleans then match a model or task that lists them as "True"."""
         found = {value: i for i, value in enumerate(self.values)}
         found.update({name: i for i, name in enumerate(self.names) if name not in found})
+        for spelt, i in list(found.items()):
+            if spelt.lower() in ("true", "false"):
+                for alias in (spelt.lower(), spelt.capitalize(), spelt.upper()):
+                    found.setdefault(alias, i)
         return found
 
     def encode(self, examples: Examples, kind: TaskKind | None = None) -> np.ndarray:

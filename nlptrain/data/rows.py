@@ -59,7 +59,7 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
         if any(v is None for v in label):  # str() would make a label "None"
             raise DataError(f"{path}:{line}: the label list holds a null ({str(label)[:60]}); "
                             "list the row's labels by name")
-        names = [_label_text(v) for v in label]
+        names = [label_text(v) for v in label]
         twice = next((name for name in names if names.count(name) > 1), None)
         if twice is not None:  # a 0/1 row ([0, 1, 1]) would train labels "0" and "1"
             raise DataError(f"{path}:{line}: the label list names '{twice}' more than once "
@@ -71,12 +71,12 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
             return Row(str(text), [], str(path), line, pair)
         raise DataError(f"{path}:{line}: the row has no label" + (
             " (null; an empty list or cell lists none of the labels)" if empty_label_ok else ""))
-    return Row(str(text), _label_text(label).strip(), str(path), line, pair)
+    return Row(str(text), label_text(label).strip(), str(path), line, pair)
 
 
-def _label_text(value: object) -> str:
-    """A label as the file spells it: a JSON or Parquet boolean as "true"/"false" (as JSON and
-    Arrow write it; str() gave "True", which a task's labels = ["false", "true"] refused)."""
+def label_text(value: object) -> str:
+    """A label as the file spells it: a JSON, TOML or Parquet boolean as "true"/"false" (as JSON
+    and Arrow write it; str() gave "True", which a task's labels = ["false", "true"] refused)."""
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
