@@ -106,7 +106,8 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store:
     key prefix keeps it off the other job's keys meanwhile. Without a launcher's id (env:// set
     by hand) jobs cannot be told apart, but the ranks' world sizes are still checked."""
     host, port = environment.master_addr, environment.master_port
-    job = _job_name(environment)
+    # (Not named by its host, which each rank may spell its own way: localhost, an address.)
+    job = environment.rendezvous_id or "an env:// job"
     # Rank 0 does not wait for a count of ranks here: a rank that counts others is refused below.
     store = dist.TCPStore(host, port, environment.world_size, is_master=environment.rank == 0,
                           timeout=timeout, multi_tenant=True,  # as torch's tcp:// makes it
@@ -115,9 +116,9 @@ def _job_store(environment: Environment, timeout: timedelta) -> dist.Store:
         store.set(OWNER_KEY, job)
     elif (owner := store.get(OWNER_KEY).decode()) != job:
         raise ConfigError(
-            f"rank {environment.rank} of {job} reached another job's rendezvous at {host}:{port} "
-            f"({owner}'s); give each job a port of its own (MASTER_PORT; under SLURM, two steps "
-            "of one allocation running at once need one each)")
+            f"rank {environment.rank} of {_job_name(environment)} reached another job's "
+            f"rendezvous at {host}:{port} ({owner}'s); give each job a port of its own "
+            "(MASTER_PORT; under SLURM, two steps of one allocation running at once need one each)")
     keys = _group_keys(store, environment.rendezvous_id or "env")
     _check_world_size(keys, environment)
     return keys

@@ -284,3 +284,22 @@ def test_ranks_that_count_another_world_size_are_refused_at_once(launcher, toy_f
     assert f"error: rank 0 counts 2 ranks in {job}, rank 1 counts 3: every rank of a job " \
            "needs the same world size" in said[0], said[0][-3000:]
     assert f"error: rank 1 counts 3 ranks in {job}, rank 0 counts 2" in said[1], said[1][-3000:]
+
+
+@pytest.mark.distributed
+def test_env_ranks_that_spell_the_master_host_each_their_own_way_meet():
+    """The rendezvous' owner check named an env:// job by its MASTER_ADDR as each rank spelt
+    it: rank 0 with localhost, rank 1 with 127.0.0.1 were refused as two jobs."""
+    port = str(free_port())
+    join = "from nlptrain import distributed; d = distributed.from_env(60); " \
+           "print(d.all_sum([1.0])[0]); d.close()"
+    started = [subprocess.Popen([sys.executable, "-c", join], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=child_env(
+                                    RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR=host, MASTER_PORT=port))
+               for rank, host in ((0, "localhost"), (1, "127.0.0.1"))]
+    try:
+        said = [process.communicate(timeout=90) for process in started]
+    finally:
+        for process in started:
+            process.kill()
+    assert [out.strip() for out, _ in said] == ["2.0", "2.0"], [err[-2000:] for _, err in said]
