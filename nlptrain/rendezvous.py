@@ -64,12 +64,24 @@ def _check_store_answers(environment: Environment, timeout: timedelta) -> None:
     thread.start()
     thread.join(timeout.total_seconds() + 5)
     if thread.is_alive():
-        raise ConfigError(f"rank {environment.rank}: the rendezvous at {host}:{port} took the "
-                          f"connection but never answered in {timeout.total_seconds():g} s: a "
-                          "program other than the job's store listens there; give the job a free "
-                          "port (MASTER_PORT)")
+        raise _unanswered(environment.rank, host, port, timeout)
     if outcome["error"] is not None:  # no store in time, say: the error the join would give
         raise outcome["error"]
+
+
+def _unanswered(rank: int, host: str, port: int, timeout: timedelta) -> Exception:
+    """Why a client still waits past the timeout: a program there that took the connection and
+    never answers, or no listener at all (torch's client retries, with pauses that outlast the
+    timeout: rank 0 not started, or ended)."""
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        return dist.DistStoreError(f"Timed out after {timeout.total_seconds():g} s waiting for the "
+                                   f"job's store at {host}:{port}: nothing listens there (rank 0 "
+                                   "not started, or ended)")
+    return ConfigError(f"rank {rank}: the rendezvous at {host}:{port} took the connection but "
+                       f"never answered in {timeout.total_seconds():g} s: a program other than "
+                       "the job's store listens there; give the job a free port (MASTER_PORT)")
 
 
 def _attempt_store(environment: Environment, timeout: timedelta) -> dist.Store | None:

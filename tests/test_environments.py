@@ -316,6 +316,23 @@ def test_a_rank_at_a_port_that_takes_the_connection_and_never_answers_ends_at_th
     server.close()
 
 
+def test_a_client_still_retrying_where_nothing_listens_is_no_answer_not_a_foreign_program():
+    """torch's store client retries with pauses that may outlast the timeout (seen at 12 s:
+    17 s): with nothing at the port (rank 0 not started, or ended) that was said as a program
+    other than the job's store listening there."""
+    from datetime import timedelta
+
+    from conftest import free_port
+
+    from nlptrain.distributed import timeout_message
+    from nlptrain.rendezvous import _unanswered
+
+    said = _unanswered(1, "127.0.0.1", free_port(), timedelta(seconds=12))
+    assert timeout_message(said).startswith("no answer from the other rank(s) in time (Timed out "
+                                            "after 12 s waiting for the job's store at 127.0.0.1:")
+    assert "nothing listens there (rank 0 not started, or ended)" in str(said)
+
+
 def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
     """Rank 1 killed, rank 0 with DataLoader workers: gloo's "reset by peer" is the context of
     "DataLoader worker ... is killed by signal: Terminated" (the workers end as rank 0 unwinds);
