@@ -9,6 +9,7 @@ variables.
   variables, with nlptrain's mark on them.
 - `Slurm`: a task of an `srun` step (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, ...).
 - `OpenMPI`: a rank started by Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
+- `OwnProcessGroup`: none of them, but a process group the user made (an `mp.spawn` script).
 - `Local`: none of them: one process.
 
 Each reads a mapping (`os.environ` by default), so tests can hand it exactly what a launcher sets.
@@ -172,6 +173,31 @@ class Local(Environment):
             f"launched by {self.name}, 1 process"
 
 
+class OwnProcessGroup(Environment):
+    """No launcher's variables, but a process group the user made (`init_process_group` with a
+    rank and world size, as `mp.spawn` scripts do): its rank and world size. (Found as one
+    process, each of the N trained a job of its own.) The group stays the user's to end."""
+
+    name = "your own init_process_group"
+    variables = ("init_process_group(rank=, world_size=)",)
+
+    @staticmethod
+    def detect(environ: Mapping[str, str]) -> bool:
+        dist = sys.modules.get("torch.distributed")  # not imported: no group was made
+        return dist is not None and dist.is_available() and dist.is_initialized()
+
+    rank = property(lambda self: sys.modules["torch.distributed"].get_rank())
+    world_size = property(lambda self: sys.modules["torch.distributed"].get_world_size())
+
+    @property
+    def local_rank(self) -> int:  # mp.spawn: one machine, its process index
+        fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
+        return self._int("LOCAL_RANK", fallback)
+
+    def describe(self) -> str:
+        return f"{self.world_size} rank(s) of your own init_process_group"
+
+
 class TorchElastic(Environment):
     """torchrun (its elastic agent), or any launcher of the `env://` convention."""
 
@@ -311,7 +337,8 @@ class OpenMPI(Environment):
 # First match wins. torchrun before the others: torchrun inside an srun step or an mpirun sets
 # RANK itself. Open MPI before SLURM: mpirun inside an allocation starts its daemons with srun,
 # so its ranks also see SLURM_PROCID (the daemon's, one per node, not the rank).
-ENVIRONMENTS: tuple[type[Environment], ...] = (NlptrainLaunch, TorchElastic, OpenMPI, Slurm, Local)
+ENVIRONMENTS: tuple[type[Environment], ...] = (NlptrainLaunch, TorchElastic, OpenMPI, Slurm,
+                                                  OwnProcessGroup, Local)
 
 
 def detect(environ: Mapping[str, str] | None = None, local_rank: int | None = None) -> Environment:

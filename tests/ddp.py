@@ -75,3 +75,25 @@ def report_place(restart_failure: bool) -> tuple[int, int, int]:
     if restart_failure and here.rank == 1 and here.restart_count == 0:
         raise RuntimeError("rank 1 fails on the first attempt")
     return here.rank, here.world_size, here.restart_count
+
+
+def own_group_worker(rank: int, world_size: int, model_dir: Path, out: Path, results: Any) -> None:
+    """An `mp.spawn` worker that makes its own process group (no launcher's variables), then a
+    DistTrainer: it trains as rank `rank` of `world_size`, and the group stays its own."""
+    import torch.distributed as dist
+    from toy_trainer import toy_datasets
+
+    from nlptrain import DistTrainer
+    from nlptrain.models import load_model
+
+    os.environ.update({"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    (out / f"rank{rank}").mkdir()
+    train, test = toy_datasets(out / f"rank{rank}", model_dir)  # the same rows on each rank
+    trainer = DistTrainer(load_model(str(model_dir), ["neg", "pos"]), train, test,
+                          config={"epochs": 1, "batch_size": 4}, progress=False)
+    trainer.fit()
+    trainer.close()
+    results.put((rank, trainer.dist.world_size, trainer.global_step, dist.is_initialized()))
+    dist.destroy_process_group()

@@ -370,3 +370,24 @@ def test_a_rendezvous_host_that_does_not_resolve_is_named_at_once(monkeypatch, c
     assert err.startswith(f"[rank 1] error: the rendezvous host nosuchhost.invalid "
                           f"({named}) does not resolve ("), err
     assert err.endswith("); set MASTER_ADDR to rank 0's host name or address\n"), err
+
+
+@pytest.mark.distributed
+def test_a_process_group_of_ones_own_is_joined_not_taken_for_one_process(monkeypatch, tmp_path,
+                                                                        tiny_model_dir):
+    """An mp.spawn script: init_process_group(rank=r, world_size=2) with no launcher's
+    variables, then a DistTrainer. Each process took itself for a job of one and trained all
+    24 rows alone (6 steps); now they are the group's 2 ranks (3 steps each), and the group is
+    left to its maker."""
+    import torch.multiprocessing as mp
+    from conftest import free_port
+    from ddp import own_group_worker
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(own_group_worker, args=(2, tiny_model_dir, tmp_path, results), nprocs=2,
+                       start_method="spawn")
+    assert sorted(results.get() for _ in range(2)) == [(0, 2, 3, True), (1, 2, 3, True)]
