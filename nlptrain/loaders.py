@@ -132,12 +132,14 @@ def check_own_loader(data: Any, config: TrainConfig, world_size: int, say: bool)
     return said
 
 
-_UNSHARDED = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)
+_UNSHARDED = (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler,
+              torch.utils.data.WeightedRandomSampler)
 
 
 def _sampler_of(loader: DataLoader) -> Any:
+    """The sampler of torch's own batching; a batch sampler of the user's may shard itself."""
     batches = loader.batch_sampler
-    return getattr(batches, "sampler", batches) if batches is not None else loader.sampler
+    return batches.sampler if type(batches) is torch.utils.data.BatchSampler else batches
 
 
 def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Backend,

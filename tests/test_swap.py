@@ -269,6 +269,15 @@ def test_a_loader_of_ones_own_that_every_rank_reads_whole_is_said(caplog):
                                          say=True))
         assert bool(caplog.records) == said[-1]
     assert said == [True, True, False, False]
+
+    class OwnShards(torch.utils.data.BatchSampler):  # deals each rank its batches itself
+        pass
+
+    sharding_itself = OwnShards(RandomSampler(rows), batch_size=2, drop_last=False)
+    assert not check_own_loader(DataLoader(rows, batch_sampler=sharding_itself), TrainConfig(), 2,
+                                say=True)
+    weighted = torch.utils.data.WeightedRandomSampler([1.0] * 10, 10)
+    assert check_own_loader(DataLoader(rows, sampler=weighted), TrainConfig(), 2, say=True)
     assert check_own_loader(DataLoader(rows), TrainConfig(), 2, say=False) is False  # not rank 0
     caplog.clear()
     with caplog.at_level("INFO", logger="nlptrain.loaders"):
