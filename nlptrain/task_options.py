@@ -160,10 +160,11 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
         if not sep:
             raise ConfigError(f"--set {item}: expected SECTION.KEY=VALUE")
         section, _, name = dotted.strip().partition(".")
-        twice = [flag for flag, key in given if key == f"[{section}] {name}"]
+        key = f"[{section}] {name}" if name else section  # (a top-level key: name, data_dir)
+        twice = [flag for flag, known in given if known == key]
         if twice:  # else the later one would win without a word
-            raise ConfigError(f"{twice[0]} and --set {item} both set [{section}] {name}; give one")
-        given.append((f"--set {item}", f"[{section}] {name}"))
+            raise ConfigError(f"{twice[0]} and --set {item} both set {key}; give one")
+        given.append((f"--set {item}", key))
         apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
     if task.data.kind == "regression" != kind_before and task.data.labels and \
             "[data] labels" not in (key for _, key in given):  # the task's, for its classes

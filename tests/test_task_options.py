@@ -112,6 +112,7 @@ def test_a_model_folder_given_relative_is_recorded_where_it_is(toy_task, tiny_mo
 @pytest.mark.parametrize(("given", "message"), [
     (["--set", 'name="a/b"'], r"name = 'a/b' names the run's folder \(runs/<name>-<time>\): give "
                               r"a name without /"),
+    (["--epochs", "1", "--set", "name=a/b"], r"^--set name=a/b: name = 'a/b'"),  # not --epochs too
     (["--set", 'name=".."'], r"name = '\.\.' names the run's folder"),
     (["--lr", "nan"], r"^--lr: \[train\] lr = nan; give a finite number$"),
     (["--max-grad-norm", "inf"], r"^--max-grad-norm: \[train\] max_grad_norm = inf; give a finite"),
