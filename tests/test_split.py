@@ -146,7 +146,8 @@ def test_split_a_task_file_from_the_cli(tmp_path, toy_task, capsys):
     out = tmp_path / "parts"
     assert main(["split", "--task", str(toy_task), "--world-size", "2", "--by", "size",
                  "--out", str(out)]) == 0
-    assert "160 rows -> 2 files" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "160 rows -> 2 files" in said and "(2 labels seen: neg, pos)" in said
     manifest = Manifest.load(out)
     assert manifest.by == "size" and sum(manifest.rows) == 160 and manifest.labels == ["neg", "pos"]
     assert main(["split", "--world-size", "2"]) == 1  # neither FILE nor --task: a clear error

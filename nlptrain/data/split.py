@@ -361,5 +361,6 @@ def cmd_split(args: argparse.Namespace) -> int:
     print(f"{sum(rows)} rows -> {len(rows)} files of {min(rows)}-{max(rows)} rows"
           f"{f', shuffled (seed {args.seed})' if args.shuffle else ''}, by {args.by}, in {out}\n"
           f"train with: --train-shards {out} and {manifest.world_size} processes "
-          f"(labels seen: {', '.join(manifest.labels[:20])})")
+          f"({len(manifest.labels)} labels seen: {', '.join(manifest.labels[:20])}"
+          f"{', ...' if len(manifest.labels) > 20 else ''})")
     return 0
