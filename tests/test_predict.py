@@ -370,8 +370,10 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
     ("in.jsonl", '{"text": "a"}\n', "hypothesis", r"in\.jsonl:1: no 'hypothesis' field \(pair\); "
                                                   r"name the text_pair column", "lines"),
     ("in.tsv", "sentence\na\n", "", r"no text column 'text' in the header \['sentence'\]; name "
-     r"the text column with --text-column \(a file of one text a line, no header: "
-     r"--input-format lines\)", None),
+     r"the text column with --text-column \(a file without a header row: --no-header and its "
+     r"0-based index; one text a line: --input-format lines\)", None),
+    ("in.csv", "3,Fears for pension,Unions say\n", "", r"in the header \['3', 'Fears for pension', "
+     r"'Unions say'\]; .*--no-header and its 0-based index", None),
 ])
 def test_an_input_error_suggests_what_fits_the_file(tmp_path: Path, name: str, content: str,
                                                    pair: str, says: str, not_says: str | None):

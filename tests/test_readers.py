@@ -314,6 +314,27 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
     (tmp_path / "b.tsv").write_text("sentence\tlabel\ngood film\tpos\n")  # a real header: read
     assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
                               ["neg", "pos"]).texts) == ["good film"]
+    # A multi-label row first ("14,18"): its cell is two labels, a data row all the same.
+    (tmp_path / "c.tsv").write_text("scared but glad\t14,18\nok\t18\n")
+    with pytest.raises(DataError, match=r"c\.tsv:1: the header row holds the label '14,18'"):
+        read_examples(FileSpec(path="c.tsv", text_column=0, label_column=1), tmp_path, ["14", "18"])
+
+
+def test_a_cell_that_starts_with_a_quote_of_its_text_says_the_cure(tmp_path):
+    """csv's own words were the message: "'\t' expected after '"'" (a TAB in it), no cure."""
+    with pytest.raises(DataError, match=r"a\.tsv:3: a cell starts with a quote that is not CSV "
+                                        r"quoting .*; give --no-quoted \(quoted = false"):
+        read(tmp_path, "a.tsv", 'text\tlabel\nfine\tpos\n"Thanks" is all\tneg\n', quoted=True)
+    with pytest.raises(DataError, match=r'b\.csv:3: a cell starts with a quote .*; quote the whole '
+                                        r'cell, with "" for each quote inside'):
+        read(tmp_path, "b.csv", 'text,label\nfine,pos\n"Thanks" is all,neg\n')
+
+
+def test_too_few_columns_names_the_option_of_the_column_beyond_the_row(tmp_path):
+    with pytest.raises(DataError, match=r"c\.tsv:1: 2 column\(s\), expected at least 4 \(text in "
+                                        r"column 1, label in column 4\); set label_column in the "
+                                        r"task's \[data\]"):
+        read(tmp_path, "c.tsv", "a\tb\n", header=False, text_column=0, label_column=3)
 
 
 def test_a_null_label_list_is_a_row_left_unlabelled_not_one_with_no_labels(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -158,7 +159,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                 if header is not None:
                     label = columns.get("label")
                     if isinstance(spec.label_column, int) and label is not None and \
-                            label < len(header) and header[label] in label_values:
+                            label < len(header) and _holds_labels(header[label], label_values):
                         # Columns by number read any first row as a header: this one is data.
                         raise DataError(f"{path}:{line}: the header row holds the label "
                                         f"{header[label]!r}: a data row? Give --no-header "
@@ -168,9 +169,10 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
             if len(row) <= max(columns.values()):
                 where = ", ".join(f"{role_text(role)} in column {c + 1}"
                                   for role, c in columns.items())
-                hint = quoted_cells_hint(row, quoting)
+                beyond = next(role for role, c in columns.items() if c >= len(row))
+                hint = quoted_cells_hint(row, quoting) or column_fix(fix, beyond)
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
-                                f"{max(columns.values()) + 1} ({where}){f'; {hint}' if hint else ''}")
+                                f"{max(columns.values()) + 1} ({where}); {hint}")
             # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
             # shifted the cells, so the label column would read a piece of the text.
             if header is not None and any(cell.strip() for cell in row[len(header):]):
@@ -184,7 +186,14 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
             raise DataError(f"{path}:{line_of_row[0]}: a quoted cell that starts in this row is never "
                             "closed (no matching \"); close it, or double a quote inside a cell "
                             "(\"\")") from None
-        raise DataError(f"{path}:{line_of_row[-1] if line_of_row else line}: {err}") from None
+        where = f"{path}:{line_of_row[-1] if line_of_row else line}"
+        if "expected after '\"'" in str(err):  # a text that begins with a quote, read as quoting
+            cure = ("give --no-quoted (quoted = false in the task's [data]): the file's quotes "
+                    "are text" if delimiter == "\t" else 'quote the whole cell, with "" for '
+                    "each quote inside")
+            raise DataError(f"{where}: a cell starts with a quote that is not CSV quoting (its "
+                            f"closing quote is not at the cell's end); {cure}") from None
+        raise DataError(f"{where}: {err}") from None
 
 
 def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Iterator[Row]:
@@ -298,6 +307,13 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
     return out
 
 
+def _holds_labels(cell: str, label_values: Sequence[str]) -> bool:
+    """A label, or labels of a multi-label cell ("14,18": whatever the task's separator, each
+    piece between separators is a label): a data row's cell, not a column's name."""
+    pieces = [piece for piece in re.split(r"[\s,;|/]+", cell) if piece]
+    return cell in label_values or bool(pieces) and all(piece in label_values for piece in pieces)
+
+
 def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
                text_pair_column: str | int = "", keep: Sequence[str | int] = (), header: bool = True,
                quoted: bool = False) -> Examples:
@@ -327,8 +343,9 @@ def read_texts(path: Path, fmt: str = "auto", text_column: str | int = "text",
     spec = FileSpec(path=str(path), format=fmt, header=header, quoted=quoted,
                     text_column=text_column, text_pair_column=text_pair_column)
     fix = "name the {role} column with --{flag}-column"
-    if fmt in ("tsv", "csv") and text_pair_column == "":  # (no pairs in a file of lines)
-        fix += " (a file of one text a line, no header: --input-format lines)"
+    if fmt in ("tsv", "csv"):  # (no pairs in a file of lines)
+        lines = "; one text a line: --input-format lines" if text_pair_column == "" else ""
+        fix += f" (a file without a header row: --no-header and its 0-based index{lines})"
     for row in iter_rows(spec, "", (), "input", labelled=False, fix=fix, keep=keep,
                          format_fix="Give --input-format {format}"):
         out.add(row)
