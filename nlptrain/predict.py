@@ -123,6 +123,10 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
     if args.header is None and not layout.header and fmt in ("tsv", "csv"):  # (a header's files)
         log.info("%s: read without a header row, as the model's training file was (--header "
                  "if it has one)", args.input)
+    elif args.header is None and isinstance(layout.text, int) and fmt in ("tsv", "csv"):
+        # Columns by number read any first row as the header: a file without one loses a text.
+        log.info("%s: its first row is read as a header row, not predicted, as the model's "
+                 "training file had one (--no-header if it has none)", args.input)
     return layout
 
 

@@ -362,6 +362,16 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
     out, err = capsys.readouterr()
     assert [(r["line"], r["text"]) for r in map(json.loads, out.splitlines())] == [(2, '"as is"')]
     assert "precision auto" not in err and "without a header row" not in err
+    # A model whose training file had a header, a column given by number: row 1 goes as the
+    # header, said (a header-less file lost its first text without a word).
+    config["nlptrain_columns"].update(header=True, text="text")
+    (model / "config.json").write_text(json.dumps(config))
+    assert main(["predict", "--model", "model", "--input", "in.tsv", "--text-column", "1",
+                 "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["line"] for line in out.splitlines()] == [2]
+    assert "in.tsv: its first row is read as a header row, not predicted, as the model's training " \
+           "file had one (--no-header if it has none)" in err
 
 
 @pytest.mark.parametrize("name, content, pair, says, not_says", [
