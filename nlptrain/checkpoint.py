@@ -45,7 +45,6 @@ from nlptrain.integrity import (
 log = logging.getLogger(__name__)
 
 
-
 def seed_everything(seed: int) -> None:
     """Python's, NumPy's and torch's generators (every device's) from `seed`."""
     random.seed(seed)

@@ -39,8 +39,6 @@ def metrics_table(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-
-
 def model_card(run_dir: Path) -> str:
     results = _read(run_dir / "results.json")
     run = _read(run_dir / "config.json")
