@@ -63,7 +63,7 @@ class FGM(Callback):
             with trainer.strategy.no_sync(trainer.model, skip_sync=True):  # never all-reduces
                 with autocast(trainer.device, trainer.config.precision):
                     loss = trainer.loss_fn(trainer.forward(batch), batch["labels"])
-                trainer.scaler.scale(loss / trainer.window_size).backward()
+                trainer.backward(loss)
         finally:
             hook.remove()
         self.clean_loss = loss.detach()

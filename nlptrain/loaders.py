@@ -196,6 +196,24 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
                           if isinstance(dataset, IterableDataset) else batches)
 
 
+def global_batch_rows(loader: Any, world_size: int) -> np.ndarray | None:
+    """For a loader nlptrain made, after `epoch_batches` set its epoch: the rows of every rank's
+    i-th batch together, for each batch i the epoch has left (what weighs a micro-batch in its
+    step; `StepWindow`). Both samplers plan the epoch alike on every rank: a token budget's plan
+    holds each rank's batches; a `ShardedSampler` gives every rank as many rows, in batches of
+    `batch_size` and a short last one. None for a loader of a user's: not known before reading."""
+    batches = getattr(loader, "batch_sampler", None)
+    if isinstance(batches, TokenBudgetSampler):
+        sizes = np.array([len(batch) for batch in batches.plan()], dtype=np.int64)
+        return sizes.reshape(-1, world_size).sum(axis=1)  # batch i of rank r: plan[i * W + r]
+    if isinstance(getattr(loader, "sampler", None), ShardedSampler) and \
+            type(batches) is torch.utils.data.BatchSampler:
+        rows, size = len(loader.sampler), batches.batch_size
+        sizes = [size] * (rows // size) + ([rows % size] if rows % size and not batches.drop_last else [])
+        return np.array(sizes, dtype=np.int64) * world_size
+    return None
+
+
 def _first_checked(batches: Iterator) -> Iterator:
     """The batches, the first checked to hold what the loop reads (a collate or dataset of a
     user's without them failed as a bare KeyError inside the step)."""

@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from nlptrain.checkpoint import rng_state, set_rng_state
@@ -71,38 +72,66 @@ class ProgressCounters:
 
 class StepWindow:
     """The micro-batches of the optimizer step under way: their losses summed on the device (no
-    host sync before the step's one collective), and what undoing them needs (where the window
-    began, the random state then)."""
+    host sync before the step's one collective), what weighs each in the step, and what undoing
+    them needs (where the window began, the random state then).
+
+    Each micro-batch's mean loss is weighted by its share of the step's rows, all ranks together,
+    so that the step's gradient is the mean over its rows, as one process taking the whole step
+    at once would have it (fairseq's and `transformers.Trainer`'s division by the step's rows):
+    a short batch (the epoch's last; a token budget's few long rows) weighs as its rows do. The
+    rows come from the epoch's batch plan (`plan_rows`), known ahead on every rank for the
+    loaders nlptrain makes, so weighing needs no collective; a loader of a user's has no plan,
+    and its micro-batches weigh alike."""
 
     def __init__(self) -> None:
         self.micro_batches = 0
         self.first_batch = 0  # batch_in_epoch when the window opened
-        self._flags: Any = None  # [finite loss sum, non-finite count, rows, stop, save] on the device
+        self._flags: Any = None  # [finite loss x rows sum, non-finite count, rows, stop, save] on the device
         self._random: dict[str, Any] | None = None
+        self._plan: np.ndarray | None = None  # every rank's rows of each batch left this epoch
+        self._plan_from = 0  # the batch_in_epoch of the plan's first batch
+        self._size = 1  # micro-batches in this window
+        self._step_rows: int | None = None  # the window's rows, all ranks, where planned
 
-    def open(self, batch_in_epoch: int) -> None:
-        """At a window's first micro-batch (a no-op inside a window)."""
+    def plan_rows(self, global_rows: np.ndarray | None, first_batch: int) -> None:
+        """The epoch's plan: for each batch from `first_batch` on, the rows of every rank's batch
+        of that number together (None: not known before the batches are read)."""
+        self._plan, self._plan_from = global_rows, first_batch
+
+    def open(self, batch_in_epoch: int, size: int) -> None:
+        """At a window's first micro-batch (a no-op inside a window); `size`: its micro-batches."""
         if self.micro_batches == 0:
-            self.first_batch, self._random = batch_in_epoch, rng_state()
+            self.first_batch, self._random, self._size = batch_in_epoch, rng_state(), size
+            begin = batch_in_epoch - self._plan_from
+            planned = None if self._plan is None else self._plan[begin:begin + size]
+            self._step_rows = int(planned.sum()) if planned is not None and len(planned) == size else None
+
+    def loss_divisor(self, rows: int, world_size: int) -> float:
+        """What a micro-batch of `rows` rows divides its mean loss by before its backward: the
+        step's rows over its own on every rank (DDP then averages over the ranks), or the
+        window's micro-batches where no plan tells the step's rows (1/size each)."""
+        if self._step_rows is None or rows <= 0:
+            return float(self._size)
+        return self._step_rows / (rows * world_size)
 
     def add(self, loss: Any, rows: int) -> None:
         loss = loss.detach().double()
         if self._flags is None:
             self._flags = torch.zeros(5, dtype=torch.float64, device=loss.device)
         finite = torch.isfinite(loss)
-        self._flags[0] += torch.where(finite, loss, 0.0)
+        self._flags[0] += torch.where(finite, loss * rows, 0.0)  # the logged loss: a mean by row
         self._flags[1] += (~finite).double()
         self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
         self.micro_batches += 1
 
     def agree(self, dist: Backend, stop: bool, save: bool, where: str, steps_done: int) -> AgreedStep:
-        """[loss sum, non-finite count, rows, stop, save] summed over the ranks: the step's one
-        collective, launched on the device; nothing is read back here. `steps_done`: the
+        """[loss x rows sum, non-finite count, rows, stop, save] summed over the ranks: the step's
+        one collective, launched on the device; nothing is read back here. `steps_done`: the
         optimizer steps before this one (the requests sent now were made after the last)."""
         self._flags[1].clamp_(max=1.0)  # this rank had a non-finite loss: the sum counts ranks
         self._flags[3], self._flags[4] = float(stop), float(save)
         sums = dist.all_sum_tensor(self._flags)
-        return AgreedStep(sums, self.micro_batches * dist.world_size, where, steps_done)
+        return AgreedStep(sums, where, steps_done)
 
     def undo(self) -> int:
         """Put the random state back as it was when the window opened; returns where it began."""
@@ -122,12 +151,12 @@ class AgreedStep:
     so that `read()` one step later finds it done: the host never waits for the device queue to
     drain. `skip` and `loss` stay on the device, for an optimizer that skips a step there."""
 
-    def __init__(self, sums: torch.Tensor, losses: int, where: str, steps_done: int) -> None:
+    def __init__(self, sums: torch.Tensor, where: str, steps_done: int) -> None:
         self.where = where  # the step's batches, for the error message
         self.steps_done = steps_done  # requests in these flags were made after this many steps
         bad = sums[1] > 0
         self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
-        self.loss = torch.where(bad, torch.nan, sums[0] / max(losses, 1))
+        self.loss = torch.where(bad, torch.nan, sums[0] / sums[2].clamp(min=1))  # by row
         self.rows = sums[2]  # the step's rows, all ranks (for a logger's throughput)
         self._host, self._done = sums, None
         if sums.is_cuda:

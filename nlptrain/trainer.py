@@ -27,7 +27,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import check_own_loader, epoch_batches, train_loader, typical_batch
+from nlptrain.loaders import check_own_loader, epoch_batches, global_batch_rows, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
@@ -253,7 +253,8 @@ class Trainer(ProgressCounters):
         if self._stop_agreed:  # read at a checkpoint or evaluation: every rank stops here
             return False
         self.is_update_step = self._ends_accumulation()
-        self.window.open(self.batch_in_epoch)  # a no-op inside an accumulation window
+        left = self.batches_per_epoch - self.batch_in_epoch  # at a window's start: its size, capped
+        self.window.open(self.batch_in_epoch, min(cfg.grad_accum, left))  # a no-op inside a window
         self.batch = batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
         self.callbacks.fire("on_batch_start", self, batch)
         with self.strategy.no_sync(self.model, skip_sync=not self.is_update_step):
@@ -261,7 +262,7 @@ class Trainer(ProgressCounters):
                 loss = self.loss_fn(self.forward(batch), batch["labels"])
             self.callbacks.fire("on_loss", self, loss)
             self.callbacks.fire("on_backward_start", self)
-            self.scaler.scale(loss / self.window_size).backward()
+            self.backward(loss)
         self.callbacks.fire("on_backward_end", self)
         self.window.add(loss, len(batch["labels"]))  # on the device: no host sync
         self.progress.batch_in_epoch += 1
@@ -282,6 +283,12 @@ class Trainer(ProgressCounters):
         """The (wrapped) model's logits on a batch on the device; callbacks call it for extra
         passes (R-Drop, FGM): under DDP, several forwards before one backward all-reduce once."""
         return logits_of(self.model(**model_inputs(batch)))
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of this micro-batch's mean loss, weighted by its share of the step's rows (all
+        ranks; `StepWindow.loss_divisor`) and scaled for fp16; callbacks' extra passes too (FGM)."""
+        rows = len(self.batch["labels"])
+        self.scaler.scale(loss / self.window.loss_divisor(rows, self.dist.world_size)).backward()
 
     def rewrap_model(self) -> None:
         """Wrap again (DDP registers the parameters that require grad): on every rank at the
@@ -333,8 +340,10 @@ class Trainer(ProgressCounters):
         resumed, self._resume_samples = self._resume_samples, 0
         if not resumed:  # (a resume has the checkpoint's: a user's loader's skip draws from it)
             self.epoch_random = checkpoint.rng_state()
-        return epoch_batches(self._loader(self.train_data), self.config, self.progress, self.dist,
-                             resumed, self.epoch_random)
+        loader = self._loader(self.train_data)
+        batches = epoch_batches(loader, self.config, self.progress, self.dist, resumed, self.epoch_random)
+        self.window.plan_rows(global_batch_rows(loader, self.dist.world_size), self.batch_in_epoch)
+        return batches
 
     def _loader(self, data: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
@@ -358,7 +367,7 @@ class Trainer(ProgressCounters):
 
     @property
     def window_size(self) -> int:
-        """Micro-batches in this step (an epoch's last may be short): each loss is divided by it."""
+        """Micro-batches in this step (an epoch's last may be short)."""
         return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
 
     def _ends_accumulation(self) -> bool:

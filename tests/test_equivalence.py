@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from ddp import run_ranks
 from toy_trainer import toy_datasets
 
 from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
 from nlptrain.data import Collator
+from nlptrain.evaluate import logits_of, model_inputs
 from nlptrain.models import load_model
 
 BATCH = 8
@@ -88,6 +90,7 @@ def global_batch_worker(rank: int, world: int, folder: str, model_dir: str) -> d
     return {"params": params, "losses": record.losses}
 
 
+@pytest.mark.distributed
 def test_two_ranks_train_like_one_process_with_the_global_batch(tmp_path, tiny_model_dir):
     ranks = run_ranks(global_batch_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
     (tmp_path / "single").mkdir()
@@ -112,17 +115,22 @@ def test_two_ranks_train_like_one_process_with_the_global_batch(tmp_path, tiny_m
 
 
 class WindowGradients(Callback):
-    """Each micro-batch's gradient of its own loss alone, and each optimizer step's accumulated
-    gradient with the number of micro-batches seen by then."""
+    """Each micro-batch's gradient of its own mean loss alone and its rows, and each optimizer
+    step's accumulated gradient (all-reduced, under DDP) with the micro-batches seen by then.
+    The gradient alone comes from a forward of the unwrapped model: DDP's hooks never see it."""
 
     def __init__(self) -> None:
         self.alone: list[list[torch.Tensor]] = []
+        self.rows: list[int] = []
         self.steps: list[tuple[int, list[torch.Tensor]]] = []
 
     def on_loss(self, trainer, loss) -> None:
-        params = list(trainer.unwrapped_model.parameters())
-        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        model, batch = trainer.unwrapped_model, trainer.batch
+        params = list(model.parameters())
+        own = trainer.loss_fn(logits_of(model(**model_inputs(batch))), batch["labels"])
+        grads = torch.autograd.grad(own, params, allow_unused=True)
         self.alone.append(_dense(grads, params))
+        self.rows.append(len(batch["labels"]))
 
     def on_backward_end(self, trainer) -> None:
         if trainer.is_update_step:
@@ -152,6 +160,66 @@ def test_each_step_is_the_mean_gradient_of_its_micro_batches_a_short_last_one_to
     for (_, accumulated), window in zip(spy.steps, windows, strict=True):
         for got, *own in zip(accumulated, *window, strict=True):
             torch.testing.assert_close(got, sum(own) / len(own))
+
+
+def _row_weighted(grads: list[list[torch.Tensor]], rows: list[int]) -> list[torch.Tensor]:
+    """The gradient of the mean loss over all the rows of `grads`' micro-batches together."""
+    return [sum(g * r for g, r in zip(own, rows, strict=True)) / sum(rows)
+            for own in zip(*grads, strict=True)]
+
+
+@pytest.mark.parametrize("rows, settings", [
+    (20, {"batch_size": BATCH, "grad_accum": 3}),  # one window of 8, 8 and 4 rows
+    (40, {"max_tokens": 96, "grad_accum": 2}),  # a token budget's batches: rows by length
+])
+def test_a_step_weighs_each_micro_batch_by_its_rows(tmp_path, tiny_model_dir, rows, settings):
+    """A step's gradient is the mean over its rows, as one process taking them at once: a short
+    micro-batch (an epoch's last; a token budget's few long rows) weighs as its rows do, not as
+    much as a full one (the mean of micro-batch means; fairseq and transformers divide by the
+    step's rows)."""
+    train, _ = toy_datasets(tmp_path, tiny_model_dir, rows=rows)
+    spy = WindowGradients()
+    config = TrainConfig(epochs=1, lr=1e-3, max_grad_norm=0.0, **settings)
+    trainer = Trainer(model_without_dropout(tiny_model_dir), train, None, config=config,
+                      callbacks=[spy], progress=False)
+    trainer.fit()
+    trainer.close()
+    assert len(set(spy.rows)) > 1, spy.rows  # else any weighting is the same
+    begin = 0
+    for seen, accumulated in spy.steps:
+        expected = _row_weighted(spy.alone[begin:seen], spy.rows[begin:seen])
+        for got, want in zip(accumulated, expected, strict=True):
+            torch.testing.assert_close(got, want)
+        begin = seen
+    assert begin == len(spy.rows) == trainer.batches_per_epoch
+
+
+def token_budget_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=48)
+    spy = WindowGradients()
+    config = TrainConfig(epochs=1, max_tokens=96, max_steps=3, lr=1e-3, max_grad_norm=0.0,
+                         timeout=60)
+    trainer = DistTrainer(model_without_dropout(Path(model_dir)), train, None, config=config,
+                          callbacks=[spy], progress=False)
+    trainer.fit()
+    trainer.close()
+    return {"alone": spy.alone, "rows": spy.rows, "steps": [grads for _, grads in spy.steps]}
+
+
+@pytest.mark.distributed
+def test_ranks_batches_of_a_token_budget_weigh_by_their_rows(tmp_path, tiny_model_dir):
+    """Two ranks' batches of a token budget hold different rows (long texts few, short many):
+    the averaged gradient is the mean over the step's rows of both, with no collective more."""
+    ranks = run_ranks(token_budget_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    steps = list(zip(ranks[0]["rows"], ranks[1]["rows"], strict=True))
+    assert any(first != second for first, second in steps), steps
+    for step, rows in enumerate(steps):
+        expected = _row_weighted([ranks[0]["alone"][step], ranks[1]["alone"][step]], list(rows))
+        for rank in ranks:
+            for got, want in zip(rank["steps"][step], expected, strict=True):
+                torch.testing.assert_close(got, want)
 
 
 def test_two_python_runs_of_one_seed_train_alike_dropout_included(tmp_path, tiny_model_dir):
