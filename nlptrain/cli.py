@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     for key in ("text_column", "text_pair_column", "label_column"):  # as train: errors name them
         evaluate.add_argument("--" + key.replace("_", "-"), dest=f"set:data.{key}", metavar="COLUMN",
                               help=f"[data] {key}: name or 0-based index (default: the task's)")
+    evaluate.add_argument("--precision", dest="set:train.precision", choices=["auto", "fp32", "bf16", "fp16"],
+                          help="auto | fp32 | bf16 | fp16 (autocast; default: the task's, auto: the "
+                          "precision the model was trained in, fp32 where this CPU runs that far "
+                          "slower): --set train.precision=...")
     evaluate.add_argument("--cache-dir", dest="set:data.cache_dir", metavar="DIR",
                           help="token cache folder (default: the task's, else next to the data "
                           "if writable, else ~/.cache/nlptrain)")

@@ -214,6 +214,14 @@ def test_eval_of_a_runs_model_scores_as_the_run_did(toy_task: Path, tmp_path: Pa
     monkeypatch.chdir(run / "model")  # --model . is the same folder (its parent is the run)
     assert main(["eval", "--model", ".", "--split", "valid", "--json"]) == 0
     assert json.loads(capsys.readouterr()[0])["accuracy"] == best["accuracy"]
+    # A CPU that runs bf16 far slower than fp32: auto scores in fp32 and names the option that
+    # keeps the run's precision, which eval takes as predict does.
+    pretend_cpu_speedups(monkeypatch, bf16=0.02)
+    task = ["eval", "--model", ".", "--task", str(toy_task), "--json"]  # the task's auto
+    assert main(task) == 0
+    assert "--precision bf16 scores exactly as its run did" in capsys.readouterr()[1]
+    assert main([*task, "--precision", "bf16"]) == 0
+    assert json.loads(capsys.readouterr()[0])["loss"] == results["test"]["loss"]
 
 
 def test_the_printed_confusion_matrix_keeps_long_label_names_whole() -> None:
