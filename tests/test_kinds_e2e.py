@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import run_cli
 from kinds_data import write_kind_task
+from log_capture import nlptrain_messages
 
 from nlptrain.cli import main
 from nlptrain.config import file_spec
 from nlptrain.data.readers import read_examples
+from nlptrain.distributed import SingleProcess
+from nlptrain.recipe import log_sizes
 from nlptrain.report import metrics_text
 from nlptrain.task_files import load_task
 
@@ -168,3 +172,15 @@ def test_predict_reads_pairs_and_writes_each_kind(trained, capsys):
     assert [set(json.loads(line)) for line in out.splitlines()] == \
         [{"row", "line", "score", "text", "text_pair"}] * 2
     assert "--all-probs: a regression model has no label probabilities" in err
+
+
+@pytest.mark.parametrize("kind, said", [("regression", "train 10 rows; a score (regression)"),
+                                        ("pair", "train 10 rows; labels ['neg', 'pos']")])
+def test_a_run_says_its_labels_or_that_it_scores(tmp_path, tiny_model_dir, kind, said):
+    """A regression has no labels (its one output is named "score"): the run says it scores."""
+    task = load_task(write_kind_task(tmp_path, tiny_model_dir, kind))
+    sets = SimpleNamespace(rows={"train": 10}.get, vocab=SimpleNamespace(names=["neg", "pos"]
+                                                                         if kind == "pair" else ["score"]))
+    with nlptrain_messages() as messages:
+        log_sizes(task, sets, SingleProcess())
+    assert any(said in message for message in messages), messages
