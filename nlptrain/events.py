@@ -86,8 +86,8 @@ class Callback:
 
     def on_batch_end(self, trainer: Trainer) -> None:
         """After each micro-batch; `trainer.step_loss` is the latest optimizer step's loss (the
-        mean over its micro-batches and the ranks) on the device, `trainer.last_loss` the same
-        read to the host (a sync on a GPU: read it at logged steps)."""
+        mean over its rows, all ranks) on the device, `trainer.last_loss` the same read to the
+        host (a sync on a GPU: read it at logged steps)."""
 
     def on_valid_start(self, trainer: Trainer) -> None:
         """Before an evaluation."""

@@ -196,21 +196,20 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
                           if isinstance(dataset, IterableDataset) else batches)
 
 
-def global_batch_rows(loader: Any, world_size: int) -> np.ndarray | None:
-    """For a loader nlptrain made, after `epoch_batches` set its epoch: the rows of every rank's
-    i-th batch together, for each batch i the epoch has left (what weighs a micro-batch in its
-    step; `StepWindow`). Both samplers plan the epoch alike on every rank: a token budget's plan
-    holds each rank's batches; a `ShardedSampler` gives every rank as many rows, in batches of
-    `batch_size` and a short last one. None for a loader of a user's: not known before reading."""
-    batches = getattr(loader, "batch_sampler", None)
+def planned_batch_rows(loader: DataLoader, world_size: int) -> np.ndarray | None:
+    """For a loader `train_loader` made, after `epoch_batches` set its epoch: each rank's rows in
+    its i-th batch, for each batch i the epoch has left (`[batch, rank]`: what weighs a
+    micro-batch in its step; `StepWindow`). Both samplers plan the epoch alike on every rank: a
+    token budget's plan holds each rank's batches; a `ShardedSampler` gives every rank as many
+    rows, in batches of `batch_size` and a short last one. None for a stream (no plan)."""
+    batches = loader.batch_sampler
     if isinstance(batches, TokenBudgetSampler):
         sizes = np.array([len(batch) for batch in batches.plan()], dtype=np.int64)
-        return sizes.reshape(-1, world_size).sum(axis=1)  # batch i of rank r: plan[i * W + r]
-    if isinstance(getattr(loader, "sampler", None), ShardedSampler) and \
-            type(batches) is torch.utils.data.BatchSampler:
+        return sizes.reshape(-1, world_size)  # batch i of rank r: plan[i * W + r]
+    if isinstance(loader.sampler, ShardedSampler):
         rows, size = len(loader.sampler), batches.batch_size
         sizes = [size] * (rows // size) + ([rows % size] if rows % size and not batches.drop_last else [])
-        return np.array(sizes, dtype=np.int64) * world_size
+        return np.repeat(np.array(sizes, dtype=np.int64)[:, None], world_size, axis=1)
     return None
 
 

@@ -77,26 +77,27 @@ class StepWindow:
 
     Each micro-batch's mean loss is weighted by its share of the step's rows, all ranks together,
     so that the step's gradient is the mean over its rows, as one process taking the whole step
-    at once would have it (fairseq's and `transformers.Trainer`'s division by the step's rows):
-    a short batch (the epoch's last; a token budget's few long rows) weighs as its rows do. The
-    rows come from the epoch's batch plan (`plan_rows`), known ahead on every rank for the
-    loaders nlptrain makes, so weighing needs no collective; a loader of a user's has no plan,
-    and its micro-batches weigh alike."""
+    at once would have it (fairseq's division by the step's rows): a short batch (the epoch's
+    last; a token budget's few long rows) weighs as its rows do. The rows come from the epoch's
+    batch plan (`plan_rows`), known ahead on every rank for the loaders nlptrain makes, so
+    weighing needs no collective, and the weights of a step add up to 1 whatever a collate or
+    callback does to a batch's rows. A loader of a user's has no plan: its micro-batches weigh
+    alike."""
 
     def __init__(self) -> None:
         self.micro_batches = 0
         self.first_batch = 0  # batch_in_epoch when the window opened
         self._flags: Any = None  # [finite loss x rows sum, non-finite count, rows, stop, save] on the device
         self._random: dict[str, Any] | None = None
-        self._plan: np.ndarray | None = None  # every rank's rows of each batch left this epoch
-        self._plan_from = 0  # the batch_in_epoch of the plan's first batch
+        self._plan: np.ndarray | None = None  # [batch, rank]: the rows of each batch left this epoch
+        self._plan_from, self._rank = 0, 0  # the batch_in_epoch of the plan's first batch; ours
         self._size = 1  # micro-batches in this window
-        self._step_rows: int | None = None  # the window's rows, all ranks, where planned
+        self._weights: np.ndarray | None = None  # this rank's micro-batches' shares of the step
 
-    def plan_rows(self, global_rows: np.ndarray | None, first_batch: int) -> None:
-        """The epoch's plan: for each batch from `first_batch` on, the rows of every rank's batch
-        of that number together (None: not known before the batches are read)."""
-        self._plan, self._plan_from = global_rows, first_batch
+    def plan_rows(self, plan: np.ndarray | None, first_batch: int, rank: int) -> None:
+        """The epoch's plan: for each batch from `first_batch` on, each rank's rows in its batch of
+        that number (None: not known before the batches are read)."""
+        self._plan, self._plan_from, self._rank = plan, first_batch, rank
 
     def open(self, batch_in_epoch: int, size: int) -> None:
         """At a window's first micro-batch (a no-op inside a window); `size`: its micro-batches."""
@@ -104,15 +105,16 @@ class StepWindow:
             self.first_batch, self._random, self._size = batch_in_epoch, rng_state(), size
             begin = batch_in_epoch - self._plan_from
             planned = None if self._plan is None else self._plan[begin:begin + size]
-            self._step_rows = int(planned.sum()) if planned is not None and len(planned) == size else None
+            whole = planned is not None and len(planned) == size and planned.sum() > 0
+            self._weights = planned[:, self._rank] / planned.sum() if whole else None
 
-    def loss_divisor(self, rows: int, world_size: int) -> float:
-        """What a micro-batch of `rows` rows divides its mean loss by before its backward: the
-        step's rows over its own on every rank (DDP then averages over the ranks), or the
-        window's micro-batches where no plan tells the step's rows (1/size each)."""
-        if self._step_rows is None or rows <= 0:
+    def loss_divisor(self, world_size: int) -> float:
+        """What the window's next micro-batch divides its mean loss by before its backward: the
+        step's rows over its own times the world size (DDP then averages over the ranks), or the
+        window's micro-batch count where no plan tells the rows (each weighs alike)."""
+        if self._weights is None:
             return float(self._size)
-        return self._step_rows / (rows * world_size)
+        return 1.0 / (float(self._weights[self.micro_batches]) * world_size)
 
     def add(self, loss: Any, rows: int) -> None:
         loss = loss.detach().double()

@@ -27,7 +27,7 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import check_own_loader, epoch_batches, global_batch_rows, train_loader, typical_batch
+from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader, typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
@@ -287,8 +287,7 @@ class Trainer(ProgressCounters):
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this micro-batch's mean loss, weighted by its share of the step's rows (all
         ranks; `StepWindow.loss_divisor`) and scaled for fp16; callbacks' extra passes too (FGM)."""
-        rows = len(self.batch["labels"])
-        self.scaler.scale(loss / self.window.loss_divisor(rows, self.dist.world_size)).backward()
+        self.scaler.scale(loss / self.window.loss_divisor(self.dist.world_size)).backward()
 
     def rewrap_model(self) -> None:
         """Wrap again (DDP registers the parameters that require grad): on every rank at the
@@ -342,7 +341,9 @@ class Trainer(ProgressCounters):
             self.epoch_random = checkpoint.rng_state()
         loader = self._loader(self.train_data)
         batches = epoch_batches(loader, self.config, self.progress, self.dist, resumed, self.epoch_random)
-        self.window.plan_rows(global_batch_rows(loader, self.dist.world_size), self.batch_in_epoch)
+        made = loader is self._loader_for[1]  # a loader of the user's, even over our sampler: no plan
+        plan = planned_batch_rows(loader, self.dist.world_size) if made else None
+        self.window.plan_rows(plan, self.batch_in_epoch, self.dist.rank)
         return batches
 
     def _loader(self, data: Any) -> Any:
@@ -364,11 +365,6 @@ class Trainer(ProgressCounters):
         evaluation set must hold what the train set holds: pairs, or single texts."""
         like = getattr(self, "train_data", None) if what != "train" else None
         return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like)
-
-    @property
-    def window_size(self) -> int:
-        """Micro-batches in this step (an epoch's last may be short)."""
-        return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
 
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1  # this micro-batch included

@@ -16,6 +16,7 @@ from nlptrain import Callback, DistTrainer, TrainConfig, Trainer
 from nlptrain.data import Collator
 from nlptrain.evaluate import logits_of, model_inputs
 from nlptrain.models import load_model
+from nlptrain.samplers import TokenBudgetSampler
 
 BATCH = 8
 
@@ -220,6 +221,37 @@ def test_ranks_batches_of_a_token_budget_weigh_by_their_rows(tmp_path, tiny_mode
         for rank in ranks:
             for got, want in zip(rank["steps"][step], expected, strict=True):
                 torch.testing.assert_close(got, want)
+
+
+def own_budget_loader_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    train, _ = toy_datasets(own, Path(model_dir), rows=48)
+    # The user's own loader over nlptrain's sampler, of one replica, seeded by rank: each rank
+    # reads its own order (as per-rank data would), unknown to the trainer.
+    batches = TokenBudgetSampler(train.lengths, 96, seed=rank)
+    loader = torch.utils.data.DataLoader(train, batch_sampler=batches, collate_fn=Collator(0))
+    spy = WindowGradients()
+    config = TrainConfig(epochs=1, max_steps=3, lr=1e-3, max_grad_norm=0.0, timeout=60)
+    trainer = DistTrainer(model_without_dropout(Path(model_dir)), loader, None, config=config,
+                          callbacks=[spy], progress=False)
+    trainer.fit()
+    trainer.close()
+    return {"alone": spy.alone, "rows": spy.rows, "steps": [grads for _, grads in spy.steps]}
+
+
+@pytest.mark.distributed
+def test_a_loader_of_ones_own_over_nlptrains_sampler_weighs_its_batches_alike(tmp_path, tiny_model_dir):
+    """A user's loader has no plan the trainer knows, even over nlptrain's TokenBudgetSampler (of
+    one replica here): it was taken for the trainer's own, the plan of one rank's batches read
+    as two ranks' (a crash on an odd count). Its batches weigh alike, as documented."""
+    ranks = run_ranks(own_budget_loader_worker, 2, tmp_path, str(tmp_path), str(tiny_model_dir))
+    steps = list(zip(ranks[0]["rows"], ranks[1]["rows"], strict=True))
+    assert len(steps) == 3 and any(first != second for first, second in steps), steps
+    for step in range(3):
+        expected = _row_weighted([ranks[0]["alone"][step], ranks[1]["alone"][step]], [1, 1])
+        for got, want in zip(ranks[0]["steps"][step], expected, strict=True):
+            torch.testing.assert_close(got, want)
 
 
 def test_two_python_runs_of_one_seed_train_alike_dropout_included(tmp_path, tiny_model_dir):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
+import torch
 from toy_trainer import make_trainer
 
-from nlptrain.progress import Progress
+from nlptrain.progress import Progress, StepWindow
 
 
 def test_state_dict_carries_every_field_and_loads_back():
@@ -30,3 +32,28 @@ def test_the_trainer_reads_its_counters_from_progress(tmp_path, tiny_model_dir):
     assert trainer.progress_state() == trainer.progress.state_dict()
     with pytest.raises(AttributeError):
         trainer.global_step = 0  # one owner: the loop, through trainer.progress
+
+
+@pytest.mark.parametrize("trained", [[[8, 8], [8, 8], [5, 4]], [[8, 6], [1, 8], [0, 4]]])
+def test_a_steps_weights_are_its_planned_rows_and_add_up_to_one(trained):
+    """Each rank's micro-batches weigh by their planned rows over the step's, all ranks: the
+    weights add up to 1 also where a collate or callback of the user's changed a batch's rows
+    (the second case), so the step's gradient keeps its scale."""
+    plan = np.array([[8, 8], [8, 8], [5, 4]])  # [batch, rank]: 3 micro-batches, 2 ranks
+    weights = np.zeros_like(plan, dtype=float)
+    for rank in (0, 1):
+        window = StepWindow()
+        window.plan_rows(plan, first_batch=0, rank=rank)
+        window.open(0, 3)
+        for batch in range(3):
+            weights[batch, rank] = 1 / (window.loss_divisor(world_size=2) * 2)  # DDP averages
+            window.add(torch.tensor(0.5), trained[batch][rank])
+    assert weights.sum() == pytest.approx(1.0)
+    np.testing.assert_allclose(weights, plan / plan.sum())
+
+
+def test_without_a_plan_a_steps_micro_batches_weigh_alike():
+    window = StepWindow()
+    window.plan_rows(None, first_batch=0, rank=0)
+    window.open(0, 3)
+    assert window.loss_divisor(world_size=2) == 3.0
