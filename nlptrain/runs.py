@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,9 @@ class RunDirLock:
     job in the same folder (a `--resume` while the run still trains, the same `--output-dir`
     twice in a sweep) is refused instead of rewriting config.json and metrics under the first.
     The kernel drops the lock when the holder dies, however it dies: a stale lock never blocks a
-    resume."""
+    resume. A process forked while it is held (a DataLoader worker) closes its copy at once: a
+    flock lasts while any copy is open, so a worker left a second or more after a SIGKILL of the
+    run refused the resume that followed it."""
 
     def __init__(self) -> None:
         self.folder: Path | None = None
@@ -74,6 +77,12 @@ class RunDirLock:
                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
         held.flush()
         self._file = held
+        _HELD.add(self)
+
+    def _close_inherited(self) -> None:  # in a forked child: the parent's lock stays held
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def release(self, refused: bool = False) -> None:
         """`refused`: the folder was refused before anything was written there: the lock file
@@ -83,6 +92,18 @@ class RunDirLock:
                 (self.folder / LOCK_FILE).unlink(missing_ok=True)
             self._file.close()  # closing the file drops the lock
             self._file = None
+            _HELD.discard(self)
+
+
+_HELD: weakref.WeakSet[RunDirLock] = weakref.WeakSet()  # the locks this process holds
+
+
+def _close_inherited_locks() -> None:
+    for lock in list(_HELD):
+        lock._close_inherited()
+
+
+os.register_at_fork(after_in_child=_close_inherited_locks)
 
 
 def versions() -> dict[str, str]:

@@ -76,3 +76,29 @@ def test_a_file_system_without_locks_runs_unguarded_and_says_so(tmp_path: Path, 
     lock.release()
     assert any("run: cannot be locked (No locks available): a second job in this folder would "
                "not be stopped" in m for m in said), said
+
+
+def test_a_process_forked_while_the_lock_is_held_does_not_hold_it_past_the_run(tmp_path: Path) -> None:
+    """A DataLoader worker is forked from the run's process: it inherited the locked file, and a
+    flock lasts while any copy is open, so a worker outliving a SIGKILL of the run (1.5-5 s)
+    refused the resume that followed ("in use by a running job", naming the dead pid)."""
+    import multiprocessing
+    import time
+
+    from nlptrain.runs import RunDirLock
+
+    lock = RunDirLock()
+    lock.acquire(tmp_path / "run")
+    forked = multiprocessing.get_context("fork")
+    started = forked.Event()
+    worker = forked.Process(target=lambda: (started.set(), time.sleep(60)))
+    worker.start()
+    try:
+        assert started.wait(30)  # the child runs (its fork handlers have run)
+        lock.release()  # the run's end, as its death would be
+        resumed = RunDirLock()
+        resumed.acquire(tmp_path / "run")  # refused while the worker held a copy
+        resumed.release()
+    finally:
+        worker.kill()
+        worker.join()
