@@ -31,7 +31,7 @@ from nlptrain import optim
 from nlptrain.config import data_order_harm, data_order_keys
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
-from nlptrain.errors import CheckpointError, CheckpointWriteError
+from nlptrain.errors import CheckpointError, CheckpointWriteError, dataloader_worker_death
 from nlptrain.integrity import (
     PREFIX,
     file_checksums,
@@ -129,6 +129,8 @@ def writing(folder: Path) -> Iterator[Path]:
         with staged_folder(folder) as staging:
             yield staging
     except WRITE_ERRORS as err:
+        if dataloader_worker_death(err):  # raised into the write, not by it
+            raise
         reason = (err.strerror if isinstance(err, OSError) and err.strerror  # not the staging path
                   else (str(err).strip().splitlines() or [type(err).__name__])[0][:200])
         if isinstance(err, RuntimeError) and "unexpected pos" in reason:  # torch.save's, on ENOSPC

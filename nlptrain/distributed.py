@@ -290,11 +290,13 @@ def is_peer_failure(error: BaseException) -> bool:
 
 def peer_failure_in(error: BaseException | None) -> BaseException | None:
     """The error in `error`'s chain (itself, then what it was raised from or while handling)
-    that says another rank ended, if any."""
+    that says another rank ended, if any. Python's own ConnectionError is not one: it is this
+    process's socket to a DataLoader worker of its own that died (gloo's transport raises a
+    RuntimeError that says "reset by peer")."""
     while error is not None:
         text = str(error)
-        if isinstance(error, (PeerFailed, dist.DistError)) or "closed by peer" in text or \
-                "reset by peer" in text:
+        if isinstance(error, (PeerFailed, dist.DistError)) or not isinstance(error, OSError) and (
+                "closed by peer" in text or "reset by peer" in text):
             return error
         error = error.__cause__ or error.__context__
     return None

@@ -56,3 +56,22 @@ class Interrupted(NlptrainError):
     def __init__(self, message: str, step: int = 0) -> None:
         super().__init__(message)
         self.step = step  # the last step done
+
+
+class WorkerDied(NlptrainError):
+    """A DataLoader worker of this process was killed (the kernel's out-of-memory killer, most
+    often); the checkpoints written before it are kept."""
+
+
+def dataloader_worker_death(error: BaseException | None) -> str | None:
+    """torch's line for a DataLoader worker's death in `error`'s chain, if any. torch raises it
+    from its SIGCHLD handler in whatever the main process was doing then (a step, a checkpoint
+    write, a read from the worker's socket), so it must not be taken for that work's failure."""
+    while error is not None:
+        text = str(error)
+        if isinstance(error, RuntimeError) and "DataLoader worker (pid" in text and \
+                ("killed by signal" in text or "exited unexpectedly" in text):
+            return text.strip().splitlines()[0]
+        # As Python prints the chain: a context raised `from None` is not a cause.
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return None

@@ -208,6 +208,18 @@ class SigtermAfterTraining(Callback):
                 lambda module, inputs: os.kill(os.getpid(), signal.SIGTERM))
 
 
+class KillDataLoaderWorker(Callback):
+    """SIGKILL to a DataLoader worker of this process at AT_STEP, as the out-of-memory killer
+    ends one; torch's SIGCHLD handler then raises in the main process wherever it is."""
+
+    def on_step_end(self, trainer) -> None:
+        if trainer.global_step == at_step():
+            import multiprocessing
+
+            os.kill(multiprocessing.active_children()[0].pid, signal.SIGKILL)
+            time.sleep(5)  # the SIGCHLD arrives here, or in what follows
+
+
 class SigtermProcessGroup(Callback):
     """SIGTERM to this process's whole group at AT_STEP (DataLoader workers included), as a
     scheduler's preemption or a Ctrl-C in a terminal sends it."""

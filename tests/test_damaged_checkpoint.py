@@ -166,3 +166,16 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
                                                           "step-00000012"]
     prune_checkpoints(tmp_path / "step-00000009", keep=1)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000009"]
+
+
+def test_a_worker_death_raised_into_a_checkpoint_write_is_not_said_as_a_write_failure(tmp_path):
+    """torch raises a DataLoader worker's death from its SIGCHLD handler wherever the main process
+    is: in a checkpoint write it was said as the disk's failure ("cannot be written (DataLoader
+    worker ...); 58733 MB free on its disk"). It goes on as itself; the staging folder goes."""
+    from nlptrain.checkpoint import writing
+
+    died = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+    with pytest.raises(RuntimeError) as raised, writing(tmp_path / "step-00000002") as staging:
+        (staging / "model.safetensors").write_bytes(b"half")
+        raise died
+    assert raised.value is died and list(tmp_path.iterdir()) == []

@@ -356,6 +356,25 @@ def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
                                         "Terminated. "), 0, 2) is None  # its own: as it is
 
 
+def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
+    """A worker of this process killed (the out-of-memory killer): torch raises "is killed by
+    signal" over the "[Errno 104] Connection reset by peer" of the worker's socket. A run of one
+    process was told "another rank failed (see its error)", and no error said the worker."""
+    from nlptrain.distributed import as_peer_failure, is_peer_failure
+    from nlptrain.errors import dataloader_worker_death
+
+    try:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")  # noqa: B904 (as torch raises it)
+    except RuntimeError as error:
+        outer = error
+    assert as_peer_failure(outer, 0, 15) is None and not is_peer_failure(outer)
+    assert dataloader_worker_death(outer) == "DataLoader worker (pid 4242) is killed by signal: Killed."
+    assert dataloader_worker_death(RuntimeError("a step failed")) is None
+
+
 @pytest.mark.parametrize("given, named", [({"MASTER_ADDR": "nosuchhost.invalid"}, "MASTER_ADDR"),
                                           ({"SLURM_STEP_NODELIST": "nosuchhost.invalid"},
                                            "rank 0's host")])
