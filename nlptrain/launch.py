@@ -167,7 +167,8 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0) -> int:
     except ChildFailedError as err:
         return reported_failure(err, nproc, max_restarts)
     except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
-        print(f"stopped by {err.sigval.name}: the {nproc} workers were stopped", file=sys.stderr)
+        workers = "worker was" if nproc == 1 else f"{nproc} workers were"
+        print(f"stopped by {err.sigval.name}: the {workers} stopped", file=sys.stderr)
         return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
 
