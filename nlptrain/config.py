@@ -97,8 +97,8 @@ class TrainConfig:
                             "warmup_ratio)")
     max_grad_norm: float = opt(1.0, "clip the gradient norm to this (0: off)")
     grad_accum: int = opt(1, "micro-batches per optimizer step (the step's loss is the mean over "
-                          "all their rows, on every rank; over per-rank files or a stream, the "
-                          "mean of their means)")
+                          "all their rows, on every rank; over each rank's own files or a stream, "
+                          "the mean of their means)")
     precision: str = opt("auto", "auto (bf16 where this device runs it measurably faster, else "
                          "fp32; logged; NLPTRAIN_AUTO_PRECISION=fp32|bf16 pins it) | fp32 | "
                          "bf16 (autocast, CPU or GPU) | fp16 (autocast + "
