@@ -24,14 +24,7 @@ from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import (
-    ConfigError,
-    DataError,
-    Interrupted,
-    WorkerDied,
-    dataloader_worker_death,
-    every_rank,
-)
+from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.evaluate import compute_metrics, predict
 from nlptrain.events import Callback
 from nlptrain.models import check_max_length, load_config, load_model, load_saved_model, load_tokenizer
@@ -48,9 +41,9 @@ from nlptrain.runs import (
     out_of_space_said,
     prepare_run_dir,
     refused_before_training,
+    resume_said,
 )
 from nlptrain.scores import strict_json
-from nlptrain.signals import stopped_message
 from nlptrain.task_files import validate
 from nlptrain.trainer import DistTrainer
 
@@ -149,19 +142,9 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             # (what a later plain --resume follows)
             dist.on_main(lambda: record_in_config(run_dir, "tensorboard", opts.tensorboard))
-            try:
-                with refused_before_training(refused, lambda: trainer.global_step - started_at):
-                    trainer.fit()
-            except Interrupted as stop:  # the command line's cure: the folder to go on in
-                raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
-                                  stop.step) from None
-            except RuntimeError as err:
-                died = dataloader_worker_death(err)
-                if died is None:
-                    raise
-                raise WorkerDied(f"{died} (the kernel's out-of-memory killer? dmesg names it); what "
-                                 "was saved before it is kept: train --resume --output-dir "
-                                 f"{run_dir}, with fewer --num-workers (0 reads in this process)") from None
+            with resume_said(run_dir), refused_before_training(
+                    refused, lambda: trainer.global_step - started_at):
+                trainer.fit()
             results = final_metrics(trainer, sets, best, run_dir)
             found = trainer.predictions if results["test"] else None  # the test set's, if scored
             trainer.strategy.export(trainer.model, tokenizer, run_dir / "model")  # on every rank

@@ -19,7 +19,15 @@ from typing import Any
 
 from nlptrain.durable import write_text
 from nlptrain.environments import Environment
-from nlptrain.errors import CheckpointWriteError, ConfigError, NlptrainError, OutOfSpace
+from nlptrain.errors import (
+    CheckpointWriteError,
+    ConfigError,
+    Interrupted,
+    NlptrainError,
+    OutOfSpace,
+    WorkerDied,
+    dataloader_worker_death,
+)
 from nlptrain.resume_checks import (
     changed_settings,
     check_a_checkpoint_is_whole,
@@ -27,6 +35,7 @@ from nlptrain.resume_checks import (
     check_strategy_fits,
 )
 from nlptrain.run_record import CONFIG_FILE, read_config, record_and_why
+from nlptrain.signals import stopped_message
 
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
 log = logging.getLogger(__name__)
@@ -340,3 +349,21 @@ def refused_before_training(put_back: Callable[[], None], steps: Callable[[], in
         if steps() == 0:
             put_back()
         raise
+
+
+@contextlib.contextmanager
+def resume_said(run_dir: Path) -> Iterator[None]:
+    """A training stopped by a signal, or by the death of a DataLoader worker of its own, ends
+    with the command that goes on from its last checkpoint."""
+    try:
+        yield
+    except Interrupted as stop:
+        raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
+                          stop.step) from None
+    except RuntimeError as err:
+        died = dataloader_worker_death(err)
+        if died is None:
+            raise
+        raise WorkerDied(f"{died} (the kernel's out-of-memory killer? dmesg names it); what was "
+                         f"saved before it is kept: train --resume --output-dir {run_dir}, with "
+                         "fewer --num-workers (0 reads in this process)") from None
