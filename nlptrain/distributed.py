@@ -290,9 +290,9 @@ def is_peer_failure(error: BaseException) -> bool:
 
 def peer_failure_in(error: BaseException | None) -> BaseException | None:
     """The error in `error`'s chain (itself, then what it was raised from or while handling)
-    that says another rank ended, if any. Python's own ConnectionError is not one: it is this
-    process's socket to a DataLoader worker of its own that died (gloo's transport raises a
-    RuntimeError that says "reset by peer")."""
+    that says another rank ended, if any. An OSError (Python's ConnectionResetError) is not one:
+    it is this process's own socket, to a DataLoader worker of its own that died; gloo's and the
+    store's transports raise a DistError (a RuntimeError) that says "reset by peer"."""
     while error is not None:
         text = str(error)
         if isinstance(error, (PeerFailed, dist.DistError)) or not isinstance(error, OSError) and (

@@ -361,9 +361,13 @@ def resume_said(run_dir: Path) -> Iterator[None]:
         raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
                           stop.step) from None
     except RuntimeError as err:
+        from nlptrain.distributed import peer_failure_in  # (torch: imported once training ran)
+
         died = dataloader_worker_death(err)
-        if died is None:
-            raise
-        raise WorkerDied(f"{died} (the kernel's out-of-memory killer? dmesg names it); what was "
-                         f"saved before it is kept: train --resume --output-dir {run_dir}, with "
-                         "fewer --num-workers (0 reads in this process)") from None
+        if died is None or peer_failure_in(err) is not None:  # a worker ended as a peer's failure
+            raise                                             # unwound this rank: that is said
+        # The out-of-memory killer sends SIGKILL ("Killed"); another end is the worker's own.
+        memory = " (the kernel's out-of-memory killer? dmesg names it)" if died.endswith("Killed.") else ""
+        fewer = ", with fewer --num-workers (0 reads in this process)" if memory else ""
+        raise WorkerDied(f"{died}{memory}; what was saved before it is kept: train --resume "
+                         f"--output-dir {run_dir}{fewer}") from None

@@ -286,7 +286,8 @@ class Trainer(ProgressCounters):
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of this micro-batch's mean loss, weighted by its share of the step's rows (all
-        ranks; `StepWindow.loss_divisor`) and scaled for fp16; callbacks' extra passes too (FGM)."""
+        ranks; `StepWindow.loss_divisor`) and scaled for fp16; callbacks' extra passes too (FGM),
+        from `on_batch_start` to `on_backward_end` (after it, the weight is the next one's)."""
         self.scaler.scale(loss / self.window.loss_divisor(self.dist.world_size)).backward()
 
     def rewrap_model(self) -> None:
@@ -365,6 +366,12 @@ class Trainer(ProgressCounters):
         evaluation set must hold what the train set holds: pairs, or single texts."""
         like = getattr(self, "train_data", None) if what != "train" else None
         return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like)
+
+    @property
+    def window_size(self) -> int:
+        """Micro-batches in this step (an epoch's last may be short); what weighs each micro-batch
+        in it is `backward`'s."""
+        return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
 
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1  # this micro-batch included
