@@ -195,18 +195,26 @@ def test_a_step_weighs_each_micro_batch_by_its_rows(tmp_path, tiny_model_dir, ro
     assert begin == len(spy.rows) == trainer.batches_per_epoch
 
 
-def token_budget_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
-    own = Path(folder) / f"rank{rank}"
-    own.mkdir(exist_ok=True)
-    train, _ = toy_datasets(own, Path(model_dir), rows=48)
+def _spied_steps(model_dir: str, train, **settings) -> dict:
+    """3 optimizer steps of a DistTrainer on `train`: each micro-batch's own gradient and rows,
+    and each step's accumulated gradient (`WindowGradients`)."""
     spy = WindowGradients()
-    config = TrainConfig(epochs=1, max_tokens=96, max_steps=3, lr=1e-3, max_grad_norm=0.0,
-                         timeout=60)
+    config = TrainConfig(epochs=1, max_steps=3, lr=1e-3, max_grad_norm=0.0, timeout=60, **settings)
     trainer = DistTrainer(model_without_dropout(Path(model_dir)), train, None, config=config,
                           callbacks=[spy], progress=False)
     trainer.fit()
     trainer.close()
     return {"alone": spy.alone, "rows": spy.rows, "steps": [grads for _, grads in spy.steps]}
+
+
+def _rank_rows(rank: int, folder: str, model_dir: str):
+    own = Path(folder) / f"rank{rank}"
+    own.mkdir(exist_ok=True)
+    return toy_datasets(own, Path(model_dir), rows=48)[0]
+
+
+def token_budget_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
+    return _spied_steps(model_dir, _rank_rows(rank, folder, model_dir), max_tokens=96)
 
 
 @pytest.mark.distributed
@@ -224,20 +232,12 @@ def test_ranks_batches_of_a_token_budget_weigh_by_their_rows(tmp_path, tiny_mode
 
 
 def own_budget_loader_worker(rank: int, world: int, folder: str, model_dir: str) -> dict:
-    own = Path(folder) / f"rank{rank}"
-    own.mkdir(exist_ok=True)
-    train, _ = toy_datasets(own, Path(model_dir), rows=48)
+    train = _rank_rows(rank, folder, model_dir)
     # The user's own loader over nlptrain's sampler, of one replica, seeded by rank: each rank
     # reads its own order (as per-rank data would), unknown to the trainer.
     batches = TokenBudgetSampler(train.lengths, 96, seed=rank)
     loader = torch.utils.data.DataLoader(train, batch_sampler=batches, collate_fn=Collator(0))
-    spy = WindowGradients()
-    config = TrainConfig(epochs=1, max_steps=3, lr=1e-3, max_grad_norm=0.0, timeout=60)
-    trainer = DistTrainer(model_without_dropout(Path(model_dir)), loader, None, config=config,
-                          callbacks=[spy], progress=False)
-    trainer.fit()
-    trainer.close()
-    return {"alone": spy.alone, "rows": spy.rows, "steps": [grads for _, grads in spy.steps]}
+    return _spied_steps(model_dir, loader)
 
 
 @pytest.mark.distributed
