@@ -18,7 +18,7 @@ from nlptrain.environments import (
     detect,
     first_host,
 )
-from nlptrain.errors import ConfigError, NlptrainError
+from nlptrain.errors import ConfigError
 
 # `srun -n 2 env` on the one-node SLURM of .ci/start-slurm, task 1.
 SRUN = {"SLURM_JOB_ID": "2", "SLURM_JOB_NAME": "env", "SLURM_LOCALID": "1", "SLURM_NNODES": "1",
@@ -354,61 +354,6 @@ def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
                          " Connection reset by peer)")
     assert as_peer_failure(RuntimeError("DataLoader worker (pid 4242) is killed by signal: "
                                         "Terminated. "), 0, 2) is None  # its own: as it is
-
-
-def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
-    """A worker of this process killed (the out-of-memory killer): torch raises "is killed by
-    signal" over the "[Errno 104] Connection reset by peer" of the worker's socket. A run of one
-    process was told "another rank failed (see its error)", and no error said the worker."""
-    from nlptrain.distributed import as_peer_failure, is_peer_failure
-    from nlptrain.errors import dataloader_worker_death
-
-    try:
-        try:
-            raise ConnectionResetError(104, "Connection reset by peer")
-        except ConnectionResetError:
-            raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")  # noqa: B904 (as torch raises it)
-    except RuntimeError as error:
-        outer = error
-    assert as_peer_failure(outer, 0, 15) is None and not is_peer_failure(outer)
-    assert dataloader_worker_death(outer) == "DataLoader worker (pid 4242) is killed by signal: Killed."
-    assert dataloader_worker_death(RuntimeError("a step failed")) is None
-
-
-@pytest.mark.parametrize("death, said", [
-    ("DataLoader worker (pid 42) is killed by signal: Killed. ",
-     "DataLoader worker (pid 42) is killed by signal: Killed. (the kernel's out-of-memory killer? "
-     "dmesg names it); what was saved before it is kept: train --resume --output-dir run, with "
-     "fewer --num-workers (0 reads in this process)"),
-    ("DataLoader worker (pid(s) 42) exited unexpectedly",  # its own end: no memory to blame
-     "DataLoader worker (pid(s) 42) exited unexpectedly; what was saved before it is kept: train "
-     "--resume --output-dir run"),
-])
-def test_a_workers_death_ends_a_run_with_its_resume_and_its_likely_cause(death, said):
-    from pathlib import Path
-
-    from nlptrain.errors import WorkerDied
-    from nlptrain.runs import resume_said
-
-    with pytest.raises(WorkerDied) as ended, resume_said(Path("run")):
-        raise RuntimeError(death)
-    assert str(ended.value) == said
-
-
-def test_a_workers_death_over_a_peers_failure_is_said_as_the_peers():
-    """A rank unwinding another rank's failure, its worker ended meanwhile: the peer's failure
-    is what happened (said as such by the command line), not a worker killed for memory."""
-    from pathlib import Path
-
-    from nlptrain.distributed import PeerFailed
-    from nlptrain.runs import resume_said
-
-    with pytest.raises(RuntimeError) as ended, resume_said(Path("run")):
-        try:
-            raise PeerFailed("another rank failed (see its error); rank 0 stopped at step 3")
-        except PeerFailed:
-            raise RuntimeError("DataLoader worker (pid 42) is killed by signal: Terminated. ")  # noqa: B904 (as torch raises it)
-    assert "DataLoader worker" in str(ended.value) and not isinstance(ended.value, NlptrainError)
 
 
 @pytest.mark.parametrize("given, named", [({"MASTER_ADDR": "nosuchhost.invalid"}, "MASTER_ADDR"),

@@ -90,24 +90,3 @@ def test_a_sigterm_to_the_process_group_stops_after_the_step_with_dataloader_wor
         done.stderr, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "exited unexpectedly" not in done.stderr
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000004"
-
-
-def test_a_dataloader_worker_killed_is_said_as_such_and_the_run_resumes(toy_task, tmp_path):
-    """A worker killed as the out-of-memory killer kills: one line naming the worker, its signal
-    and the resume; not another rank's failure (one process), nor a checkpoint's write failure
-    with the disk's free space (where the signal lands in a write)."""
-    run = tmp_path / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "nlptrain", "train", "--task", str(toy_task), "--output-dir", str(run),
-         "--set", "train.num_workers=1", "--set", "train.checkpoint_every=1",
-         "--callback", f"{SCAFFOLD}:KillDataLoaderWorker"],
-        env=child_env(AT_STEP="3"), capture_output=True, text=True, timeout=240)
-    assert done.returncode == 1, done.stderr[-3000:]
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: DataLoader worker (pid ") and "is killed by signal: Killed." \
-        in last and last.endswith(f"train --resume --output-dir {run}, with fewer --num-workers "
-                                  "(0 reads in this process)"), done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and "another rank" not in done.stderr
-    # (the kill precedes the Checkpointer in on_step_end: step 3's checkpoint is not begun)
-    assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000002"
-    assert main(["train", "--resume", "--output-dir", str(run)]) == 0
