@@ -46,7 +46,6 @@ def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
      "--resume --output-dir run"),
 ])
 def test_a_workers_death_ends_a_run_with_its_resume_and_its_likely_cause(death, said):
-
     with pytest.raises(WorkerDied) as ended, resume_said(Path("run")):
         raise RuntimeError(death)
     assert str(ended.value) == said
