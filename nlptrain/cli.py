@@ -208,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     import_libraries()
 
-    from nlptrain import recipe
+    from nlptrain import eval_recipe, recipe
     from nlptrain.report import metrics_text
 
     environment = launch_environment(args)
@@ -216,7 +216,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     check_test_file_is_scored(args)
     task = resolve_task(args)
     with recipe.backend(task.train.timeout, environment) as dist:
-        metrics = recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)
+        metrics = eval_recipe.evaluate(task, args.model, args.split, dist, use_cache=not args.no_cache)
         if dist.is_main:
             print(json.dumps(strict_json(metrics), indent=1) if args.json else metrics_text(metrics))
     return 0
