@@ -55,8 +55,8 @@ def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def logits_of(outputs: Any) -> torch.Tensor:
-    """The logits of a model's output: a `transformers` output or dict with `logits`, or a tensor
-    (a user's own module may return either)."""
+    """The logits of a model's output: a `transformers` output, a dict or any object with
+    `logits`, or a tensor (a user's own module may return any of them)."""
     if isinstance(outputs, torch.Tensor):
         return outputs
     if isinstance(outputs, tuple | list):  # (logits, ...), as return_dict=False gives it
@@ -64,6 +64,8 @@ def logits_of(outputs: Any) -> torch.Tensor:
     if isinstance(outputs, dict) or hasattr(outputs, "keys"):
         if "logits" in outputs:
             return outputs["logits"]
+    elif isinstance(getattr(outputs, "logits", None), torch.Tensor):  # a dataclass, a namespace
+        return outputs.logits
     raise TrainingError(f"the model returned a {type(outputs).__name__}: return the logits (a "
                         "tensor), a tuple that starts with them, or an object/dict with 'logits'")
 

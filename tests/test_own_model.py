@@ -3,6 +3,8 @@ user's metric on the gathered predictions, checkpoint and resume exactly, 1 and 
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -212,6 +214,11 @@ class AsTuple(MeanPoolClassifier):
         return (super().forward(*args, **kwargs),)
 
 
+class AsObject(MeanPoolClassifier):
+    def forward(self, *args, **kwargs):  # an object with logits, as the README allows
+        return types.SimpleNamespace(logits=super().forward(*args, **kwargs))
+
+
 class AsText(MeanPoolClassifier):
     def forward(self, *args, **kwargs):
         return "logits"
@@ -221,6 +228,7 @@ class AsText(MeanPoolClassifier):
     (Squeezed, "ConfigError", r"the model gives logits of shape \(8,\), not \(rows, outputs\), "
                               r"but this regression task needs 1"),
     (AsTuple, None, ""),
+    (AsObject, None, ""),  # was refused: "the model returned a SimpleNamespace"
     (AsText, "TrainingError", r"the model returned a str: return the logits"),
 ])
 def test_an_own_models_output_of_another_form_is_read_or_named(tmp_path, tiny_model_dir, model,
