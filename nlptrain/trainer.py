@@ -185,6 +185,7 @@ class Trainer(ProgressCounters):
                 self.callbacks.fire("on_train_start", self)
                 self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
                 self._check_before_training()
+                self._stop_agreed = False  # the last fit's stop: should_stop decides this one's
                 self._train_epochs()
             except BaseException as error:
                 self._failed = True

@@ -195,6 +195,9 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
         trainer.fit()
     assert trainer.global_step == stopped
     assert f"this trainer's run was stopped at step {stopped} (should_stop)" in caplog.text
+    trainer.should_stop = False  # trains on: the epochs left (the stopped one ended at its stop)
+    trainer.fit()  # (ran its epochs empty: the last fit's agreed stop ended every batch)
+    assert (trainer.epoch, trainer.global_step) == (3, stopped + 2 * trainer.steps_per_epoch)
 
 
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
