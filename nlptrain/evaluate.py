@@ -70,6 +70,17 @@ def logits_of(outputs: Any) -> torch.Tensor:
                         "tensor), a tuple that starts with them, or an object/dict with 'logits'")
 
 
+EVAL_KEYS = ("input_ids", "attention_mask", "labels", "index")  # index: rows are gathered by it
+
+
+def check_eval_batch(dataset: Any, collate: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> None:
+    """An evaluation batch as `collate` makes it, checked before training: a collate of a user's
+    that drops a key (`index`, which training does not read) then fails at once, not after
+    an epoch's training."""
+    if len(dataset):
+        check_batch(collate([dataset[0]]), EVAL_KEYS, "an evaluation batch")
+
+
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
             collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
@@ -98,8 +109,7 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     began = said = time.perf_counter()
     for step, batch in enumerate(itertools.chain(loader, filler)):
         if step == 0:
-            check_batch(batch, ("input_ids", "attention_mask", "labels", "index"),
-                        "an evaluation batch")
+            check_batch(batch, EVAL_KEYS, "an evaluation batch")
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
             logits = logits_of(model(**inputs))

@@ -24,7 +24,7 @@ from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
-from nlptrain.evaluate import Predictions, compute_metrics, logits_of, model_inputs, predict
+from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader, typical_batch
@@ -230,6 +230,8 @@ class Trainer(ProgressCounters):
         elif self._fits and self.is_main and self.should_stop:  # (a callback's stop)
             log.warning("fit(): this trainer's run was stopped at step %d (should_stop); nothing "
                         "to train", self.global_step)
+        if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
+            check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
         self._fits += 1
         loaded, self._loaded_optimizer = self._loaded_optimizer, None
         if loaded not in (None, self.optimizer):

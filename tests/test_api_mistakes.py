@@ -283,6 +283,7 @@ def test_batches_without_what_the_loop_reads_are_named(tiny_model_dir, tokenizer
     with pytest.raises(DataError, match=r"^an evaluation batch holds no 'index' \(it holds "
                                         r"'input_ids', .*a collate of your own must keep them"):
         trainer.fit()
+    assert trainer.global_step == 0  # said before training, not after an epoch of it
 
     from torch.utils.data import DataLoader  # torch's default collate: "stack expects each ..."
 
