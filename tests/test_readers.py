@@ -318,6 +318,20 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
     (tmp_path / "c.tsv").write_text("scared but glad\t14,18\nok\t18\n")
     with pytest.raises(DataError, match=r"c\.tsv:1: the header row holds the label '14,18'"):
         read_examples(FileSpec(path="c.tsv", text_column=0, label_column=1), tmp_path, ["14", "18"])
+    # No labels named (found in the rows), or a score: the first row was lost, unsaid.
+    (tmp_path / "f.tsv").write_text("good film\tpos\nbad film\tneg\nfine film\tpos\n")
+    with pytest.raises(DataError, match=r"f\.tsv:1: the header row holds the label 'pos', the "
+                                        r"label of line 3 too: a data row\? Give --no-header"):
+        read_examples(FileSpec(path="f.tsv", text_column=0, label_column=1), tmp_path, [])
+    (tmp_path / "d.tsv").write_text("a man sings\ta man plays\t3.5\nok\tfine\t1\n")
+    with pytest.raises(DataError, match=r"d\.tsv:1: the header row holds the label '3\.5': a data"):
+        read_examples(FileSpec(path="d.tsv", text_column=0, text_pair_column=1, label_column=2),
+                      tmp_path, [])
+    (tmp_path / "e.tsv").write_text("0\t1\ngood film\tpos\n")  # pandas' header of numbers: read
+    assert list(read_examples(FileSpec(path="e.tsv", text_column=0, label_column=1), tmp_path,
+                              []).texts) == ["good film"]
+    assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
+                              []).texts) == ["good film"]
 
 
 def test_a_cell_that_starts_with_a_quote_of_its_text_says_the_cure(tmp_path):

@@ -136,6 +136,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
     columns: dict[str, int] = {}  # role -> column
+    header_label: str | None = None  # the label cell of a header row read by column numbers
+    seen_labels: set[str] = set()
     line = 0
     try:
         for row in rows:
@@ -158,13 +160,14 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                            for role, name in roles}
                 if header is not None:
                     label = columns.get("label")
-                    if isinstance(spec.label_column, int) and label is not None and \
-                            label < len(header) and _holds_labels(header[label], label_values):
-                        # Columns by number read any first row as a header: this one is data.
-                        raise DataError(f"{path}:{line}: the header row holds the label "
-                                        f"{header[label]!r}: a data row? Give --no-header "
-                                        "(header = false in the task's [data]) for a file "
-                                        "without one")
+                    # Columns by number read any first row as a header: one that holds a
+                    # label (the task's, a number, or one a later row holds) is data.
+                    numbered = isinstance(spec.label_column, int) and label is not None and \
+                        label < len(header)
+                    header_label = header[label] if numbered else None
+                    if numbered and (_holds_labels(header[label], label_values) or
+                                     _is_number(header[label]) and not _numbers_header(header)):
+                        raise DataError(_data_row_as_header(path, line, header[label]))
                     continue
             if len(row) <= max(columns.values()):
                 where = ", ".join(f"{role_text(role)} in column {c + 1}"
@@ -178,8 +181,14 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
             if header is not None and any(cell.strip() for cell in row[len(header):]):
                 raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
                                 f"{len(header)}; {quoted_cells_hint(row, quoting) or extra_cells_fix}")
-            yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
-                              empty_label_ok)
+            checked = checked_row({role: row[c] for role, c in columns.items()}, path, line,
+                                  empty_label_ok)
+            if header_label is not None and checked.label not in seen_labels:
+                seen_labels.add(checked.label)  # each distinct cell and its pieces, once
+                seen_labels.update(piece for piece in _PIECES.split(checked.label) if piece)
+                if _holds_labels(header_label, seen_labels):
+                    raise DataError(_data_row_as_header(path, 1, header_label, line))
+            yield checked
     except csv.Error as err:
         if "unexpected end of data" in str(err) and line_of_row:
             # A quote never closed: csv read to the end of the file; the culprit is where it opened.
@@ -307,10 +316,33 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
     return out
 
 
-def _holds_labels(cell: str, label_values: Sequence[str]) -> bool:
+def _data_row_as_header(path: Path, line: int, label: str, also_at: int = 0) -> str:
+    also = f", the label of line {also_at} too" if also_at else ""
+    return (f"{path}:{line}: the header row holds the label {label!r}{also}: a data row? Give "
+            "--no-header (header = false in the task's [data]) for a file without one")
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _numbers_header(header: list[str]) -> bool:
+    """A header of column numbers (0, 1, 2, ...: pandas' to_csv of an unnamed frame)."""
+    return header == [str(i) for i in range(len(header))] or \
+        header == [str(i) for i in range(1, len(header) + 1)]
+
+
+_PIECES = re.compile(r"[\s,;|/]+")  # what separates a multi-label cell's labels, whatever the task's
+
+
+def _holds_labels(cell: str, label_values: Sequence[str] | set[str]) -> bool:
     """A label, or labels of a multi-label cell ("14,18": whatever the task's separator, each
     piece between separators is a label): a data row's cell, not a column's name."""
-    pieces = [piece for piece in re.split(r"[\s,;|/]+", cell) if piece]
+    pieces = [piece for piece in _PIECES.split(cell) if piece]
     return cell in label_values or bool(pieces) and all(piece in label_values for piece in pieces)
 
 
