@@ -334,6 +334,15 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
                               []).texts) == ["good film"]
 
 
+@pytest.mark.parametrize("name", ["a.tsv", "a.csv"])
+def test_a_negative_column_index_is_refused_not_read_from_the_end(tmp_path, name):
+    """text_column = -1 read the last column, the label, as the text: the model learnt its label."""
+    with pytest.raises(DataError, match=r"a\.[ct]sv: text column -1: columns count from 0, the "
+                                        r"first; set text_column in the task's \[data\]"):
+        read(tmp_path, name, "fine film\tpos\n".replace("\t", "\t" if name.endswith("tsv") else ","),
+             header=False, text_column=-1, label_column=1)
+
+
 def test_a_cell_that_starts_with_a_quote_of_its_text_says_the_cure(tmp_path):
     """csv's own words were the message: "'\t' expected after '"'" (a TAB in it), no cure."""
     with pytest.raises(DataError, match=r"a\.tsv:3: a cell starts with a quote that is not CSV "

@@ -91,6 +91,9 @@ def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
 def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str,
             format_fix: str = "") -> int:
     if isinstance(name, int):
+        if name < 0:  # Python's from the end: a text column -1 read the label as the text
+            raise DataError(f"{path}: {role} column {name}: columns count from 0, the first; "
+                            f"{fix}")
         return name
     if header is None:
         raise DataError(f"{path}: {role} column '{name}' needs a header row; "
