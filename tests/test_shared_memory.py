@@ -35,6 +35,12 @@ def sums_worker(rank: int, world: int, folder: str) -> dict:
             dist.all_reduce(expected)
             shared(values)
             out[dtype, n] = (values.float().tolist(), expected.float().tolist())  # lists: no fds
+    # Added in rank order wherever an element lies ((1e8 + 1) - 1e8 = 0 in float32, while
+    # rank 2's own-first order gave (-1e8 + 1e8) + 1 = 1): DDP's bucket layout, which a resume's
+    # first step has another of, moves elements between the ranks that sum them.
+    values = torch.full((5003,), (1e8, 1.0, -1e8)[rank])
+    shared(values)
+    out["rank_order"] = sorted(set(values.tolist()))
     # A rank that cannot see rank 0's file (here: another directory, as on another host) makes
     # every rank fall back.
     apart = Path(folder) / f"apart{rank}"
@@ -63,6 +69,7 @@ def test_the_shared_memory_sum_is_glooss_on_every_rank(tmp_path, world):
                 else:  # only the order of the additions differs from gloo's
                     assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=0.05)
                 assert got == ranks[0][dtype, n][0]  # the same values on every rank
+        assert rank["rank_order"] == [0.0 if world == 3 else 1e8]
         assert not rank["apart"] and not rank["no_room"]
         assert rank["files_at_end"] == []
 
@@ -111,3 +118,15 @@ def test_slots_fit_in_half_of_what_is_free():
     assert slot_bytes(64 * mib, 3) % 4096 == 0 and 3 * slot_bytes(64 * mib, 3) <= 32 * mib
     assert slot_bytes(64 * mib, 64) == 0 < LEAST_BYTES  # too little a slot: gloo instead
     assert slot_bytes(24 << 30, 8) == 32 * mib  # many ranks: 256 MiB in all at most
+
+
+@pytest.mark.distributed
+def test_three_ranks_resume_to_the_uninterrupted_runs_weights_to_the_bit(tmp_path, tiny_model_dir):
+    """A resumed process's first step all-reduces in DDP's first bucket layout, the uninterrupted
+    run's in the rebuilt one: the ranks that summed an element, and in which order, differed, and
+    on 3 ranks (a + b) + c is not (b + a) + c (1.5e-8 after the first step, growing)."""
+    from strategy_workers import checkpoint_worker
+
+    three = run_ranks(checkpoint_worker, 3, tmp_path, str(tmp_path), str(tiny_model_dir), "ddp", 48)[0]
+    assert three["kind"] == ["DDP", "DDP"] and three["steps"] == [8, 8]
+    assert all(torch.equal(three["resumed_final"][k], v) for k, v in three["final"].items())
