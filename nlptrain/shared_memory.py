@@ -3,11 +3,12 @@
 gloo moves every byte through loopback TCP sockets and a thread of its own: on 2 ranks x 1
 thread its all-reduce of 11M float32 gradients took 26 ms (1.7 GB/s), while one copy of those
 44 MB took 1.8 ms. Ranks on one host can instead map one file in /dev/shm. Each rank copies its
-values into its own slot; each sums its own part of the slots and publishes it; each copies the others' sums back. gloo barriers order the phases (0.1 ms
-on idle cores, about 1 ms while the other cores compute). One rank sums each element, so every
-rank gets the same values, added in rank order (((a + b) + c) ...) wherever the element lies.
-On 2 ranks these equal gloo's to the bit (a + b); on more, gloo's ring adds in an order that
-depends on the element's place in the bucket, so only that order can differ.
+values into its own slot; each sums its own part of the slots and publishes it; each copies the
+others' sums back. gloo barriers order the phases (0.1 ms on idle cores, about 1 ms while the
+other cores compute). One rank sums each element, so every rank gets the same values, added in
+rank order (((a + b) + c) ...) wherever the element lies. On 2 ranks these equal gloo's to the
+bit (a + b); on more, gloo's ring adds in an order that depends on the element's place in the
+bucket, so only that order can differ.
 
 `attach` falls back (returns None) when any rank cannot map the file (another host, another
 /dev/shm, no room), so a job that spans hosts keeps gloo. The file is unlinked as soon as every
