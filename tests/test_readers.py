@@ -48,6 +48,22 @@ def test_one_file_per_label(tmp_path):
     assert ex.labels == ["neg", "pos", "pos"] and ex.texts[0] == "bad one"
 
 
+def test_a_label_path_whose_folder_holds_braces_is_read(tmp_path, tiny_model_dir):
+    """str.format read every brace in the path: a folder 'runs{x}' was a KeyError traceback."""
+    from transformers import AutoTokenizer
+
+    from nlptrain.data import build_datasets
+
+    (tmp_path / "a{x}").mkdir()
+    for label in ("neg", "pos"):
+        (tmp_path / "a{x}" / f"{label}.txt").write_text("".join(f"{label} {i}\n" for i in range(5)))
+    task = _labelled_task(tmp_path, [], train="a{x}/{label}.txt", labels=["neg", "pos"])
+    sets = build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
+    assert len(sets.train) + len(sets.test) == 10
+    with pytest.raises(DataError, match=r"a\{x\}/neg_\{split\}\.txt: data file not found"):
+        list(iter_rows(FileSpec(path="a{x}/{label}_{split}.txt"), tmp_path, ["neg", "pos"]))
+
+
 @pytest.mark.parametrize("values", [["neg", "pos"], []])
 def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, values):
     (tmp_path / "all.txt").write_text("good one\nbad one\n")

@@ -149,7 +149,7 @@ def stratified_split(labels: np.ndarray, size: float, seed: int, where: str = "t
 
 def _files(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None) -> list[Path]:
     if "{label}" in spec.path:
-        return [data_dir / spec.path.format(label=v) for v in (vocab.values if vocab else [])]
+        return [data_dir / spec.path.replace("{label}", v) for v in (vocab.values if vocab else [])]
     return [data_dir / spec.path]
 
 

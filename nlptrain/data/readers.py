@@ -238,7 +238,7 @@ def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[st
         return [open_checked(base / spec.path, what, spec.path)]
     if not label_values:
         raise DataError(f"{spec.path}: format 'lines' needs the task's [data] labels")
-    return [open_checked(base / spec.path.format(label=v), what, spec.path.format(label=v))
+    return [open_checked(base / spec.path.replace("{label}", v), what, spec.path.replace("{label}", v))
             for v in label_values]
 
 
