@@ -64,6 +64,20 @@ def test_a_label_path_whose_folder_holds_braces_is_read(tmp_path, tiny_model_dir
         list(iter_rows(FileSpec(path="a{x}/{label}_{split}.txt"), tmp_path, ["neg", "pos"]))
 
 
+@pytest.mark.parametrize(("content", "says"), [
+    ('[\n  {"text": "fine", "label": "pos"}\n]\n', r"a\.json:1: not valid JSON \(Expecting value\); one "
+     r"object a line \(JSON Lines\) is read, and this file is a JSON array: convert it, e\.g\. jq "
+     r"-c '\.\[\]' IN > OUT"),
+    ('[{"text": "fine", "label": "pos"}]\n', r"a\.json:1: expected a JSON object per line; .* a JSON array"),
+    ('{\n  "text": "fine",\n  "label": "pos"\n}\n', r"a\.json:1: not valid JSON .*; one object a "
+     r"line \(JSON Lines\) is read, and this object spans lines: convert the file, e\.g\. jq -c \."),
+])
+def test_a_whole_json_document_says_that_json_lines_are_read(tmp_path, content, says):
+    """A valid JSON array in a .json file was called 'not valid JSON (Expecting value)'."""
+    with pytest.raises(DataError, match=says):
+        read(tmp_path, "a.json", content)
+
+
 @pytest.mark.parametrize("values", [["neg", "pos"], []])
 def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, values):
     (tmp_path / "all.txt").write_text("good one\nbad one\n")

@@ -215,9 +215,9 @@ def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Ite
         try:
             row = json.loads(text)
         except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{line}: not valid JSON ({err.msg})") from None
+            raise DataError(f"{path}:{line}: not valid JSON ({err.msg}){_not_lines(text)}") from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{line}: expected a JSON object per line")
+            raise DataError(f"{path}:{line}: expected a JSON object per line{_not_lines(text)}")
         cells = {}
         for role, key in roles:
             if str(key) not in row:
@@ -225,6 +225,17 @@ def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Ite
                                 f"{column_fix(fix, role)}")
             cells[role] = row[str(key)]
         yield checked_row(cells, path, line, empty_label_ok)
+
+
+def _not_lines(text: str) -> str:
+    """Why a line of a whole JSON document (an array, an object over several lines) fails."""
+    if text.lstrip().startswith("["):
+        return ("; one object a line (JSON Lines) is read, and this file is a JSON array: "
+                "convert it, e.g. jq -c '.[]' IN > OUT")
+    if text.strip() == "{":
+        return ("; one object a line (JSON Lines) is read, and this object spans lines: "
+                "convert the file, e.g. jq -c . IN > OUT")
+    return ""
 
 
 def source_files(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str],
