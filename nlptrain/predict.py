@@ -132,7 +132,7 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
 
 def check_files(args: argparse.Namespace) -> None:
     """Before `--nproc` starts workers: a mistake in the files is one error, not one a rank."""
-    from nlptrain.data.readers import open_checked
+    from nlptrain.data.text_files import open_checked
 
     path = Path(args.input)
     if args.input == "-" or (path.exists() and not path.is_file() and not path.is_dir()):

@@ -10,7 +10,7 @@ from conftest import SHARED_DATA, needs_shared_data
 
 from nlptrain.config import FileSpec, file_spec
 from nlptrain.data import LabelVocab, stratified_split
-from nlptrain.data.readers import iter_rows, read_examples
+from nlptrain.data.readers import iter_rows, read_examples, read_texts
 from nlptrain.errors import DataError
 from nlptrain.task_files import load_task
 
@@ -76,6 +76,21 @@ def test_a_whole_json_document_says_that_json_lines_are_read(tmp_path, content, 
     """A valid JSON array in a .json file was called 'not valid JSON (Expecting value)'."""
     with pytest.raises(DataError, match=says):
         read(tmp_path, "a.json", content)
+
+
+def test_a_packed_file_says_so_not_that_its_bytes_are_not_utf8(tmp_path):
+    """A .tsv.gz read with --data-format tsv was told 'byte 0x8b ... is not UTF-8; iconv'."""
+    import gzip
+
+    (tmp_path / "a.tsv.gz").write_bytes(gzip.compress(b"text\tlabel\nfine\tpos\n"))
+    for spec in (FileSpec(path="a.tsv.gz", format="tsv"), FileSpec(path="a.tsv.gz")):
+        with pytest.raises(DataError, match=r"a\.tsv\.gz: gzip-compressed, not a text file: unpack "
+                                            r"it \(gunzip -k FILE\) and give the file it holds$"):
+            read_examples(spec, tmp_path, [])
+    (tmp_path / "in.txt").write_bytes(b"PK\x03\x04\x14\x00")  # (predict reads any suffix as lines)
+    with pytest.raises(DataError, match=r"in\.txt: a zip archive \(as an \.xlsx workbook is\), not "
+                                        r"a text file: save the sheet as \.csv or \.tsv"):
+        read_texts(tmp_path / "in.txt")
 
 
 @pytest.mark.parametrize("values", [["neg", "pos"], []])

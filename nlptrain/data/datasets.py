@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, format_of, open_checked, read_examples, source_files
+from nlptrain.data.readers import Examples, format_of, read_examples, source_files
 from nlptrain.data.rows import label_text
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
+from nlptrain.data.text_files import open_checked
 from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_dir, say_truncated
 from nlptrain.distributed import Backend, SingleProcess
 from nlptrain.errors import DataError

@@ -18,6 +18,7 @@ from pathlib import Path
 from nlptrain.config import FileSpec
 from nlptrain.data.parquet import parquet_rows  # (pyarrow is imported only when asked)
 from nlptrain.data.rows import TASK_FIX, Roles, Row, checked_row, column_fix, role_text, roles_of
+from nlptrain.data.text_files import PACKED_SUFFIXES, decoded_lines, open_checked, packed
 from nlptrain.errors import DataError
 from nlptrain.task_files import CHOICES
 
@@ -35,57 +36,12 @@ def format_of(spec: FileSpec) -> str:
                             f"{', '.join(sorted(formats))}")
         return spec.format
     suffix = Path(spec.path).suffix.lower()
+    if suffix in PACKED_SUFFIXES:  # (its format is the one of the file it holds)
+        raise DataError(packed(spec.path, PACKED_SUFFIXES[suffix]))
     if suffix not in FORMATS_BY_SUFFIX:
         raise DataError(f"{spec.path}: cannot tell the format from '{suffix}'; give --data-format "
                         "(format = 'tsv', 'csv', 'jsonl', 'parquet' or 'lines' in the task's [data])")
     return FORMATS_BY_SUFFIX[suffix]
-
-
-def open_checked(path: Path, what: str, typed: str | None = None) -> Path:
-    """`path`, checked to be a file. `typed`: the name as the task gave it, relative to its data
-    folder; where it names a file from the working folder instead, the error says so."""
-    # predict's input is a path of its own: no task, no --data-dir it could be relative to.
-    fix = "check --input" if what == "input" else "check the path or --data-dir"
-    if path.is_dir():
-        article = "an" if what[:1] in "aeiou" else "a"
-        raise DataError(f"{path}: a folder, not {article} {what} file; {fix}")
-    if not path.is_file():
-        here = Path(typed or path.name)  # where a user who typed that name may have meant
-        found = (f"; ./{here} is here, but a task's file names are relative to its data folder: "
-                 "give --data-dir . or the file's absolute path"
-                 if what != "input" and here.is_file() and here.resolve() != path.resolve() else "")
-        raise DataError(f"{path}: {what} file not found; {fix}{found}")
-    return path
-
-
-def decoded_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without its line ending); strict UTF-8, BOM dropped, CRLF accepted."""
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            elif number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-                raise DataError(f"{path}: UTF-16 (it starts with UTF-16's byte order mark, as "
-                                "Excel's 'Unicode Text' writes); convert it to UTF-8, e.g. "
-                                "iconv -f utf-16 -t utf-8 IN > OUT")
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(
-                    f"{path}:{number}: byte {raw[err.start]:#04x} at column {err.start + 1} is not "
-                    "UTF-8; convert the file, e.g. iconv -f cp1252 -t utf-8 IN > OUT (a file from "
-                    "Windows; -f latin1 for other 8-bit files)") from None
-            text = text.rstrip("\r\n")
-            if "\0" in text:  # valid UTF-8, but no text holds one: UTF-16 read as bytes does
-                raise DataError(f"{path}:{number}: a NUL byte (0x00) at column "
-                                f"{text.index(chr(0)) + 1}: a binary file, or UTF-16 without "
-                                "its byte order mark? Convert it, e.g. iconv -f utf-16le -t "
-                                "utf-8 IN > OUT")
-            if "\r" in text:  # a CR alone ends no line here: the whole file would read as one
-                raise DataError(f"{path}:{number}: a carriage return (\\r) inside the line: the "
-                                "file's line ends are probably CR alone (classic Mac); convert "
-                                "them, e.g. tr '\\r' '\\n' < IN > OUT")
-            yield number, text
 
 
 def _column(name: str | int, header: list[str] | None, path: Path, role: str, fix: str,
