@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The task keys an evaluation most often changes, as train spells them (others: --set).
     evaluate.add_argument("--test-file", dest="set:data.test", metavar="FILE",
                           help="score this file as the test set (a file here, else in the task's data "
-                          "folder): --set data.test=FILE")
+                          "folder), read as the task's test file is (its table's header and columns)")
     evaluate.add_argument("--threshold", dest="set:data.threshold", metavar="FLOAT",
                           help="multi-label: score at this threshold (default: the task's)")
     for key in ("text_column", "text_pair_column", "label_column"):  # as train: errors name them
@@ -192,9 +192,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     import_libraries()
     from nlptrain import recipe
 
-    task = resolve_task(args)
     environment = launch_environment(args)
-    start_logging(args, environment.rank)
+    start_logging(args, environment.rank)  # before the task: its options' notes are logged
+    task = resolve_task(args)
     opts = run_options(args)  # (after the logging: a callback module's logger takes its level)
     with recipe.backend(task.train.timeout, environment) as dist:
         recipe.train(task, opts, dist)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -153,6 +154,8 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
             given.append((flag, f"[{section}] {name}"))
             if (section, name) in FILE_FLAGS and Path(value).is_file():  # typed in a shell: the
                 value = str(Path(value).resolve())  # file where the user stands is the one meant
+            if (section, name) in FILE_FLAGS:
+                value = _in_files_table(task, name, value, flag)
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
                            else value, flag)
     for item in args.set:
@@ -178,6 +181,21 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
                 or [flag for flag, _ in given]  # ([data] valid is not [data] valid_size)
             raise ConfigError(str(err).replace(SOURCE, ", ".join(about), 1)) from None
     return task
+
+
+def _in_files_table(task: TaskConfig, which: str, path: str, flag: str) -> str | dict:
+    """`--test-file F` where the task reads its test file by a table of its own (ag-news': no
+    header, columns by number): F is read by that table too, said, as it stood in the file's
+    place (its keys were dropped: the very file the task names failed)."""
+    table = getattr(task.data, which)
+    keys = {key: value for key, value in table.items() if key != "path"} \
+        if isinstance(table, dict) else {}
+    if not keys:
+        return path
+    log.info("%s %s: read as the task's [data] %s table reads its file (%s); --set data.%s.KEY="
+             "VALUE changes one", flag, path, which,
+             ", ".join(f"{key} = {json.dumps(value)}" for key, value in keys.items()), which)
+    return {**table, "path": path}
 
 
 def task_key_of(flag: str) -> tuple[str, str] | None:

@@ -63,6 +63,23 @@ def test_a_file_flag_naming_a_file_here_reads_it_from_here(toy_task, tmp_path, m
     assert file_spec(task, "valid").path == "valid.tsv"  # read in the data folder
 
 
+def test_a_file_flag_is_read_by_the_tasks_own_table_for_that_file(toy_task, caplog):
+    """ag-news' test file is a table (no header, columns by number): --test-file naming the very
+    file it names dropped those keys, and the file failed with 'no text column 'text''."""
+    toy_task.write_text(toy_task.read_text().replace(
+        'test = "test.tsv"', 'test = { path = "test.tsv", header = false, text_column = 2 }'))
+    with caplog.at_level("INFO", logger="nlptrain"):
+        task = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task),
+                                                       "--test-file", "other.tsv"]))
+    spec = file_spec(task, "test")
+    assert (spec.path, spec.header, spec.text_column) == ("other.tsv", False, 2)
+    assert "--test-file other.tsv: read as the task's [data] test table reads its file (header = " \
+           "false, text_column = 2); --set data.test.KEY=VALUE changes one" in caplog.text
+    whole = resolve_task(build_parser().parse_args(["train", "--task", str(toy_task), "--set",
+                                                    "data.test=other.tsv"]))
+    assert (file_spec(whole, "test").header, file_spec(whole, "test").text_column) == (True, "text")
+
+
 def test_a_task_file_without_a_name_is_named_after_the_file(toy_task):
     """runs/<task>-<time>: a file without `name =` gives its stem, not "task" for every such file."""
     nameless = toy_task.with_name("reviews-2026.toml")
