@@ -187,7 +187,12 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     # Each label is one output of the model: a name twice would train two outputs for one class
     # and fail at the end of the run (plots, the confusion matrix, the export's label2id).
     labels = task.data.labels
-    names = [str(v) for v in (labels.values() if isinstance(labels, dict) else labels)]
+    given = list(labels.values() if isinstance(labels, dict) else labels)
+    nested = [v for v in given if isinstance(v, list | dict)]
+    if nested:  # else a class named "['x']", exported so
+        raise ConfigError(f"{source}: [data] labels: {nested[0]!r} is not a label's name; give each "
+                          "label a name (a string)")
+    names = [str(v) for v in given]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(f"{source}: [data] labels: {', '.join(map(repr, twice))} named more than "

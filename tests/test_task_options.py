@@ -160,6 +160,7 @@ def test_a_task_file_saved_with_a_byte_order_mark_is_read(toy_task):
     ('test = {path = "t.tsv", headr = true}', 5, " [data] test: unknown key 'headr'"),
     ("colour = 1", 2, ": unknown key 'colour'"),
     ('test = {path = "t.tsv", format = "xml"}', 5, ": [data] test.format = 'xml'; choose one of"),
+    ('labels = { neg = ["x"], pos = "p" }', 5, ": [data] labels: ['x'] is not a label's name"),
 ])
 def test_a_mistake_in_a_task_file_names_its_line(tmp_path, mistake, line, said):
     """tomllib gives the line of a syntax error alone: a wrong key or value named the file."""
