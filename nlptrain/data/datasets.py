@@ -255,6 +255,9 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     train, labels = (None, vocab) if per_rank else load_file(
         specs["train"], data_dir, vocab, tokenizer, task.model.max_length, cache_dir, "train",
         kind, share=share)
+    if train is not None and kind.has_classes and not labels.names:  # (a multi-label file of
+        # empty cells): said of the train file, not as a label of the test file missing
+        kind.check_labels(labels.names, str(data_dir / specs["train"].path))
     loaded = {"train": train}
     for which in ("valid", "test"):
         if specs[which] is not None and only in (None, which):
