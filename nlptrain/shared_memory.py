@@ -12,13 +12,15 @@ bucket, so only that order can differ.
 
 `attach` falls back (returns None) when any rank cannot map the file (another host, another
 /dev/shm, no room), so a job that spans hosts keeps gloo. The file is unlinked as soon as every
-rank has mapped it: a crash leaves nothing behind.
+rank has mapped it, or as soon as attaching fails: a crash leaves nothing behind. A process
+killed in those seconds (SIGKILL) leaves its file, which the next run on the host removes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from pathlib import Path
 
@@ -34,6 +36,8 @@ SHM = Path("/dev/shm")
 BYTES_PER_RANK = 64 << 20
 MOST_BYTES = 256 << 20  # smaller slots on many ranks
 LEAST_BYTES = 1 << 20  # below this, gloo: the barriers would cost more than the copies save
+PREFIX = "nlptrain-allreduce-"  # then the maker's pid and a random name
+STALE_S = 600  # a file this old, its maker gone, is a killed run's
 
 
 class SharedMemoryAllReduce:
@@ -55,15 +59,17 @@ class SharedMemoryAllReduce:
         made: list[tuple[str, int] | None] = [None]  # the file's name in `directory`, its slots
         if dist.get_rank(group) == 0:
             made[0] = _create(Path(directory), world, bytes_per_rank)
-        dist.broadcast_object_list(made, group=group, group_src=0)
-        path, bytes_per_rank = (Path(directory) / made[0][0], made[0][1]) if made[0] else (None, 0)
-        size = world * bytes_per_rank
-        slots = _map(path, size) if path else None
-        mapped = torch.tensor([int(slots is not None)], dtype=torch.int32)
-        dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
-        dist.barrier(group=group)  # every rank has tried: the name is no longer needed
-        if path and dist.get_rank(group) == 0:
-            path.unlink()
+        try:
+            dist.broadcast_object_list(made, group=group, group_src=0)
+            path, bytes_per_rank = (Path(directory) / made[0][0], made[0][1]) if made[0] else (None, 0)
+            size = world * bytes_per_rank
+            slots = _map(path, size) if path else None
+            mapped = torch.tensor([int(slots is not None)], dtype=torch.int32)
+            dist.all_reduce(mapped, op=dist.ReduceOp.MIN, group=group)
+            dist.barrier(group=group)  # every rank has tried: the name is no longer needed
+        finally:  # also where a peer died meanwhile: the file would hold its memory until a reboot
+            if made[0] and dist.get_rank(group) == 0:
+                (Path(directory) / made[0][0]).unlink(missing_ok=True)
         if not mapped.item() or slots is None:
             log.debug("ddp: a rank could not map %s: gradients all-reduced by gloo", path)
             return None
@@ -110,8 +116,9 @@ def slot_bytes(free: int, world: int) -> int:
 def _create(directory: Path, world: int, bytes_per_rank: int) -> tuple[str, int] | None:
     """A new file in `directory` of `world` slots, its pages reserved, and its slots' size
     (`bytes_per_rank`, or what fits); None where there is no room or no such directory."""
-    path = directory / f"nlptrain-allreduce-{uuid.uuid4().hex}"
+    path = directory / f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
     try:
+        remove_stale_files(directory)
         room = os.statvfs(directory)
         free = room.f_bavail * room.f_frsize
         if bytes_per_rank and 2 * world * bytes_per_rank > free:  # leave the rest to others
@@ -131,6 +138,37 @@ def _create(directory: Path, world: int, bytes_per_rank: int) -> tuple[str, int]
         return None
     finally:
         os.close(fd)
+
+
+def remove_stale_files(directory: Path, now: float | None = None) -> None:
+    """Remove what a run killed between making its file and every rank mapping it (a SIGKILL, a
+    power loss of the process) left: files of ours older than STALE_S whose maker (the pid in
+    the name) is gone. A live run's file lives for seconds, so no job in flight loses one."""
+    now = time.time() if now is None else now
+    for path in directory.glob(f"{PREFIX}*"):
+        maker = path.name[len(PREFIX):].split("-")[0]
+        try:
+            info = path.stat()
+            if info.st_uid != os.getuid() or now - info.st_mtime < STALE_S or _alive(maker):
+                continue
+            path.unlink()
+        except OSError:  # another run removed it first
+            continue
+        log.info("removed %s (%.0f MiB of shared memory), left by a run that was killed",
+                 path, info.st_size / 2**20)
+
+
+def _alive(pid: str) -> bool:
+    """Whether process `pid` (a name's text: a digit-less one, of an older nlptrain, is dead)."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except (ProcessLookupError, OverflowError):  # (an older name's digits alone: no pid)
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _map(path: Path, size: int) -> torch.Tensor | None:

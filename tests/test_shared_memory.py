@@ -130,3 +130,27 @@ def test_three_ranks_resume_to_the_uninterrupted_runs_weights_to_the_bit(tmp_pat
     three = run_ranks(checkpoint_worker, 3, tmp_path, str(tmp_path), str(tiny_model_dir), "ddp", 48)[0]
     assert three["kind"] == ["DDP", "DDP"] and three["steps"] == [8, 8]
     assert all(torch.equal(three["resumed_final"][k], v) for k, v in three["final"].items())
+
+
+def test_a_killed_runs_file_is_removed_by_the_next_run_and_a_live_ones_kept(tmp_path):
+    """A rank SIGKILLed between rank 0 making the file and every rank mapping it left 128 MiB in
+    /dev/shm until a reboot (one was found there from an earlier day's killed test)."""
+    import os
+    import subprocess
+    import time
+
+    from nlptrain.shared_memory import PREFIX, STALE_S, remove_stale_files
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    files = {"dead_old": f"{PREFIX}{gone.pid}-ab", "live_old": f"{PREFIX}{os.getpid()}-cd",
+             "dead_new": f"{PREFIX}{gone.pid}-ef", "older_name": f"{PREFIX}10c8f7c8d1314be5a7d7ce52e3d5e5d5",
+             "other": "someone-elses-file"}
+    for key, name in files.items():
+        (tmp_path / name).write_bytes(b"x" * 10)
+        if key != "dead_new":
+            old = time.time() - STALE_S - 5
+            os.utime(tmp_path / name, (old, old))
+    remove_stale_files(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        files[key] for key in ("live_old", "dead_new", "other"))
