@@ -148,8 +148,12 @@ class SingleLabel(TaskKind):
                                 "kind = \"multi_label\"")
             if not isinstance(cell, str) or cell not in ids:
                 path, line = where(i)
+                quoted = isinstance(cell, str) and len(cell) > 1 and cell[0] == cell[-1] == '"' \
+                    and cell[1:-1].replace('""', '"') in ids  # a TSV's cells in CSV quotes
+                fix = ("the file quotes its cells as CSV does: give --quoted (quoted = true in the "
+                       "task's [data])") if quoted else f"fix the row, or add it to the labels ({ADD_LABEL})"
                 raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "
-                                f"{_values(ids)}; fix the row, or add it to the labels ({ADD_LABEL})")
+                                f"{_values(ids)}; {fix}")
             out[i] = ids[cell]
         return out
 

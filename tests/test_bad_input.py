@@ -30,6 +30,12 @@ DATA_ERRORS = {
                           r"train\.tsv:3: 1 column\(s\), expected at least 2"),
     "unknown label": (lambda d: (d / "test.tsv").write_text("text\tlabel\nfine\tpos\nhm\tmeh\n"),
                       r"test\.tsv:3: label 'meh' is not one of the task's labels"),
+    "labels in CSV quotes": (lambda d: (d / "test.tsv").write_text('text\tlabel\n"fine"\t"pos"\n'),
+                             r"test\.tsv:2: label '\"pos\"' is not one of the task's labels "
+                             r"\['neg', 'pos'\]; the file quotes its cells as CSV does: give --quoted"),
+    "separated by ';'": (lambda d: (d / "train.tsv").write_text("text;label\nfine;pos\n"),
+                         r"train\.tsv:1: no text column 'text' in the header \['text;label'\]; the "
+                         r"header is one cell: is the file separated by ';'\? Commas"),
     "undecodable bytes": (lambda d: (d / "train.tsv").write_bytes(b"text\tlabel\nna\xefve\tpos\n"),
                           r"train\.tsv:2: byte 0xef at column 3 is not UTF-8"),
     "too few rows to hold out": (too_few_to_hold_out,

@@ -58,6 +58,9 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
         one = header[0] if len(header) == 1 else ""
         other = "jsonl" if header[0].lstrip().startswith("{") else "csv" if "," in one else \
             "tsv" if "\t" in one else ""
+        if ";" in one and not other:  # a spreadsheet's CSV in a locale whose decimal mark is ','
+            fix = (f"the header is one cell: is the file separated by ';'? Commas (.csv) and tabs "
+                   f"(.tsv) are read: save it with one of them; or {fix}")
         if other:  # a whole line in one cell, or JSON split at its commas: another format
             fix = (f"the header is {'one cell' if one else 'a JSON object'}: is the file "
                    f"{other}? {format_fix.format(format=other)}; or {fix}")
