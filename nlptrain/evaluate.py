@@ -59,13 +59,12 @@ def logits_of(outputs: Any) -> torch.Tensor:
     `logits`, or a tensor (a user's own module may return any of them)."""
     if isinstance(outputs, torch.Tensor):
         return outputs
+    if isinstance(getattr(outputs, "logits", None), torch.Tensor):  # a dataclass, a NamedTuple
+        return outputs.logits
     if isinstance(outputs, tuple | list):  # (logits, ...), as return_dict=False gives it
         return outputs[0]
-    if isinstance(outputs, dict) or hasattr(outputs, "keys"):
-        if "logits" in outputs:
-            return outputs["logits"]
-    elif isinstance(getattr(outputs, "logits", None), torch.Tensor):  # a dataclass, a namespace
-        return outputs.logits
+    if (isinstance(outputs, dict) or hasattr(outputs, "keys")) and "logits" in outputs:
+        return outputs["logits"]
     raise TrainingError(f"the model returned a {type(outputs).__name__}: return the logits (a "
                         "tensor), a tuple that starts with them, or an object/dict with 'logits'")
 

@@ -4,6 +4,7 @@ user's metric on the gathered predictions, checkpoint and resume exactly, 1 and 
 from __future__ import annotations
 
 import types
+import typing
 
 import numpy as np
 import pytest
@@ -214,9 +215,19 @@ class AsTuple(MeanPoolClassifier):
         return (super().forward(*args, **kwargs),)
 
 
+class LossAndLogits(typing.NamedTuple):
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
 class AsObject(MeanPoolClassifier):
     def forward(self, *args, **kwargs):  # an object with logits, as the README allows
         return types.SimpleNamespace(logits=super().forward(*args, **kwargs))
+
+
+class AsNamedTuple(MeanPoolClassifier):
+    def forward(self, *args, **kwargs):  # (loss, logits): the loss was read as the logits
+        return LossAndLogits(torch.tensor(0.0), super().forward(*args, **kwargs))
 
 
 class AsText(MeanPoolClassifier):
@@ -229,6 +240,7 @@ class AsText(MeanPoolClassifier):
                               r"but this regression task needs 1"),
     (AsTuple, None, ""),
     (AsObject, None, ""),  # was refused: "the model returned a SimpleNamespace"
+    (AsNamedTuple, None, ""),
     (AsText, "TrainingError", r"the model returned a str: return the logits"),
 ])
 def test_an_own_models_output_of_another_form_is_read_or_named(tmp_path, tiny_model_dir, model,
