@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The task keys an evaluation most often changes, as train spells them (others: --set).
     evaluate.add_argument("--test-file", dest="set:data.test", metavar="FILE",
                           help="score this file as the test set (a file here, else in the task's data "
-                          "folder), read as the task's test file is (its table's header and columns)")
+                          "folder): --set data.test=FILE")
     evaluate.add_argument("--threshold", dest="set:data.threshold", metavar="FLOAT",
                           help="multi-label: score at this threshold (default: the task's)")
     for key in ("text_column", "text_pair_column", "label_column"):  # as train: errors name them

@@ -155,7 +155,7 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
             if (section, name) in FILE_FLAGS and Path(value).is_file():  # typed in a shell: the
                 value = str(Path(value).resolve())  # file where the user stands is the one meant
             if (section, name) in FILE_FLAGS:
-                value = _in_files_table(task, name, value, flag)
+                _replacing_a_table(task, name, value, flag)
             apply_override(task, key[4:], parse_value(value, hint) if isinstance(value, str)
                            else value, flag)
     for item in args.set:
@@ -183,19 +183,18 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
     return task
 
 
-def _in_files_table(task: TaskConfig, which: str, path: str, flag: str) -> str | dict:
+def _replacing_a_table(task: TaskConfig, which: str, path: str, flag: str) -> None:
     """`--test-file F` where the task reads its test file by a table of its own (ag-news': no
-    header, columns by number): F is read by that table too, said, as it stood in the file's
-    place (its keys were dropped: the very file the task names failed)."""
+    header, columns by number): F replaces the table, read by [data]'s keys, which is said with
+    the way to keep the table's (the very file the task names failed, with no word why)."""
     table = getattr(task.data, which)
     keys = {key: value for key, value in table.items() if key != "path"} \
         if isinstance(table, dict) else {}
-    if not keys:
-        return path
-    log.info("%s %s: read as the task's [data] %s table reads its file (%s); --set data.%s.KEY="
-             "VALUE changes one", flag, path, which,
-             ", ".join(f"{key} = {json.dumps(value)}" for key, value in keys.items()), which)
-    return {**table, "path": path}
+    if keys:
+        log.info("%s %s replaces the task's [data] %s table (%s): it is read by [data]'s header "
+                 "and columns; --set data.%s.path=%s reads it by the table's", flag, path, which,
+                 ", ".join(f"{key} = {json.dumps(value)}" for key, value in keys.items()), which,
+                 path)
 
 
 def task_key_of(flag: str) -> tuple[str, str] | None:
