@@ -69,6 +69,8 @@ def test_a_label_path_whose_folder_holds_braces_is_read(tmp_path, tiny_model_dir
      r"object a line \(JSON Lines\) is read, and this file is a JSON array: convert it, e\.g\. jq "
      r"-c '\.\[\]' IN > OUT"),
     ('[{"text": "fine", "label": "pos"}]\n', r"a\.json:1: expected a JSON object per line; .* a JSON array"),
+    ('{"text": "fine", "label": "pos"}\n["stray", "row"]\n', r"a\.json:2: expected a JSON object "
+     r"per line$"),  # a line of JSON Lines, not a whole array
     ('{\n  "text": "fine",\n  "label": "pos"\n}\n', r"a\.json:1: not valid JSON .*; one object a "
      r"line \(JSON Lines\) is read, and this object spans lines: convert the file, e\.g\. jq -c \."),
 ])
@@ -87,6 +89,9 @@ def test_a_packed_file_says_so_not_that_its_bytes_are_not_utf8(tmp_path):
         with pytest.raises(DataError, match=r"a\.tsv\.gz: gzip-compressed, not a text file: unpack "
                                             r"it \(gunzip -k FILE\) and give the file it holds$"):
             read_examples(spec, tmp_path, [])
+    (tmp_path / "b.tsv").write_text("BZh roadster: a great little car\tpos\n")  # text, not bzip2
+    assert read_examples(FileSpec(path="b.tsv", header=False, text_column=0, label_column=1),
+                         tmp_path, []).texts[0].startswith("BZh")
     (tmp_path / "in.txt").write_bytes(b"PK\x03\x04\x14\x00")  # (predict reads any suffix as lines)
     with pytest.raises(DataError, match=r"in\.txt: a zip archive \(as an \.xlsx workbook is\), not "
                                         r"a text file: save the sheet as \.csv or \.tsv"):
@@ -346,6 +351,8 @@ def test_odd_classes_in_the_train_file_are_said_and_the_split_says_how_it_was_ma
 
 
 def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
+    from log_capture import nlptrain_messages
+
     """Columns by number and the default header = true: a file without a header lost its first
     row to the header, silently. Where the first row's label is one of the task's, it is data."""
     (tmp_path / "a.tsv").write_text("good film\tpos\nbad film\tneg\n")
@@ -363,20 +370,25 @@ def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
     (tmp_path / "c.tsv").write_text("scared but glad\t14,18\nok\t18\n")
     with pytest.raises(DataError, match=r"c\.tsv:1: the header row holds the label '14,18'"):
         read_examples(FileSpec(path="c.tsv", text_column=0, label_column=1), tmp_path, ["14", "18"])
-    # No labels named (found in the rows), or a score: the first row was lost, unsaid.
-    (tmp_path / "f.tsv").write_text("good film\tpos\nbad film\tneg\nfine film\tpos\n")
-    with pytest.raises(DataError, match=r"f\.tsv:1: the header row holds the label 'pos', the "
-                                        r"label of line 3 too: a data row\? Give --no-header"):
-        read_examples(FileSpec(path="f.tsv", text_column=0, label_column=1), tmp_path, [])
+    # No labels named (found in the rows): a score or a class id beside a text is data; else
+    # the row read as the header is said (a header's cells may be classes: spam, "5 stars").
     (tmp_path / "d.tsv").write_text("a man sings\ta man plays\t3.5\nok\tfine\t1\n")
     with pytest.raises(DataError, match=r"d\.tsv:1: the header row holds the label '3\.5': a data"):
         read_examples(FileSpec(path="d.tsv", text_column=0, text_pair_column=1, label_column=2),
                       tmp_path, [])
-    (tmp_path / "e.tsv").write_text("0\t1\ngood film\tpos\n")  # pandas' header of numbers: read
-    assert list(read_examples(FileSpec(path="e.tsv", text_column=0, label_column=1), tmp_path,
-                              []).texts) == ["good film"]
-    assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
-                              []).texts) == ["good film"]
+    (tmp_path / "f.tsv").write_text("good film\t1\nbad film\t0\n")
+    with pytest.raises(DataError, match=r"f\.tsv:1: the header row holds the label '1'"):
+        read_examples(FileSpec(path="f.tsv", text_column=0, label_column=1), tmp_path, [])
+    headers = {"e.tsv": "0\t1\ngood film\t1\n", "g.csv": ",0,1\n0,good film,1\n",  # pandas'
+               "h.tsv": "text\tspam\ngood film\tspam\n", "i.tsv": "text\tstars\ngood\t5 stars\n"}
+    for name, content in headers.items():
+        (tmp_path / name).write_text(content)
+        columns = (1, 2) if name.endswith("csv") else (0, 1)
+        with nlptrain_messages() as said:
+            found = read_examples(FileSpec(path=name, text_column=columns[0],
+                                           label_column=columns[1]), tmp_path, [])
+        assert found.texts == ["good film" if name != "i.tsv" else "good"], name
+        assert any(f"{name}: line 1 read as the header row" in m for m in said), said
 
 
 @pytest.mark.parametrize("name", ["a.tsv", "a.csv"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import re
 from array import array
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,8 @@ from nlptrain.data.rows import TASK_FIX, Roles, Row, checked_row, column_fix, ro
 from nlptrain.data.text_files import PACKED_SUFFIXES, decoded_lines, open_checked, packed
 from nlptrain.errors import DataError
 from nlptrain.task_files import CHOICES
+
+log = logging.getLogger(__name__)
 
 # Where a file's format is said, for a file read in another than its own.
 TASK_FORMAT_FIX = "Say so in its own table (--set data.<train|valid|test>.format={format})"
@@ -98,8 +101,6 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
     columns: dict[str, int] = {}  # role -> column
-    header_label: str | None = None  # the label cell of a header row read by column numbers
-    seen_labels: set[str] = set()
     line = 0
     try:
         for row in rows:
@@ -121,15 +122,7 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                                          column_fix(fix, role), format_fix)
                            for role, name in roles}
                 if header is not None:
-                    label = columns.get("label")
-                    # Columns by number read any first row as a header: one that holds a
-                    # label (the task's, a number, or one a later row holds) is data.
-                    numbered = isinstance(spec.label_column, int) and label is not None and \
-                        label < len(header)
-                    header_label = header[label] if numbered else None
-                    if numbered and (_holds_labels(header[label], label_values) or
-                                     _is_number(header[label]) and not _numbers_header(header)):
-                        raise DataError(_data_row_as_header(path, line, header[label]))
+                    _check_numbered_header(header, columns, spec, label_values, path, line)
                     continue
             if len(row) <= max(columns.values()):
                 where = ", ".join(f"{role_text(role)} in column {c + 1}"
@@ -143,14 +136,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
             if header is not None and any(cell.strip() for cell in row[len(header):]):
                 raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
                                 f"{len(header)}; {quoted_cells_hint(row, quoting) or extra_cells_fix}")
-            checked = checked_row({role: row[c] for role, c in columns.items()}, path, line,
-                                  empty_label_ok)
-            if header_label is not None and checked.label not in seen_labels:
-                seen_labels.add(checked.label)  # each distinct cell and its pieces, once
-                seen_labels.update(piece for piece in _PIECES.split(checked.label) if piece)
-                if _holds_labels(header_label, seen_labels):
-                    raise DataError(_data_row_as_header(path, 1, header_label, line))
-            yield checked
+            yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
+                              empty_label_ok)
     except csv.Error as err:
         if "unexpected end of data" in str(err) and line_of_row:
             # A quote never closed: csv read to the end of the file; the culprit is where it opened.
@@ -168,15 +155,17 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
 
 
 def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Iterator[Row]:
+    first = True  # the file's first line: a whole document's start, where it is one
     for line, text in decoded_lines(path):
         if not text.strip():
             continue
+        whole, first = _not_lines(text) if first else "", False
         try:
             row = json.loads(text)
         except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{line}: not valid JSON ({err.msg}){_not_lines(text)}") from None
+            raise DataError(f"{path}:{line}: not valid JSON ({err.msg}){whole}") from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{line}: expected a JSON object per line{_not_lines(text)}")
+            raise DataError(f"{path}:{line}: expected a JSON object per line{whole}")
         cells = {}
         for role, key in roles:
             if str(key) not in row:
@@ -289,10 +278,26 @@ def read_examples(spec: FileSpec, data_dir: str | Path, label_values: Sequence[s
     return out
 
 
-def _data_row_as_header(path: Path, line: int, label: str, also_at: int = 0) -> str:
-    also = f", the label of line {also_at} too" if also_at else ""
-    return (f"{path}:{line}: the header row holds the label {label!r}{also}: a data row? Give "
-            "--no-header (header = false in the task's [data]) for a file without one")
+def _check_numbered_header(header: list[str], columns: dict[str, int], spec: FileSpec,
+                           label_values: Sequence[str], path: Path, line: int) -> None:
+    """Columns by number read any first row as a header, and a file without one lost its first
+    row, unsaid. Refused where its label cell is data: one of the task's labels, or a number (a
+    score, a class id) beside a text that is not one (pandas' numbered columns are headers);
+    else said, as the row read as the header."""
+    label, text = columns.get("label"), columns.get("text")
+    if not isinstance(spec.label_column, int) or label is None or label >= len(header):
+        return
+    cell, text_cell = header[label], header[text] if text is not None and text < len(header) else ""
+    if _holds_labels(cell, label_values) or _is_number(cell) and text_cell and not _is_number(text_cell):
+        raise DataError(f"{path}:{line}: the header row holds the label {cell!r}: a data row? Give "
+                        "--no-header (header = false in the task's [data]) for a file without one")
+    if str(path) not in _SAID_HEADERS:  # (a stream reads its file each epoch: said once)
+        _SAID_HEADERS.add(str(path))
+        log.info("%s: line %d read as the header row %s (--no-header for a file without one)",
+                 path, line, header)
+
+
+_SAID_HEADERS: set[str] = set()
 
 
 def _is_number(cell: str) -> bool:
@@ -301,12 +306,6 @@ def _is_number(cell: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _numbers_header(header: list[str]) -> bool:
-    """A header of column numbers (0, 1, 2, ...: pandas' to_csv of an unnamed frame)."""
-    return header == [str(i) for i in range(len(header))] or \
-        header == [str(i) for i in range(1, len(header) + 1)]
 
 
 _PIECES = re.compile(r"[\s,;|/]+")  # what separates a multi-label cell's labels, whatever the task's

@@ -4,25 +4,26 @@ cp1252), a packed file (gzip, an .xlsx workbook), a binary file, CR-only line en
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from nlptrain.errors import DataError
 
 # Packed files by their first bytes: read as text, they were "byte 0x8b is not UTF-8; iconv ...".
-PACKED = {b"\x1f\x8b": ("gzip-compressed", "unpack it (gunzip -k FILE) and give the file it holds"),
-          b"BZh": ("bzip2-compressed", "unpack it (bunzip2 -k FILE) and give the file it holds"),
-          b"\xfd7zXZ": ("xz-compressed", "unpack it (unxz -k FILE) and give the file it holds"),
-          b"\x28\xb5\x2f\xfd": ("zstd-compressed", "unpack it (unzstd FILE) and give the file it holds"),
-          b"PK\x03\x04": ("a zip archive (as an .xlsx workbook is)", "save the sheet as .csv or .tsv, "
-                         "or unzip it and give the file it holds")}
-PACKED_SUFFIXES = {".gz": b"\x1f\x8b", ".bz2": b"BZh", ".xz": b"\xfd7zXZ", ".zst": b"\x28\xb5\x2f\xfd",
-                   ".zip": b"PK\x03\x04", ".xlsx": b"PK\x03\x04"}
+PACKED = {rb"\x1f\x8b": ("gzip-compressed", "unpack it (gunzip -k FILE) and give the file it holds"),
+          rb"BZh[1-9]1AY&SY": ("bzip2-compressed", "unpack it (bunzip2 -k FILE) and give the file it holds"),
+          rb"\xfd7zXZ\x00": ("xz-compressed", "unpack it (unxz -k FILE) and give the file it holds"),
+          rb"\x28\xb5\x2f\xfd": ("zstd-compressed", "unpack it (unzstd FILE) and give the file it holds"),
+          rb"PK\x03\x04": ("a zip archive (as an .xlsx workbook is)", "save the sheet as .csv or .tsv, "
+                           "or unzip it and give the file it holds")}  # (whole signatures: "BZh" is text)
+PACKED_SUFFIXES = {".gz": b"\x1f\x8b", ".bz2": b"BZh91AY&SY", ".xz": b"\xfd7zXZ\x00",
+                   ".zst": b"\x28\xb5\x2f\xfd", ".zip": b"PK\x03\x04", ".xlsx": b"PK\x03\x04"}
 
 
 def packed(path: Path | str, first_bytes: bytes) -> str:
     """The error for a packed file, by its first bytes ('' for another file)."""
-    what = next((said for magic, said in PACKED.items() if first_bytes.startswith(magic)), None)
+    what = next((said for magic, said in PACKED.items() if re.match(magic, first_bytes)), None)
     return f"{path}: {what[0]}, not a text file: {what[1]}" if what else ""
 
 
