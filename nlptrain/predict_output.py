@@ -3,8 +3,11 @@ as TSV or JSON lines, to a file written whole or to stdout."""
 
 from __future__ import annotations
 
+import datetime
+import decimal
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -37,7 +40,7 @@ def check_output(output: str | None, input_file: str | None = None) -> None:
     """Refuse an output path that cannot be written before any text is scored (else the error
     comes as a traceback after the whole input was scored), or that is the input itself (which
     the predictions would replace); makes its folder."""
-    if not output or output == "-":
+    if not output or output == "-" or open_descriptor(output) is not None:
         return
     path = Path(output)
     if input_file and path.exists() and path.resolve() == Path(input_file).resolve():
@@ -98,11 +101,30 @@ def kept_names(keys: list[str], taken: set[str]) -> dict[str, str]:
     return names
 
 
+def plain(value: Any) -> Any:
+    """A kept cell as JSON can hold it: a Parquet decimal as its digits, a date or time in ISO
+    8601, a binary cell as its text (json.dumps refused them after the whole input was scored),
+    a NaN or infinity as null (as results.json writes it; NaN is no JSON)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | datetime.timedelta):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
 def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str],
                all_probs: bool) -> None:
     if fmt == "jsonl":
         for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.write(json.dumps(plain(row), ensure_ascii=False, allow_nan=False) + "\n")
         return
     # TSV without quoting, like the readers: tabs and line breaks inside a text become spaces;
     # a list (multi-label) is one cell, its items joined by commas.
@@ -115,7 +137,8 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
             return f"{value:.6f}"
         # The input's own (kept) values as given, to join the output on: an id 1234567.891 stays
         # so, a JSON null is an empty cell, true and {"a": 1} are written as JSON writes them.
-        if value is None:
+        value = plain(value)
+        if value is None:  # (a NaN too)
             return ""
         if isinstance(value, bool | dict):
             return json.dumps(value, ensure_ascii=False).translate(clean)
@@ -133,15 +156,35 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
         handle.write("\t".join([*cells, *(cell(row[k]) for k in texts if k in row)]) + "\n")
 
 
+def open_descriptor(output: str) -> int | None:
+    """The descriptor `output` names where it is one of this process's (/dev/stdout, /dev/fd/N,
+    /proc/self/fd/N): resolved, it was a pipe's name no file can be made at, or under `>>` the
+    file, which a new file then replaced with what it held before lost."""
+    named = {"/dev/stdout": 1, "/dev/stderr": 2}
+    if output in named:
+        return named[output]
+    for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+        if output.startswith(prefix) and output[len(prefix):].isdigit():
+            return int(output[len(prefix):])
+    return None
+
+
 def write_output(rows: Iterable[dict], output: str | None, fmt: str, names: list[str],
                  all_probs: bool) -> None:
     """To stdout, or to the file `output`, replaced whole (never half a file); a link's target
-    is the file replaced, and a device or a pipe (/dev/null, a fifo) is written to as it is."""
+    is the file replaced, and a device or a pipe (/dev/null, a fifo), or a descriptor of this
+    process (/dev/stdout), is written to as it is."""
     to_stdout = not output or output == "-"
     try:
         if to_stdout:
             write_rows(rows, sys.stdout, fmt, names, all_probs)
             sys.stdout.flush()
+            return
+        descriptor = open_descriptor(output)
+        if descriptor is not None:  # /dev/stdout under a pipe or `>>`: the stream as it is open
+            sys.stdout.flush()
+            with os.fdopen(descriptor, "w", encoding="utf-8", newline="\n", closefd=False) as handle:
+                write_rows(rows, handle, fmt, names, all_probs)
             return
         path = Path(output).resolve()
         durably = not path.exists() or path.is_file()

@@ -73,3 +73,47 @@ def test_the_writer_records_that_its_stdout_closed_as_it_finds_out(tmp_path, mon
         write_output(iter([{"label": "pos"}]), None, "jsonl", ["neg", "pos"], False)
     said = json.loads(record.read_text())["message"]["message"]
     assert said.startswith(STDOUT_CLOSED), said
+
+
+def test_kept_cells_of_any_parquet_type_are_written_as_json_holds_them() -> None:
+    """A decimal, a date or a binary id made json.dumps raise after the whole input was scored;
+    a NaN was written as NaN, which no strict JSON reader takes."""
+    import datetime
+    import decimal
+    import json
+    from types import SimpleNamespace
+
+    kept = [{"id": decimal.Decimal("12345678901234567890.5"), "day": datetime.date(2024, 5, 1),
+             "raw": b"a1", "weight": float("nan")}]
+    texts = SimpleNamespace(texts=["good"], pairs=None, lines=None, kept=kept)
+    for fmt in ("jsonl", "tsv"):
+        out = io.StringIO()
+        write_rows(rows_of(texts, np.array([[0.25, 0.75]]), ["neg", "pos"], False), out, fmt,
+                   ["neg", "pos"], False)
+        if fmt == "jsonl":
+            row = json.loads(out.getvalue(), parse_constant=lambda c: pytest.fail(c))
+            assert (row["id"], row["day"], row["raw"], row["weight"]) == (
+                "12345678901234567890.5", "2024-05-01", "a1", None)
+        else:
+            assert out.getvalue().splitlines()[1].split("\t")[:6] == [
+                "1", "12345678901234567890.5", "2024-05-01", "a1", "", "pos"]
+
+
+def test_an_output_naming_a_descriptor_of_this_process_writes_to_it_as_it_is_open(tmp_path) -> None:
+    """--output /dev/stdout under a pipe failed after scoring (its resolved name is no file),
+    and under `>>` replaced the file, losing what it held."""
+    import os
+
+    from nlptrain.predict_output import write_output
+
+    rows = list(rows_of(["good"], np.array([[0.25, 0.75]]), ["neg", "pos"], False))
+    read, write = os.pipe()
+    write_output(iter(rows), f"/dev/fd/{write}", "tsv", ["neg", "pos"], False)
+    os.close(write)
+    assert os.read(read, 1000).decode().splitlines()[1] == "1\tpos\t0.750000\tgood"
+    os.close(read)
+    with open(tmp_path / "app.tsv", "a") as appended:
+        appended.write("earlier\n")
+        appended.flush()
+        write_output(iter(rows), f"/proc/self/fd/{appended.fileno()}", "tsv", ["neg", "pos"], False)
+    assert (tmp_path / "app.tsv").read_text().splitlines()[0::2] == ["earlier", "1\tpos\t0.750000\tgood"]
