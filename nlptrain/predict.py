@@ -120,6 +120,15 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
                          given_or_trained(args.quoted, "quoted", False))
     fmt = args.input_format if args.input_format != "auto" else \
         FORMATS_BY_SUFFIX.get(Path(args.input).suffix.lower())
+    if fmt in ("jsonl", "parquet"):  # named columns: a training file's numbers do not carry over
+        for given, key, name in ((args.text_column, "text", "text"),
+                                 (args.text_pair_column, "pair", "text_pair")):
+            if given is None and isinstance(getattr(layout, key), int):
+                log.info("%s: %s column '%s', not the training file's column %d (a file "
+                         "without names); --%s-column names another", args.input, key.replace(
+                             "pair", "text pair"), name, getattr(layout, key),
+                         name.replace("_", "-"))
+                layout = layout._replace(**{key: name})
     if args.header is None and not layout.header and fmt in ("tsv", "csv"):  # (a header's files)
         log.info("%s: read without a header row, as the model's training file was (--header "
                  "if it has one)", args.input)

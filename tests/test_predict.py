@@ -352,9 +352,14 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
                                                             (2, "b2", "awful")]
     assert "in.tsv: read without a header row, as the model's training file was" in err
     assert "precision auto: bf16 (the model was trained and tested in it)" in err
-    Path("in.jsonl").write_text('{"text": "fine"}\n')  # no header to speak of: not said
+    Path("in.jsonl").write_text('{"id": 7, "text": "fine"}\n')  # no header to speak of: not said
     assert main(["predict", "--model", "model", "--input", "in.jsonl", "--text-column", "text"]) == 0
     assert "without a header row" not in capsys.readouterr().err
+    # Named fields: the training file's column 1 was this file's second field (an id: scored).
+    assert main(["predict", "--model", "model", "--input", "in.jsonl", "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["text"] == "fine" and "in.jsonl: text column 'text', not the " \
+        "training file's column 1" in err
     # Each given option wins over the run's: a header row, its column by name, unquoted cells.
     Path("named.tsv").write_text('id\tsentence\nc3\t"as is"\n')
     assert main(["predict", "--model", "model", "--input", "named.tsv", "--header", "--no-quoted",

@@ -98,6 +98,24 @@ def test_a_packed_file_says_so_not_that_its_bytes_are_not_utf8(tmp_path):
         read_texts(tmp_path / "in.txt")
 
 
+def test_a_number_for_a_text_is_refused_and_a_lone_surrogate_read_as_a_replacement(tmp_path):
+    """A column of ids read as the text trained on '101'; a JSON escape of half an emoji
+    ("\\ud83d", cut off) reached the tokenizer, whose TypeError named no file or line."""
+    from log_capture import nlptrain_messages
+
+    with pytest.raises(DataError, match=r"a\.jsonl:1: the text is 101 \(a number\), not a string: "
+                                        r"is the column the right one\?"):
+        read(tmp_path, "a.jsonl", '{"text": 101, "label": "pos"}\n')
+    with nlptrain_messages() as said:
+        found = read(tmp_path, "b.jsonl", '{"text": "fine", "label": "pos"}\n'
+                     '{"text": "cut \\ud83d here", "label": "pos"}\n{"text": "\\ud83d\\ude00", '
+                     '"label": "pos"}\n')
+    assert found.texts == ["fine", "cut \ufffd here", "\U0001f600"]  # a whole pair is an emoji
+    assert [m for m in said if "surrogate" in m] == [
+        f"{tmp_path / 'b.jsonl'}:2: a lone UTF-16 surrogate escape (half an emoji?) read as U+FFFD "
+        "(and any later ones in the file)"]
+
+
 @pytest.mark.parametrize("values", [["neg", "pos"], []])
 def test_lines_format_without_label_in_the_path_is_refused_up_front(tmp_path, values):
     (tmp_path / "all.txt").write_text("good one\nbad one\n")

@@ -55,8 +55,8 @@ def _column(name: str | int, header: list[str] | None, path: Path, role: str, fi
                             f"{fix}")
         return name
     if header is None:
-        raise DataError(f"{path}: {role} column '{name}' needs a header row; "
-                        f"give a 0-based column index or set header = true")
+        raise DataError(f"{path}: {role} column '{name}' needs a header row; give a 0-based "
+                        "column index, or --header (header = true in a task's [data])")
     if name not in header:
         one = header[0] if len(header) == 1 else ""
         other = "jsonl" if header[0].lstrip().startswith("{") else "csv" if "," in one else \
@@ -166,6 +166,8 @@ def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Ite
             raise DataError(f"{path}:{line}: not valid JSON ({err.msg}){whole}") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}:{line}: expected a JSON object per line{whole}")
+        if "\\ud" in text.lower():  # an escaped half of a UTF-16 pair, maybe alone: see below
+            row = _whole_characters(row, path, line)
         cells = {}
         for role, key in roles:
             if str(key) not in row:
@@ -173,6 +175,27 @@ def _jsonl_rows(path: Path, roles: Roles, fix: str, empty_label_ok: bool) -> Ite
                                 f"{column_fix(fix, role)}")
             cells[role] = row[str(key)]
         yield checked_row(cells, path, line, empty_label_ok)
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what json.loads leaves of a lone "\\ud83d"
+
+
+def _whole_characters(row: dict, path: Path, line: int) -> dict:
+    """The row with each lone UTF-16 surrogate (an emoji cut in half, as social-media exports
+    have them) read as U+FFFD, said once a file: no tokenizer takes one (a TypeError)."""
+    def whole(value: object) -> object:
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            if str(path) not in _SAID_SURROGATES:
+                _SAID_SURROGATES.add(str(path))
+                log.warning("%s:%d: a lone UTF-16 surrogate escape (half an emoji?) read as "
+                            "U+FFFD (and any later ones in the file)", path, line)
+            return _LONE_SURROGATE.sub("\ufffd", value)
+        return [whole(v) for v in value] if isinstance(value, list) else value
+
+    return {key: whole(value) for key, value in row.items()}
+
+
+_SAID_SURROGATES: set[str] = set()
 
 
 def _not_lines(text: str) -> str:

@@ -45,8 +45,10 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
             raise DataError(f"{path}:{line}: the {role} is a {type(value).__name__} "
                             f"({str(value)[:60]}), not " + ("a string" if role != "label" else
                                                             "a label or a list of labels"))
-        if role != "label" and isinstance(value, bool):  # str() would train on "True"
-            raise DataError(f"{path}:{line}: the {role} is {str(value).lower()} (a boolean), "
+        if role != "label" and isinstance(value, bool | int | float):  # str() would train on
+            # "True", or on an id column's numbers ("101")
+            said = str(value).lower() if isinstance(value, bool) else value
+            raise DataError(f"{path}:{line}: the {role} is {said} (a {_TYPE_NAMES[type(value)]}), "
                             "not a string: is the column the right one?")
     if text is None or not str(text).strip():
         raise DataError(f"{path}:{line}: the row has no text")
@@ -72,6 +74,9 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
         raise DataError(f"{path}:{line}: the row has no label" + (
             " (null; an empty list or cell lists none of the labels)" if empty_label_ok else ""))
     return Row(str(text), label_text(label).strip(), str(path), line, pair)
+
+
+_TYPE_NAMES = {bool: "boolean", int: "number", float: "number"}
 
 
 def label_text(value: object) -> str:
