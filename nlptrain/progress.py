@@ -93,6 +93,7 @@ class StepWindow:
         self._plan_from, self._rank = 0, 0  # the batch_in_epoch of the plan's first batch; ours
         self._size = 1  # micro-batches in this window
         self._weights: np.ndarray | None = None  # this rank's micro-batches' shares of the step
+        self.taking = False  # a micro-batch's backward passes may run (its start to on_backward_end)
 
     def plan_rows(self, plan: np.ndarray | None, first_batch: int, rank: int) -> None:
         """The epoch's plan: for each batch from `first_batch` on, each rank's rows in its batch of
@@ -100,7 +101,9 @@ class StepWindow:
         self._plan, self._plan_from, self._rank = plan, first_batch, rank
 
     def open(self, batch_in_epoch: int, size: int) -> None:
-        """At a window's first micro-batch (a no-op inside a window); `size`: its micro-batches."""
+        """At each micro-batch's start, before its events: its backward passes may run until
+        `add` (at a window's first, the window opens; `size`: its micro-batches)."""
+        self.taking = True
         if self.micro_batches == 0:
             self.first_batch, self._random, self._size = batch_in_epoch, rng_state(), size
             begin = batch_in_epoch - self._plan_from
@@ -117,6 +120,7 @@ class StepWindow:
         return 1.0 / (float(self._weights[self.micro_batches]) * world_size)
 
     def add(self, loss: Any, rows: int) -> None:
+        self.taking = False  # this micro-batch's backward passes are done
         loss = loss.detach().double()
         if self._flags is None:
             self._flags = torch.zeros(5, dtype=torch.float64, device=loss.device)

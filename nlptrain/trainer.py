@@ -291,6 +291,9 @@ class Trainer(ProgressCounters):
         """Backward of this micro-batch's mean loss, weighted by its share of the step's rows (all
         ranks; `StepWindow.loss_divisor`) and scaled for fp16; callbacks' extra passes too (FGM),
         from `on_batch_start` to `on_backward_end` (after it, the weight is the next one's)."""
+        if not self.window.taking:  # its gradient would go into the next step, weighed wrongly
+            raise TrainingError("trainer.backward() runs a micro-batch's passes: call it from "
+                                "on_batch_start to on_backward_end, not after them")
         self.scaler.scale(loss / self.window.loss_divisor(self.dist.world_size)).backward()
 
     def rewrap_model(self) -> None:

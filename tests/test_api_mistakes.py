@@ -337,3 +337,43 @@ def test_an_argument_python_would_take_wrong_is_refused_with_the_cure(tiny_model
     model = load_model(str(tiny_model_dir), ["neg", "pos"])
     with pytest.raises(ConfigError, match=message):
         Trainer(model, rows(tokenizer, [0, 1] * 4), config=TrainConfig(epochs=1), **argument)
+
+
+def test_an_extra_backward_after_a_micro_batchs_backward_events_is_refused(tiny_model_dir, tokenizer):
+    """trainer.backward() from on_batch_end: after the step's update its gradient stayed for the
+    next step, weighed as that step's first micro-batch (or, inside a window, as the next one)."""
+    from nlptrain import Callback
+    from nlptrain.errors import TrainingError
+
+    class ExtraPass(Callback):
+        def __init__(self, event: str) -> None:
+            self.event, self.passes = event, 0
+
+        def pass_again(self, trainer) -> None:
+            batch = trainer.batch
+            trainer.backward(trainer.loss_fn(trainer.forward(batch), batch["labels"]))
+            self.passes += 1
+
+        def on_backward_end(self, trainer) -> None:
+            if self.event == "on_backward_end":
+                self.pass_again(trainer)
+
+        def on_batch_end(self, trainer) -> None:
+            if self.event == "on_batch_end":
+                self.pass_again(trainer)
+
+    data = rows(tokenizer, [0, 1] * 4)
+    for event in ("on_backward_end", "on_batch_end"):
+        extra = ExtraPass(event)
+        trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data, callbacks=[extra],
+                          config=TrainConfig(epochs=1, batch_size=4, grad_accum=2), progress=False)
+        if event == "on_backward_end":
+            trainer.fit()
+            assert extra.passes == 2
+        else:
+            with pytest.raises(TrainingError, match=r"^trainer\.backward\(\) runs a micro-batch's "
+                                                    r"passes: call it from on_batch_start to "
+                                                    r"on_backward_end, not after them$"):
+                trainer.fit()
+            assert extra.passes == 0
+        trainer.close()
