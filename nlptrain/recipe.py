@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from nlptrain import distributed, kinds, losses, models
-from nlptrain.callbacks import Checkpointer, MetricLogger, ProgressBar, SaveBestModel
+from nlptrain.callbacks import EMA, Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.checkpoint import seed_everything
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
@@ -261,7 +261,12 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
     latest = {k: v for k, v in trainer.metrics.items() if k not in ("epoch", "step")}
     if sets.valid is not None:
         results["valid"] = latest
-        if best is not None and best.saved_metrics is not None:
+        # An EMA that exports an average it never evaluated: the average, not best/ (the
+        # trained weights' best), is the model kept, scored here.
+        unevaluated = any(c.export and not c.evaluate for c in trainer.callbacks.find(EMA))
+        if unevaluated:
+            results["valid"] = trainer.evaluate(sets.valid)
+        elif best is not None and best.saved_metrics is not None:
             trainer.strategy.load_full_weights(trainer.model, run_dir / "best" / "model.safetensors")
             results["valid"] = best.saved_metrics
     if sets.test is not None:

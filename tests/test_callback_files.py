@@ -182,3 +182,28 @@ def test_a_callback_files_own_logger_follows_the_log_level(capsys, toy_task, tmp
     assert code == 0, err
     assert ("\nmy info line\n" in err) == (level == "info"), err
     assert "warning: mind this\n" in err and "WARNING" not in err
+
+
+def test_an_ema_exporting_an_average_it_never_evaluated_is_the_model_kept(capsys, toy_task, tmp_path):
+    """EMA(evaluate=False, export=True) with a validation set: best/ (the trained weights' best)
+    was loaded over the exported average, so model/ was not the average the README promises."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from nlptrain.cli import main
+
+    mine = tmp_path / "ema.py"
+    mine.write_text("from nlptrain.callbacks import EMA\n\nclass TrainedOnly(EMA):\n"
+                    "    def __init__(self):\n        super().__init__(0.5, evaluate=False, export=True)\n")
+    run = tmp_path / "run"
+    code, err = train(capsys, toy_task, run, "--callback", f"{mine}:TrainedOnly", "--valid-size",
+                      "0.25", "--precision", "fp32")
+    assert code == 0, err
+    kept, best = load_file(run / "model" / "model.safetensors"), load_file(run / "best" / "model.safetensors")
+    assert not kept["classifier.weight"].equal(best["classifier.weight"])  # the average, not best/
+    assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task), "--split", "valid",
+                 "--set", "data.valid_size=0.25", "--precision", "fp32", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    valid = json.loads((run / "results.json").read_text())["valid"]
+    assert scored["loss"] == pytest.approx(valid["loss"], rel=1e-5)  # its scores are the kept model's
