@@ -19,6 +19,7 @@ value back to the host, so FGM keeps the step free of stalls (tests/test_host_sy
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ from nlptrain.precision import autocast
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
 
+log = logging.getLogger("nlptrain")
+
 
 def word_embeddings(model: torch.nn.Module) -> torch.nn.Parameter:
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
@@ -42,7 +45,10 @@ def word_embeddings(model: torch.nn.Module) -> torch.nn.Parameter:
 
 class FGM(Callback):
     def __init__(self, epsilon: float = 1.0) -> None:
+        if not epsilon > 0:  # a negative one moves the embeddings to a lower loss, not a higher
+            raise ConfigError(f"FGM(epsilon={epsilon}): the step along the gradient must be > 0")
         self.epsilon = epsilon
+        self._said_frozen = False
         self.clean_loss = torch.tensor(math.nan)  # this rank's clean loss, on the device
         self._restore: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, their values)
 
@@ -52,10 +58,18 @@ class FGM(Callback):
         if trainer.strategy.name == "fsdp":
             raise ConfigError("FGM moves rows of the whole word-embedding matrix, which FSDP2 "
                               "shards across the ranks: train with strategy = \"ddp\"")
+        if len(trainer.callbacks.find(FGM)) > 1:  # each restores its rows: the later one's move
+            # stayed in the weights (restored in the order they were listed, not the reverse)
+            raise ConfigError(f"{len(trainer.callbacks.find(FGM))} FGM callbacks: give one")
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         weight = word_embeddings(trainer.unwrapped_model)
         if not weight.requires_grad:  # frozen (Freeze): no gradient to follow, a plain step
+            if trainer.is_main and not self._said_frozen:
+                log.warning("FGM: the word embeddings are frozen (Freeze), so there is no "
+                            "adversarial pass until they train (a gradual Freeze unfreezes them "
+                            "last); step %d", trainer.global_step + 1)
+            self._said_frozen = True
             return
         caught: list[torch.Tensor] = []
         hook = weight.register_hook(lambda grad: caught.append(grad.detach()))

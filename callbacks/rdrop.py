@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from nlptrain.errors import ConfigError
 from nlptrain.events import Callback
 from nlptrain.kinds import MultiLabel, Regression, TaskKind
 
@@ -44,6 +45,8 @@ def symmetric_kl(kind: TaskKind, first: torch.Tensor, second: torch.Tensor) -> t
 
 class RDrop(Callback):
     def __init__(self, alpha: float = 1.0) -> None:
+        if not alpha > 0:  # a negative weight rewards the two passes for disagreeing
+            raise ConfigError(f"RDrop(alpha={alpha}): the consistency term's weight must be > 0")
         self.alpha = alpha
         self.task_loss: LossFn | None = None
         self._trainer: Trainer | None = None

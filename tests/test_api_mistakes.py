@@ -377,3 +377,31 @@ def test_an_extra_backward_after_a_micro_batchs_backward_events_is_refused(tiny_
                 trainer.fit()
             assert extra.passes == 0
         trainer.close()
+
+
+def test_fine_tuning_callbacks_that_would_train_wrongly_are_refused_or_said(tiny_model_dir, tokenizer,
+                                                                            caplog):
+    """A negative FGM epsilon or R-Drop alpha trained the other way; two FGMs left a move in the
+    weights; FGM under frozen embeddings (Freeze's gradual start) did nothing, unsaid."""
+    from nlptrain.callbacks import FGM, Freeze, RDrop
+
+    with pytest.raises(ConfigError, match=r"^FGM\(epsilon=-1\.0\): the step along the gradient must be > 0$"):
+        FGM(-1.0)
+    with pytest.raises(ConfigError, match=r"^RDrop\(alpha=-1\): the consistency term's weight must be > 0$"):
+        RDrop(-1)
+    data = rows(tokenizer, [0, 1] * 4)
+
+    def trainer(*callbacks) -> Trainer:
+        return Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), data, callbacks=callbacks,
+                       config=TrainConfig(epochs=1, batch_size=4), progress=False)
+
+    twice = trainer(FGM(), FGM())
+    with pytest.raises(ConfigError, match=r"^2 FGM callbacks: give one$"):
+        twice.fit()
+    twice.close()
+    frozen = trainer(Freeze(1, "epochs", gradual=True), FGM())
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        frozen.fit()
+    assert caplog.text.count("FGM: the word embeddings are frozen (Freeze), so there is no "
+                             "adversarial pass until they train") == 1
+    frozen.close()
