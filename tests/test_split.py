@@ -106,6 +106,16 @@ def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):
     with pytest.raises(ConfigError, match="not a split folder"):
         split_task(task, tmp_path / "mine", 2, overwrite=True)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    # Any manifest.json made a folder a split's, which --overwrite then removed whole.
+    (tmp_path / "mine" / "manifest.json").write_text('{"name": "my dataset"}')
+    with pytest.raises(ConfigError, match=r"mine: exists and is not a split folder \(its "
+                                          r"manifest\.json is not a split's\)"):
+        split_task(task, tmp_path / "mine", 2, overwrite=True)
+    (tmp_path / "parts" / "notes.txt").write_text("keep me too")  # a split's, and more
+    with pytest.raises(ConfigError, match=r"parts: exists and is not a split folder \(it holds "
+                                          r"notes\.txt too\)"):
+        split_task(task, tmp_path / "parts", 2, overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").is_file() and (tmp_path / "parts" / "notes.txt").is_file()
     with pytest.raises(ConfigError, match="at least 1"):
         split_task(task, tmp_path / "zero", 0)
     (tmp_path / "bad.tsv").write_text("text\tlabel\nfine\tpos\n\tneg\n", encoding="utf-8")

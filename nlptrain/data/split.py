@@ -282,13 +282,29 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """`out` is new, empty, or (with `overwrite`) an earlier split's folder and nothing else:
+    any manifest.json made a folder one, and --overwrite removed it whole, files of others too."""
     if not out.exists() or (out.is_dir() and not any(out.iterdir())):
         return
-    if (out / MANIFEST).is_file():
-        if overwrite:
-            return
+    others = _not_a_splits(out)
+    if others:
+        raise ConfigError(f"{out}: exists and is not a split folder ({others}); choose another "
+                          "--out")
+    if not overwrite:
         raise ConfigError(f"{out}: holds per-rank files already; pass --overwrite to replace them")
-    raise ConfigError(f"{out}: exists and is not a split folder; choose another --out")
+
+
+def _not_a_splits(out: Path) -> str:
+    """What in `out` is no split's: '' where it holds a split's manifest and its parts alone."""
+    try:
+        body = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"no {MANIFEST} of a split"
+    if not isinstance(body, dict) or body.get("format") != FORMAT:
+        return f"its {MANIFEST} is not a split's"
+    parts = {MANIFEST, *(str(p.get("file")) for p in body.get("parts", []) if isinstance(p, dict))}
+    extra = sorted(p.name for p in out.iterdir() if p.name not in parts)
+    return f"it holds {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''} too" if extra else ""
 
 
 # -- the command ---------------------------------------------------------------------------
