@@ -327,3 +327,21 @@ def test_an_installed_packages_data_gets_its_cache_in_the_users_cache_folder(tmp
     assert default_cache_dir(installed) == tmp_path / "home-cache" / "nlptrain"
     monkeypatch.chdir(installed)  # the same folder, named from inside it
     assert default_cache_dir(Path(".")) == tmp_path / "home-cache" / "nlptrain"
+
+
+def test_the_code_that_decodes_a_file_is_part_of_its_cache_key(tmp_path, monkeypatch):
+    """The line decoder (BOM, CRLF, UTF-8) moved to text_files.py, which the key left out: a
+    change there loaded entries the old code had read."""
+    import shutil
+
+    import nlptrain
+    from nlptrain.data import tokenized
+
+    package = Path(nlptrain.__file__).parent
+    copy = shutil.copytree(package, tmp_path / "nlptrain", ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(tokenized, "__file__", str(copy / "data" / "tokenized.py"))
+    read_code = tokenized.reading_code.__wrapped__  # (the cached one is this process's code's)
+    before = read_code()
+    with open(copy / "data" / "text_files.py", "a") as decoder:
+        decoder.write("# a change\n")
+    assert read_code() != before

@@ -271,13 +271,13 @@ def cache_key(paths: Sequence[Path], tokenizer: Any, max_length: int, extra: dic
 
 @functools.cache
 def reading_code() -> str:
-    """A digest of the code that makes an entry of a file (the readers, the row checks, Parquet,
+    """A digest of the code that makes an entry of a file (its decoding, the readers, the row checks, Parquet,
     the label vocabulary, the kinds' targets, tokenizing): an entry that other code made (before
     a check was added to the readers, say) is made again, not loaded as if this code read it."""
     here = Path(__file__).parent
     digest = hashlib.blake2b(digest_size=8)
-    for source in ("readers.py", "rows.py", "parquet.py", "datasets.py", "tokenized.py",
-                   "../kinds.py"):
+    for source in ("text_files.py", "readers.py", "rows.py", "parquet.py", "datasets.py",
+                   "tokenized.py", "../kinds.py"):
         digest.update((here / source).read_bytes())
     return digest.hexdigest()
 
