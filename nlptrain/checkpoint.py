@@ -31,7 +31,7 @@ from nlptrain import optim
 from nlptrain.config import data_order_harm, data_order_keys
 from nlptrain.distributed import Backend
 from nlptrain.durable import staged_folder
-from nlptrain.errors import CheckpointError, CheckpointWriteError, dataloader_worker_death
+from nlptrain.errors import CheckpointError, CheckpointWriteError, dataloader_worker_death, every_rank
 from nlptrain.integrity import (
     PREFIX,
     file_checksums,
@@ -262,11 +262,11 @@ def _check_stream_readers(trainer: Any, folder: Path, meta: dict[str, Any], prog
         return
     then = (meta["world_size"], max(int(meta.get("num_workers", trainer.config.num_workers)), 1))
     now = (trainer.dist.world_size, max(trainer.config.num_workers, 1))
-    if then != now:
-        raise CheckpointError(
+    if then != now:  # (the checkpoint's and the job's facts: alike on every rank, said once)
+        raise every_rank(CheckpointError(
             f"{folder}: a stream stopped mid-epoch resumes only as it was read, by {then[0]} "
             f"rank(s) x {then[1]} DataLoader worker(s) (this job: {now[0]} x {now[1]}), since its "
-            "rows are dealt by that count; resume with those, or from a checkpoint at an epoch's end")
+            "rows are dealt by that count; resume with those, or from a checkpoint at an epoch's end"))
 
 
 def load_checkpoint(trainer: Any, folder: Path) -> None:

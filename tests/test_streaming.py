@@ -303,7 +303,7 @@ def test_a_stream_without_a_length_under_several_workers_is_told_it_has_none():
 
 
 def test_a_resume_its_checkpoint_refuses_leaves_the_runs_record_as_it_was(toy_task, tmp_path,
-                                                                          capsys):
+                                                                          capfd):
     """The refused settings (here 2 DataLoader workers for a stream read by 1) stayed in
     config.json, so the plain `--resume` that the refusal suggests was refused as well."""
     from nlptrain.cli import main
@@ -313,11 +313,14 @@ def test_a_resume_its_checkpoint_refuses_leaves_the_runs_record_as_it_was(toy_ta
                  "--steps-per-epoch", "5", "--max-steps", "2", "--checkpoint-every", "2",
                  "--no-cache"]) == 0
     recorded = (run / "config.json").read_text()
-    capsys.readouterr()
+    capfd.readouterr()
     assert main(["train", "--output-dir", str(run), "--resume", "--max-steps", "4",
                  "--num-workers", "2"]) == 1
     assert "a stream stopped mid-epoch resumes only as it was read, by 1 rank(s) x 1 DataLoader " \
-           "worker(s) (this job: 1 x 2)" in capsys.readouterr().err
+           "worker(s) (this job: 1 x 2)" in capfd.readouterr().err
     assert (run / "config.json").read_text() == recorded
+    assert main(["train", "--output-dir", str(run), "--resume", "--max-steps", "4", "--nproc",
+                 "2"]) == 1  # every rank refuses alike: said once, not once a rank
+    assert capfd.readouterr().err.count("a stream stopped mid-epoch resumes only as it was read") == 1
     assert main(["train", "--output-dir", str(run), "--resume", "--max-steps", "4"]) == 0
     assert json.loads((run / "config.json").read_text())["resumes"][-1]["world_size"] == 1
