@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import EXITED, INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options
+from nlptrain.launch import INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
@@ -375,10 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         _drop_stdout()
         return PIPE_CLOSED  # as a shell counts a process ended by SIGPIPE
-    except SystemExit as ended:  # sys.exit(n) in a user's code: no traceback, no record of its
-        # own, so the launcher would name a rank that only followed it; this one is dated now
-        if ended.code not in (None, 0):
-            tell_launcher(f"{EXITED}({ended.code})" if isinstance(ended.code, int) else str(ended.code))
+    except SystemExit as ended:  # sys.exit(n) in a user's code: told, unless it was already
+        tell_exit(ended)
         raise
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
         # checkpoints), or the first one before training began

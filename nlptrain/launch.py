@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -185,6 +186,9 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
     code, said = failure.exitcode, _record(failure)
     if said.startswith(INTERRUPTED_AT_ONCE):  # (the agent may have ended it with SIGTERM as
         code = Interrupted.exit_code         # it left)
+    exited = re.fullmatch(rf"{re.escape(EXITED)}\((\d+)\)", said)
+    if exited and code < 0:  # its sys.exit(n) told, then the agent's SIGTERM as it closed down
+        code = int(exited.group(1))
     print(f"error: {failure_summary(rank, nproc, code, said)}"
           f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
     return code if code > 0 else 1
@@ -228,6 +232,30 @@ def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> 
                 "kernel's out-of-memory killer (see `dmesg`; fewer processes or a smaller batch "
                 "need less memory), or by a `kill -9`")
     return f"rank {rank} of {nproc} was ended by {name}; any error of its own is above"
+
+
+def tell_exit(ended: SystemExit) -> None:
+    """sys.exit(n) in a user's code: no traceback, no record of its own, so the launcher would
+    name a rank that only followed it. Told once, as soon as it is known (`exit_told_at_once`)."""
+    global _exit_told
+    if ended.code in (None, 0) or _exit_told:
+        return
+    _exit_told = True
+    tell_launcher(f"{EXITED}({ended.code})" if isinstance(ended.code, int) else str(ended.code))
+
+
+_exit_told = False
+
+
+@contextlib.contextmanager
+def exit_told_at_once() -> Iterator[None]:
+    """Around training: a sys.exit(n) is told before the process group closes, since the other
+    ranks then fail at once and the agent may end this one (SIGTERM) before cli.main tells it."""
+    try:
+        yield
+    except SystemExit as ended:
+        tell_exit(ended)
+        raise
 
 
 def tell_launcher(message: str | None, follows: bool = False) -> None:

@@ -26,6 +26,7 @@ from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
 from nlptrain.events import Callback
+from nlptrain.launch import exit_told_at_once
 from nlptrain.models import check_max_length, load_config, load_model, load_tokenizer
 from nlptrain.resume_checks import check_resume
 from nlptrain.run_record import keep_reached_epochs, read_config, record_in_config
@@ -141,7 +142,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             dist.on_main(lambda: record_in_config(run_dir, "precision", trainer.precision.record()))
             # (what a later plain --resume follows)
             dist.on_main(lambda: record_in_config(run_dir, "tensorboard", opts.tensorboard))
-            with resume_said(run_dir), refused_before_training(
+            with resume_said(run_dir), exit_told_at_once(), refused_before_training(
                     refused, lambda: trainer.global_step - started_at):
                 trainer.fit()
             results = final_metrics(trainer, sets, best, run_dir)

@@ -177,6 +177,11 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
     failed = recorded_failure(tmp_path, 1, 1, "error: something the rank said")
     assert reported_failure(ChildFailedError("nlptrain", {1: failed}), 2) == 1
     assert "error: rank 1 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
+    # sys.exit(3) told at once, then the agent's SIGTERM as it closed down, after rank 0 had
+    # failed on its closed sockets ("rank 1 of 2 was ended by SIGTERM", in a busy CI run).
+    exited = recorded_failure(tmp_path, 1, -15, "sys.exit(3)")
+    assert reported_failure(ChildFailedError("nlptrain", {1: exited}), 2) == 3
+    assert "error: rank 1 of 2 ended by sys.exit(3), with no error of its own" in capsys.readouterr().err
     # No error file (os._exit(3)): torch's made-up message ("To enable traceback ...") is none.
     silent = ProcessFailure(1, 12, 3, "<N/A>")
     assert reported_failure(ChildFailedError("nlptrain", {1: silent}), 2) == 3
