@@ -267,6 +267,7 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
         unevaluated = any(c.export and not c.evaluate for c in trainer.callbacks.find(EMA))
         if unevaluated:
             results["valid"] = trainer.evaluate(sets.valid)
+            results["model"] = "the weights' average at the end (EMA), not `best/`"  # (report.md)
         elif best is not None and best.saved_metrics is not None:
             trainer.strategy.load_full_weights(trainer.model, run_dir / "best" / "model.safetensors")
             results["valid"] = best.saved_metrics

@@ -103,7 +103,7 @@ def _results_section(results: dict[str, Any], evals: list[dict[str, Any]], eval_
     if evals:
         rows.append((f"last on {eval_name}", evals[-1]))
     if results.get("test"):
-        which = "the best model" if best is not None else "the last model"
+        which = results.get("model") or ("the best model" if best is not None else "the last model")
         rows.append((f"test, {which} (model/)", results["test"]))
     from nlptrain.scores import metric_label, shown_score
 
@@ -189,8 +189,9 @@ def report_markdown(run_dir: Path) -> str:
             "- `results.json`: final metrics; `checkpoints/`: resumable state (`--resume`)",
             "- `model/`: the model to use, a `save_pretrained` folder for "
             "`AutoModelForSequenceClassification.from_pretrained`: "
-            + ("the best on validation, as in `best/`" if (run_dir / "best").is_dir()
-               else "the last one (no validation set chose a best)"),
+            + (results.get("model") or ("the best on validation, as in `best/`"
+                                        if (run_dir / "best").is_dir()
+                                        else "the last one (no validation set chose a best)")),
             f"- `{PLOTS_DIR}/`: PNG plots (`python -m nlptrain plot {run_dir}` redraws them)"]
     if (run_dir / "tensorboard").is_dir():
         out.append(f"- `tensorboard/`: event files (`tensorboard --logdir {run_dir / 'tensorboard'}`)")

@@ -202,6 +202,9 @@ def test_an_ema_exporting_an_average_it_never_evaluated_is_the_model_kept(capsys
     assert code == 0, err
     kept, best = load_file(run / "model" / "model.safetensors"), load_file(run / "best" / "model.safetensors")
     assert not kept["classifier.weight"].equal(best["classifier.weight"])  # the average, not best/
+    report = (run / "report.md").read_text()  # which said model/ was the best, as in best/
+    assert "test, the weights' average at the end (EMA), not `best/` (model/)" in report
+    assert "as in `best/`" not in report
     assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task), "--split", "valid",
                  "--set", "data.valid_size=0.25", "--precision", "fp32", "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
