@@ -111,6 +111,8 @@ def test_split_refuses_to_clobber_and_reports_bad_rows(tmp_path):
     with pytest.raises(ConfigError, match=r"mine: exists and is not a split folder \(its "
                                           r"manifest\.json is not a split's\)"):
         split_task(task, tmp_path / "mine", 2, overwrite=True)
+    (tmp_path / "parts" / ".nlptrain_cache").mkdir()  # a run's over them: still a split's
+    assert split_task(task, tmp_path / "parts", 2, overwrite=True).world_size == 2
     (tmp_path / "parts" / "notes.txt").write_text("keep me too")  # a split's, and more
     with pytest.raises(ConfigError, match=r"parts: exists and is not a split folder \(it holds "
                                           r"notes\.txt too\)"):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.data.label_order import LabelOrder, label_key
+from nlptrain.data.tokenized import CACHE_FOLDER
 from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.logs import add_log_level
@@ -302,7 +303,8 @@ def _not_a_splits(out: Path) -> str:
         return f"no {MANIFEST} of a split"
     if not isinstance(body, dict) or body.get("format") != FORMAT:
         return f"its {MANIFEST} is not a split's"
-    parts = {MANIFEST, *(str(p.get("file")) for p in body.get("parts", []) if isinstance(p, dict))}
+    parts = {MANIFEST, CACHE_FOLDER, *(str(p.get("file")) for p in body.get("parts", [])
+                                       if isinstance(p, dict))}  # (a run's token cache of them)
     extra = sorted(p.name for p in out.iterdir() if p.name not in parts)
     return f"it holds {', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''} too" if extra else ""
 

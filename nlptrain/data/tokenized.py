@@ -282,6 +282,9 @@ def reading_code() -> str:
     return digest.hexdigest()
 
 
+CACHE_FOLDER = ".nlptrain_cache"  # beside the data, where that folder is writable
+
+
 def default_cache_dir(data_folder: Path) -> Path:
     """Next to the data when that folder is writable, else the user's cache folder. A folder
     with no write permission bits counts as not writable for root too (who may write anyway):
@@ -290,7 +293,7 @@ def default_cache_dir(data_folder: Path) -> Path:
     installed = any(part in ("site-packages", "dist-packages")
                     for part in Path(data_folder).resolve().parts)  # "." inside one too
     if os.access(data_folder, os.W_OK) and _has_write_bits(data_folder) and not installed:
-        return data_folder / ".nlptrain_cache"
+        return data_folder / CACHE_FOLDER
     home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(home) / "nlptrain"
 
