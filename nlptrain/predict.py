@@ -120,7 +120,8 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
                          given_or_trained(args.quoted, "quoted", False))
     fmt = args.input_format if args.input_format != "auto" else \
         FORMATS_BY_SUFFIX.get(Path(args.input).suffix.lower())
-    if fmt in ("jsonl", "parquet"):  # named columns: a training file's numbers do not carry over
+    if fmt in ("jsonl", "parquet") and trained.get("header") is False:  # named columns: the
+        # numbers of a training file without names (a TSV) do not carry over; a Parquet's do
         for given, key, name in ((args.text_column, "text", "text"),
                                  (args.text_pair_column, "pair", "text_pair")):
             if given is None and isinstance(getattr(layout, key), int):

@@ -40,12 +40,15 @@ def check_output(output: str | None, input_file: str | None = None) -> None:
     """Refuse an output path that cannot be written before any text is scored (else the error
     comes as a traceback after the whole input was scored), or that is the input itself (which
     the predictions would replace); makes its folder."""
-    if not output or output == "-" or open_descriptor(output) is not None:
+    if not output or output == "-":
         return
     path = Path(output)
-    if input_file and path.exists() and path.resolve() == Path(input_file).resolve():
+    descriptor = open_descriptor(output)
+    if input_file and _same_file(descriptor if descriptor is not None else path, input_file):
         raise ConfigError(f"{output}: --output is the input file; the predictions would replace "
                           "its texts. Give another file")
+    if descriptor is not None:  # written as it is open (`>>`, a pipe): nothing to make
+        return
     if path.is_dir():
         raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
     try:
@@ -154,6 +157,15 @@ def write_rows(rows: Iterable[dict], handle: IO[str], fmt: str, names: list[str]
         cells = [cell(row[k], k) for k in head]
         cells += [f"{row['probabilities'][n]:.6f}" for n in names] if "probabilities" in row else []
         handle.write("\t".join([*cells, *(cell(row[k]) for k in texts if k in row)]) + "\n")
+
+
+def _same_file(output: int | Path, input_file: str) -> bool:
+    """Whether the output (a path, or a descriptor: `--output /dev/stdout >> INPUT`) is the input."""
+    try:
+        there = os.fstat(output) if isinstance(output, int) else os.stat(output)
+        return os.path.samestat(there, os.stat(input_file))
+    except OSError:  # (a new file, stdin as input: not the same)
+        return False
 
 
 def open_descriptor(output: str) -> int | None:

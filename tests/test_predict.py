@@ -360,6 +360,10 @@ def test_a_header_less_quoted_file_is_read_as_the_run_read_its_training_file(
     out, err = capsys.readouterr()
     assert json.loads(out)["text"] == "fine" and "in.jsonl: text column 'text', not the " \
         "training file's column 1" in err
+    config["nlptrain_columns"]["header"] = True  # a Parquet's numbers (named columns) carry over
+    (model / "config.json").write_text(json.dumps(config))
+    assert main(["predict", "--model", "model", "--input", "in.jsonl"]) == 1
+    assert "in.jsonl:1: no '1' field (text)" in capsys.readouterr().err
     # Each given option wins over the run's: a header row, its column by name, unquoted cells.
     Path("named.tsv").write_text('id\tsentence\nc3\t"as is"\n')
     assert main(["predict", "--model", "model", "--input", "named.tsv", "--header", "--no-quoted",

@@ -104,7 +104,8 @@ def test_an_output_naming_a_descriptor_of_this_process_writes_to_it_as_it_is_ope
     and under `>>` replaced the file, losing what it held."""
     import os
 
-    from nlptrain.predict_output import write_output
+    from nlptrain.errors import ConfigError
+    from nlptrain.predict_output import check_output, write_output
 
     rows = list(rows_of(["good"], np.array([[0.25, 0.75]]), ["neg", "pos"], False))
     read, write = os.pipe()
@@ -116,4 +117,6 @@ def test_an_output_naming_a_descriptor_of_this_process_writes_to_it_as_it_is_ope
         appended.write("earlier\n")
         appended.flush()
         write_output(iter(rows), f"/proc/self/fd/{appended.fileno()}", "tsv", ["neg", "pos"], False)
+        with pytest.raises(ConfigError, match=r"--output is the input file"):  # `>> INPUT`
+            check_output(f"/proc/self/fd/{appended.fileno()}", str(tmp_path / "app.tsv"))
     assert (tmp_path / "app.tsv").read_text().splitlines()[0::2] == ["earlier", "1\tpos\t0.750000\tgood"]

@@ -98,6 +98,11 @@ def test_a_packed_file_says_so_not_that_its_bytes_are_not_utf8(tmp_path):
         read_texts(tmp_path / "in.txt")
 
 
+def _written(path, text: str):
+    path.write_text(text)
+    return path
+
+
 def test_a_number_for_a_text_is_refused_and_a_lone_surrogate_read_as_a_replacement(tmp_path):
     """A column of ids read as the text trained on '101'; a JSON escape of half an emoji
     ("\\ud83d", cut off) reached the tokenizer, whose TypeError named no file or line."""
@@ -111,6 +116,9 @@ def test_a_number_for_a_text_is_refused_and_a_lone_surrogate_read_as_a_replaceme
                      '{"text": "cut \\ud83d here", "label": "pos"}\n{"text": "\\ud83d\\ude00", '
                      '"label": "pos"}\n')
     assert found.texts == ["fine", "cut \ufffd here", "\U0001f600"]  # a whole pair is an emoji
+    kept = read_texts(_written(tmp_path / "c.jsonl", '{"text": "ok", "meta": {"a": ["x\\ud83d"]}}\n'),
+                      keep=["meta"]).kept  # (json.dumps of it failed after scoring)
+    assert kept == [{"meta": {"a": ["x\ufffd"]}}]
     assert [m for m in said if "surrogate" in m] == [
         f"{tmp_path / 'b.jsonl'}:2: a lone UTF-16 surrogate escape (half an emoji?) read as U+FFFD "
         "(and any later ones in the file)"]

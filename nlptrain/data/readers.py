@@ -190,6 +190,8 @@ def _whole_characters(row: dict, path: Path, line: int) -> dict:
                 log.warning("%s:%d: a lone UTF-16 surrogate escape (half an emoji?) read as "
                             "U+FFFD (and any later ones in the file)", path, line)
             return _LONE_SURROGATE.sub("\ufffd", value)
+        if isinstance(value, dict):  # (a kept column's object)
+            return {key: whole(v) for key, v in value.items()}
         return [whole(v) for v in value] if isinstance(value, list) else value
 
     return {key: whole(value) for key, value in row.items()}
