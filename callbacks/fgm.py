@@ -66,7 +66,7 @@ class FGM(Callback):
         weight = word_embeddings(trainer.unwrapped_model)
         if not weight.requires_grad:  # frozen (Freeze): no gradient to follow, a plain step
             if trainer.is_main and not self._said_frozen:
-                log.warning("FGM: the word embeddings are frozen (Freeze), so there is no "
+                log.warning("FGM: the word embeddings are frozen (a Freeze, say), so there is no "
                             "adversarial pass until they train (a gradual Freeze unfreezes them "
                             "last); step %d", trainer.global_step + 1)
             self._said_frozen = True

@@ -402,6 +402,6 @@ def test_fine_tuning_callbacks_that_would_train_wrongly_are_refused_or_said(tiny
     frozen = trainer(Freeze(1, "epochs", gradual=True), FGM())
     with caplog.at_level("WARNING", logger="nlptrain"):
         frozen.fit()
-    assert caplog.text.count("FGM: the word embeddings are frozen (Freeze), so there is no "
+    assert caplog.text.count("FGM: the word embeddings are frozen (a Freeze, say), so there is no "
                              "adversarial pass until they train") == 1
     frozen.close()
