@@ -7,18 +7,13 @@ import json
 import numpy as np
 import pytest
 from conftest import SHARED_DATA, needs_shared_data
+from file_reading import labelled_task, read
 
 from nlptrain.config import FileSpec, file_spec
 from nlptrain.data import LabelVocab, stratified_split
-from nlptrain.data.readers import iter_rows, read_examples, read_texts
+from nlptrain.data.readers import iter_rows, read_examples
 from nlptrain.errors import DataError
 from nlptrain.task_files import load_task
-
-
-def read(tmp_path, name: str, content: bytes | str, **spec):
-    path = tmp_path / name
-    path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    return read_examples(FileSpec(path=name, **spec), tmp_path, spec.pop("values", []))
 
 
 def test_tsv_with_crlf_bom_and_trailing_blank_lines(tmp_path):
@@ -46,82 +41,6 @@ def test_one_file_per_label(tmp_path):
     (tmp_path / "x.neg").write_text("bad one\n\n")
     ex = read_examples(FileSpec(path="x.{label}"), tmp_path, ["neg", "pos"])
     assert ex.labels == ["neg", "pos", "pos"] and ex.texts[0] == "bad one"
-
-
-def test_a_label_path_whose_folder_holds_braces_is_read(tmp_path, tiny_model_dir):
-    """str.format read every brace in the path: a folder 'runs{x}' was a KeyError traceback."""
-    from transformers import AutoTokenizer
-
-    from nlptrain.data import build_datasets
-
-    (tmp_path / "a{x}").mkdir()
-    for label in ("neg", "pos"):
-        (tmp_path / "a{x}" / f"{label}.txt").write_text("".join(f"{label} {i}\n" for i in range(5)))
-    task = _labelled_task(tmp_path, [], train="a{x}/{label}.txt", labels=["neg", "pos"])
-    sets = build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
-    assert len(sets.train) + len(sets.test) == 10
-    with pytest.raises(DataError, match=r"a\{x\}/neg_\{split\}\.txt: data file not found"):
-        list(iter_rows(FileSpec(path="a{x}/{label}_{split}.txt"), tmp_path, ["neg", "pos"]))
-
-
-@pytest.mark.parametrize(("content", "says"), [
-    ('[\n  {"text": "fine", "label": "pos"}\n]\n', r"a\.json:1: not valid JSON \(Expecting value\); one "
-     r"object a line \(JSON Lines\) is read, and this file is a JSON array: convert it, e\.g\. jq "
-     r"-c '\.\[\]' IN > OUT"),
-    ('[{"text": "fine", "label": "pos"}]\n', r"a\.json:1: expected a JSON object per line; .* a JSON array"),
-    ('{"text": "fine", "label": "pos"}\n["stray", "row"]\n', r"a\.json:2: expected a JSON object "
-     r"per line$"),  # a line of JSON Lines, not a whole array
-    ('{\n  "text": "fine",\n  "label": "pos"\n}\n', r"a\.json:1: not valid JSON .*; one object a "
-     r"line \(JSON Lines\) is read, and this object spans lines: convert the file, e\.g\. jq -c \."),
-])
-def test_a_whole_json_document_says_that_json_lines_are_read(tmp_path, content, says):
-    """A valid JSON array in a .json file was called 'not valid JSON (Expecting value)'."""
-    with pytest.raises(DataError, match=says):
-        read(tmp_path, "a.json", content)
-
-
-def test_a_packed_file_says_so_not_that_its_bytes_are_not_utf8(tmp_path):
-    """A .tsv.gz read with --data-format tsv was told 'byte 0x8b ... is not UTF-8; iconv'."""
-    import gzip
-
-    (tmp_path / "a.tsv.gz").write_bytes(gzip.compress(b"text\tlabel\nfine\tpos\n"))
-    for spec in (FileSpec(path="a.tsv.gz", format="tsv"), FileSpec(path="a.tsv.gz")):
-        with pytest.raises(DataError, match=r"a\.tsv\.gz: gzip-compressed, not a text file: unpack "
-                                            r"it \(gunzip -k FILE\) and give the file it holds$"):
-            read_examples(spec, tmp_path, [])
-    (tmp_path / "b.tsv").write_text("BZh roadster: a great little car\tpos\n")  # text, not bzip2
-    assert read_examples(FileSpec(path="b.tsv", header=False, text_column=0, label_column=1),
-                         tmp_path, []).texts[0].startswith("BZh")
-    (tmp_path / "in.txt").write_bytes(b"PK\x03\x04\x14\x00")  # (predict reads any suffix as lines)
-    with pytest.raises(DataError, match=r"in\.txt: a zip archive \(as an \.xlsx workbook is\), not "
-                                        r"a text file: save the sheet as \.csv or \.tsv"):
-        read_texts(tmp_path / "in.txt")
-
-
-def _written(path, text: str):
-    path.write_text(text)
-    return path
-
-
-def test_a_number_for_a_text_is_refused_and_a_lone_surrogate_read_as_a_replacement(tmp_path):
-    """A column of ids read as the text trained on '101'; a JSON escape of half an emoji
-    ("\\ud83d", cut off) reached the tokenizer, whose TypeError named no file or line."""
-    from log_capture import nlptrain_messages
-
-    with pytest.raises(DataError, match=r"a\.jsonl:1: the text is 101 \(a number\), not a string: "
-                                        r"is the column the right one\?"):
-        read(tmp_path, "a.jsonl", '{"text": 101, "label": "pos"}\n')
-    with nlptrain_messages() as said:
-        found = read(tmp_path, "b.jsonl", '{"text": "fine", "label": "pos"}\n'
-                     '{"text": "cut \\ud83d here", "label": "pos"}\n{"text": "\\ud83d\\ude00", '
-                     '"label": "pos"}\n')
-    assert found.texts == ["fine", "cut \ufffd here", "\U0001f600"]  # a whole pair is an emoji
-    kept = read_texts(_written(tmp_path / "c.jsonl", '{"text": "ok", "meta": {"a": ["x\\ud83d"]}}\n'),
-                      keep=["meta"]).kept  # (json.dumps of it failed after scoring)
-    assert kept == [{"meta": {"a": ["x\ufffd"]}}]
-    assert [m for m in said if "surrogate" in m] == [
-        f"{tmp_path / 'b.jsonl'}:2: a lone UTF-16 surrogate escape (half an emoji?) read as U+FFFD "
-        "(and any later ones in the file)"]
 
 
 @pytest.mark.parametrize("values", [["neg", "pos"], []])
@@ -339,17 +258,6 @@ def test_a_null_inside_a_label_list_is_refused_not_a_label_named_none(tmp_path):
                                   '{"text": "b", "label": ["joy", null]}\n')
 
 
-def _labelled_task(tmp_path, rows: list[tuple[str, str]], **data):
-    from nlptrain.config import TaskConfig
-
-    (tmp_path / "train.tsv").write_text("text\tlabel\n" + "".join(f"{t}\t{lab}\n" for t, lab in rows))
-    task = TaskConfig(name="toy", data_dir=str(tmp_path))
-    task.data.train, task.data.test_size = "train.tsv", 0.2
-    for key, value in data.items():
-        setattr(task.data, key, value)
-    return task
-
-
 def test_odd_classes_in_the_train_file_are_said_and_the_split_says_how_it_was_made(
         tmp_path, tiny_model_dir):
     """A typo ('postive', 1 row) makes a class of its own where the labels are read from the
@@ -363,67 +271,17 @@ def test_odd_classes_in_the_train_file_are_said_and_the_split_says_how_it_was_ma
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     rows = [(f"row {i}", "pos" if i % 2 else "neg") for i in range(40)] + [("great", "postive")]
     with nlptrain_messages() as said:
-        sets = build_datasets(_labelled_task(tmp_path, rows), tokenizer, use_cache=False)
+        sets = build_datasets(labelled_task(tmp_path, rows), tokenizer, use_cache=False)
     assert any("label(s) 'postive' (1 row) of 41 rows: typos?" in m for m in said), said
     assert sets.sources["test"] == "20% of train (at random, seed 42)"
 
     rows = [(f"row {i}", "pos" if i % 2 else "neg") for i in range(40)]
     with nlptrain_messages() as said:
-        sets = build_datasets(_labelled_task(tmp_path, rows, labels=["neg", "pos", "neutral"]),
+        sets = build_datasets(labelled_task(tmp_path, rows, labels=["neg", "pos", "neutral"]),
                               tokenizer, use_cache=False)
     assert any("no train rows of class(es) 'neutral'" in m for m in said), said
     assert not any("typos?" in m for m in said)  # the task names its labels: none inferred
     assert sets.sources["test"] == "20% of train (stratified, seed 42)"
-
-
-def test_a_data_row_read_as_the_header_is_refused_not_lost(tmp_path):
-    from log_capture import nlptrain_messages
-
-    """Columns by number and the default header = true: a file without a header lost its first
-    row to the header, silently. Where the first row's label is one of the task's, it is data."""
-    (tmp_path / "a.tsv").write_text("good film\tpos\nbad film\tneg\n")
-    spec = FileSpec(path="a.tsv", text_column=0, label_column=1)
-    with pytest.raises(DataError, match=r"a\.tsv:1: the header row holds the label 'pos': a data "
-                                        r"row\? Give --no-header"):
-        read_examples(spec, tmp_path, ["neg", "pos"])
-    found = read_examples(FileSpec(path="a.tsv", text_column=0, label_column=1, header=False),
-                          tmp_path, ["neg", "pos"])
-    assert list(found.texts) == ["good film", "bad film"]
-    (tmp_path / "b.tsv").write_text("sentence\tlabel\ngood film\tpos\n")  # a real header: read
-    assert list(read_examples(FileSpec(path="b.tsv", text_column=0, label_column=1), tmp_path,
-                              ["neg", "pos"]).texts) == ["good film"]
-    # A multi-label row first ("14,18"): its cell is two labels, a data row all the same.
-    (tmp_path / "c.tsv").write_text("scared but glad\t14,18\nok\t18\n")
-    with pytest.raises(DataError, match=r"c\.tsv:1: the header row holds the label '14,18'"):
-        read_examples(FileSpec(path="c.tsv", text_column=0, label_column=1), tmp_path, ["14", "18"])
-    # No labels named (found in the rows): a score or a class id beside a text is data; else
-    # the row read as the header is said (a header's cells may be classes: spam, "5 stars").
-    (tmp_path / "d.tsv").write_text("a man sings\ta man plays\t3.5\nok\tfine\t1\n")
-    with pytest.raises(DataError, match=r"d\.tsv:1: the header row holds the label '3\.5': a data"):
-        read_examples(FileSpec(path="d.tsv", text_column=0, text_pair_column=1, label_column=2),
-                      tmp_path, [])
-    (tmp_path / "f.tsv").write_text("good film\t1\nbad film\t0\n")
-    with pytest.raises(DataError, match=r"f\.tsv:1: the header row holds the label '1'"):
-        read_examples(FileSpec(path="f.tsv", text_column=0, label_column=1), tmp_path, [])
-    headers = {"e.tsv": "0\t1\ngood film\t1\n", "g.csv": ",0,1\n0,good film,1\n",  # pandas'
-               "h.tsv": "text\tspam\ngood film\tspam\n", "i.tsv": "text\tstars\ngood\t5 stars\n"}
-    for name, content in headers.items():
-        (tmp_path / name).write_text(content)
-        columns = (1, 2) if name.endswith("csv") else (0, 1)
-        with nlptrain_messages() as said:
-            found = read_examples(FileSpec(path=name, text_column=columns[0],
-                                           label_column=columns[1]), tmp_path, [])
-        assert found.texts == ["good film" if name != "i.tsv" else "good"], name
-        assert any(f"{name}: line 1 read as the header row" in m for m in said), said
-
-
-@pytest.mark.parametrize("name", ["a.tsv", "a.csv"])
-def test_a_negative_column_index_is_refused_not_read_from_the_end(tmp_path, name):
-    """text_column = -1 read the last column, the label, as the text: the model learnt its label."""
-    with pytest.raises(DataError, match=r"a\.[ct]sv: text column -1: columns count from 0, the "
-                                        r"first; set text_column in the task's \[data\]"):
-        read(tmp_path, name, "fine film\tpos\n".replace("\t", "\t" if name.endswith("tsv") else ","),
-             header=False, text_column=-1, label_column=1)
 
 
 def test_a_cell_that_starts_with_a_quote_of_its_text_says_the_cure(tmp_path):
