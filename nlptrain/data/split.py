@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.data.label_order import LabelOrder, label_key
-from nlptrain.data.tokenized import CACHE_FOLDER
 from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.logs import add_log_level
@@ -297,6 +296,8 @@ def _check_out(out: Path, overwrite: bool) -> None:
 
 def _not_a_splits(out: Path) -> str:
     """What in `out` is no split's: '' where it holds a split's manifest and its parts alone."""
+    from nlptrain.data.tokenized import CACHE_FOLDER  # (torch: not for `--help`)
+
     try:
         body = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
