@@ -19,6 +19,7 @@ from nlptrain.events import Callback
 from nlptrain.scores import strict_json
 
 from .grad_clip import logged_grad_norm
+from .step_sums import StepSum
 from .training_rate import TrainingRate
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class MetricLogger(Callback):
         # the trainer's samples_in_epoch counts a step only once its flags are read, one step
         # late where the optimizer skips on the device, which left a resumed run's first window
         # at 0 samples/s.
-        self.loss_sum: Any = 0.0
+        self.loss_sum = StepSum()
         self.rate.restart(now)
         self.batches = 0
 
@@ -78,7 +79,7 @@ class MetricLogger(Callback):
         if not trainer.is_update_step:
             return
         self.stepped = True  # this run's end writes its own closing row
-        self.loss_sum = self.loss_sum + trainer.step_loss  # its micro-batches, all ranks
+        self.loss_sum.add(trainer.step_loss)  # its micro-batches, all ranks
         self.rate.add(trainer.step_rows)
         self.batches += 1
         self.step_epoch = trainer.epoch + 1  # (at the run's end, trainer.epoch is past the last)
@@ -127,7 +128,7 @@ class MetricLogger(Callback):
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         saved = state.get("metric_logger")
         if saved is not None:
-            self.loss_sum, self.batches = float(saved["loss_sum"]), int(saved["batches"])
+            self.loss_sum, self.batches = StepSum(float(saved["loss_sum"])), int(saved["batches"])
         # The closing row of the run that stopped at this step goes (the resumed run's window
         # goes on), but comes back as it was if no step runs (a finished run resumed).
         self.closing_row = _closing_row_at(self.path, trainer.global_step)

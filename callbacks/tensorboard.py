@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from nlptrain.events import Callback
 
 from .grad_clip import logged_grad_norm
+from .step_sums import StepSum
 from .training_rate import TrainingRate
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class TensorBoardLogger(Callback):
         self.log_dir = Path(log_dir)
         self.writer: Any = None
         self.rate = TrainingRate()  # of the steps since the previous logged one
-        self.loss_sum: Any = 0.0  # of those steps, on the device until a point is logged
+        self.loss_sum = StepSum()  # of those steps, on the device until a point is logged
         self.steps = 0
 
     def on_train_start(self, trainer: Trainer) -> None:
@@ -60,12 +61,13 @@ class TensorBoardLogger(Callback):
         if self.writer is None or not trainer.is_update_step:
             return
         self.rate.add(trainer.step_rows)
-        self.loss_sum, self.steps = self.loss_sum + trainer.step_loss, self.steps + 1
+        self.loss_sum.add(trainer.step_loss)
+        self.steps += 1
         if step % trainer.config.log_every:
             return
         now = time.perf_counter()
         self.writer.add_scalar("train/loss", float(self.loss_sum) / self.steps, step)
-        self.loss_sum, self.steps = 0.0, 0
+        self.loss_sum, self.steps = StepSum(), 0
         self.writer.add_scalar("train/lr", trainer.step_lr, step)
         grad_norm = logged_grad_norm(trainer)
         if grad_norm is not None:
@@ -79,7 +81,7 @@ class TensorBoardLogger(Callback):
     def on_load_checkpoint(self, trainer: Trainer, state: dict) -> None:
         saved = state.get("tensorboard_loss")
         if saved is not None:
-            self.loss_sum, self.steps = float(saved["loss_sum"]), int(saved["steps"])
+            self.loss_sum, self.steps = StepSum(float(saved["loss_sum"])), int(saved["steps"])
 
     def on_valid_start(self, trainer: Trainer) -> None:
         self.rate.evaluation_begins()

@@ -6,19 +6,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from .step_sums import StepSum
+
 
 class TrainingRate:
     def __init__(self) -> None:
         self.restart()
 
     def restart(self, now: float | None = None) -> None:
-        self.rows: Any = 0  # a device tensor once summing: read only when the rate is
+        self.rows = StepSum()  # on the device: read only when the rate is
         self.start = time.perf_counter() if now is None else now
         self.evaluating_s = 0.0
         self._evaluation_began: float | None = None
 
     def add(self, rows: Any) -> None:
-        self.rows = self.rows + rows
+        self.rows.add(rows)
 
     def evaluation_begins(self) -> None:
         self._evaluation_began = time.perf_counter()

@@ -7,6 +7,8 @@ anyone remembering to (as torchtnt's `Progress` and fastNLP's `TrainerState`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,7 +89,8 @@ class StepWindow:
     def __init__(self) -> None:
         self.micro_batches = 0
         self.first_batch = 0  # batch_in_epoch when the window opened
-        self._flags: Any = None  # [finite loss x rows sum, non-finite count, rows, stop, save] on the device
+        self._loss: Any = None  # the window's loss x rows, summed on the device
+        self._rows = 0  # the window's rows on this rank (the host knows them)
         self._random: dict[str, Any] | None = None
         self._plan: np.ndarray | None = None  # [batch, rank]: the rows of each batch left this epoch
         self._plan_from, self._rank = 0, 0  # the batch_in_epoch of the plan's first batch; ours
@@ -120,24 +123,24 @@ class StepWindow:
         return 1.0 / (float(self._weights[self.micro_batches]) * world_size)
 
     def add(self, loss: Any, rows: int) -> None:
+        """Two device ops a micro-batch (three past a window's first): on a launch-bound GPU each
+        small kernel costs as much as one of the model's. A non-finite loss is not set apart here:
+        it makes the sum non-finite, which is what `AgreedStep` reads."""
         self.taking = False  # this micro-batch's backward passes are done
-        loss = loss.detach().double()
-        if self._flags is None:
-            self._flags = torch.zeros(5, dtype=torch.float64, device=loss.device)
-        finite = torch.isfinite(loss)
-        self._flags[0] += torch.where(finite, loss * rows, 0.0)  # the logged loss: a mean by row
-        self._flags[1] += (~finite).double()
-        self._flags[2] += rows  # a scalar from the host: no copy to the device, no sync
+        weighted = loss.detach().double() * rows  # the logged loss: a mean by row
+        self._loss = weighted if self._loss is None else self._loss + weighted
+        self._rows += rows
         self.micro_batches += 1
 
     def agree(self, dist: Backend, stop: bool, save: bool, where: str, steps_done: int) -> AgreedStep:
-        """[loss x rows sum, non-finite count, rows, stop, save] summed over the ranks: the step's
-        one collective, launched on the device; nothing is read back here. `steps_done`: the
-        optimizer steps before this one (the requests sent now were made after the last)."""
-        self._flags[1].clamp_(max=1.0)  # this rank had a non-finite loss: the sum counts ranks
-        self._flags[3], self._flags[4] = float(stop), float(save)
-        sums = dist.all_sum_tensor(self._flags)
-        return AgreedStep(sums, where, steps_done)
+        """[loss x rows sum, rows, stop, save] summed over the ranks: the step's one collective,
+        launched on the device; nothing is read back here. `steps_done`: the optimizer steps
+        before this one (the requests sent now were made after the last)."""
+        device = self._loss.device  # (pinned for a GPU: its copy does not wait on the host)
+        host = torch.tensor([self._rows, float(stop), float(save)], dtype=torch.float64,
+                            pin_memory=device.type == "cuda")
+        flags = torch.cat([self._loss.view(1), host.to(device, non_blocking=True)])
+        return AgreedStep(dist.all_sum_tensor(flags), self._loss, where, steps_done)
 
     def undo(self) -> int:
         """Put the random state back as it was when the window opened; returns where it began."""
@@ -147,7 +150,7 @@ class StepWindow:
         return first
 
     def close(self) -> None:
-        self.micro_batches, self._flags, self._random = 0, None, None
+        self.micro_batches, self._loss, self._rows, self._random = 0, None, 0, None
 
 
 class AgreedStep:
@@ -155,15 +158,14 @@ class AgreedStep:
 
     On a GPU the copy is started at once (pinned memory, non-blocking) and an event marks its end,
     so that `read()` one step later finds it done: the host never waits for the device queue to
-    drain. `skip` and `loss` stay on the device, for an optimizer that skips a step there."""
+    drain. `skip` and `loss` stay on the device, made only when asked for (an optimizer that
+    skips a step there; a logger)."""
 
-    def __init__(self, sums: torch.Tensor, where: str, steps_done: int) -> None:
+    def __init__(self, sums: torch.Tensor, own_loss: torch.Tensor, where: str, steps_done: int) -> None:
         self.where = where  # the step's batches, for the error message
         self.steps_done = steps_done  # requests in these flags were made after this many steps
-        bad = sums[1] > 0
-        self.skip = bad.float()  # fused AdamW's found_inf: 1 leaves weights and moments as they are
-        self.loss = torch.where(bad, torch.nan, sums[0] / sums[2].clamp(min=1))  # by row
-        self.rows = sums[2]  # the step's rows, all ranks (for a logger's throughput)
+        self.rows = sums[1]  # the step's rows, all ranks (for a logger's throughput)
+        self._sums, self._own_loss = sums, own_loss
         self._host, self._done = sums, None
         if sums.is_cuda:
             self._host = torch.empty(sums.shape, dtype=sums.dtype, pin_memory=True)
@@ -171,9 +173,24 @@ class AgreedStep:
             self._done = torch.cuda.Event()
             self._done.record()
 
-    def read(self) -> tuple[float, float, float, float]:
-        """(non-finite count, rows, stop, save) on the host: the step's one host read."""
+    @functools.cached_property
+    def skip(self) -> torch.Tensor:
+        """Fused AdamW's found_inf: 1 (the sum is inf or NaN) leaves weights and moments as they are."""
+        return (self._sums[0] * 0).isnan().float()
+
+    @functools.cached_property
+    def loss(self) -> torch.Tensor:
+        """The step's mean loss by row, all ranks; not finite where any rank's was not."""
+        return self._sums[0] / self._sums[1].clamp(min=1)
+
+    def read(self) -> tuple[bool, float, float, float]:
+        """(finite, rows, stop, save) on the host: the step's one host read."""
         if self._done is not None:
             self._done.synchronize()
-        _, bad, rows, stop, save = self._host.tolist()
-        return bad, rows, stop, save
+        loss, rows, stop, save = self._host.tolist()
+        return math.isfinite(loss), rows, stop, save
+
+    def ranks_not_finite(self, dist: Backend) -> int:
+        """How many ranks' losses were not finite: a collective, which every rank makes when the
+        read sum is not finite (the failing step only: no flag a step for it)."""
+        return int(dist.all_sum([0.0 if math.isfinite(float(self._own_loss)) else 1.0])[0])

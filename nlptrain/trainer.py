@@ -133,8 +133,7 @@ class Trainer(ProgressCounters):
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self.step_loss: torch.Tensor | None = None  # the latest step's loss, on the device
-        self.step_rows: torch.Tensor | None = None  # and its rows, all ranks
+        self._latest: AgreedStep | None = None  # the latest step's agreed flags (step_loss)
         self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
@@ -170,6 +169,17 @@ class Trainer(ProgressCounters):
         """Every rank has agreed that the run ends after this step (max_steps, a stop read in
         the flags, early stopping): the epoch's end (its evaluation, on_epoch_end) comes next."""
         return self._stop_agreed
+
+    @property
+    def step_loss(self) -> torch.Tensor | None:
+        """The latest step's mean loss by row, all ranks, on the device (made when first read:
+        on a launch-bound GPU a kernel a step that no callback reads is a cost)."""
+        return None if self._latest is None else self._latest.loss
+
+    @property
+    def step_rows(self) -> torch.Tensor | None:
+        """The latest step's rows, all ranks, on the device."""
+        return None if self._latest is None else self._latest.rows
 
     @property
     def last_loss(self) -> float:
@@ -294,7 +304,9 @@ class Trainer(ProgressCounters):
         if not self.window.taking:  # its gradient would go into the next step, weighed wrongly
             raise TrainingError("trainer.backward() runs a micro-batch's passes: call it from "
                                 "on_batch_start to on_backward_end, not after them")
-        self.scaler.scale(loss / self.window.loss_divisor(self.dist.world_size)).backward()
+        divisor = self.window.loss_divisor(self.dist.world_size)
+        weighted = loss if divisor == 1.0 else loss / divisor  # (a launch saved where it is 1)
+        self.scaler.scale(weighted).backward()
 
     def rewrap_model(self) -> None:
         """Wrap again (DDP registers the parameters that require grad): on every rank at the
@@ -400,7 +412,7 @@ class Trainer(ProgressCounters):
             self.progress.batch_in_epoch = self.window.undo()
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        self._pending, self.step_loss, self.step_rows = agreed, agreed.loss, agreed.rows
+        self._pending = self._latest = agreed
         if not self._skips_on_device():
             self.settle()  # this step's update must not apply a non-finite loss
         self.window.close()
@@ -413,10 +425,11 @@ class Trainer(ProgressCounters):
         agreed, self._pending = self._pending, None
         if agreed is None:
             return
-        bad, rows, stop, save = agreed.read()
-        if bad:
+        finite, rows, stop, save = agreed.read()
+        if not finite:
             raise TrainingError(
-                f"the loss is not finite at {agreed.where} on {int(bad)} rank(s); the weights were"
+                f"the loss is not finite at {agreed.where} on {agreed.ranks_not_finite(self.dist)} "
+                "rank(s); the weights were"
                 " not updated. Resume from the last checkpoint at a lower lr (--resume --lr) or in fp32")
         self.progress.samples_in_epoch += int(rows)
         if stop:

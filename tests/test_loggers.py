@@ -313,3 +313,16 @@ def test_a_finished_run_resumed_from_python_returns_its_scores(tmp_path, tiny_mo
     again = make_trainer(tmp_path, tiny_model_dir, [Checkpointer(folder, 3)], resume_from=folder,
                          **STEPS).fit()
     assert again == ended and "accuracy" in again
+
+
+def test_a_step_sum_keeps_each_steps_value_until_read_and_folds_a_long_window():
+    import torch
+    from nlptrain.callbacks.step_sums import StepSum
+
+    values = [torch.tensor(0.5 + i, dtype=torch.float64) for i in range(600)]
+    summed = StepSum(2.0)  # a resumed window's sum so far, from a checkpoint
+    for value in values:
+        summed.add(value)
+        assert len(summed._parts) < StepSum.FOLD  # folded: 600 steps keep few tensors
+    assert float(summed) == 2.0 + sum(0.5 + i for i in range(600))
+    assert float(StepSum()) == 0.0
