@@ -65,7 +65,7 @@ def bare(model, data: tuple, batch: int, warmup: int, steps: int, device: torch.
     if compile:
         model.compile()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.0,
-                                  fused=device.type == "cuda" or None)
+                                  fused=True)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     pin = device.type == "cuda"
     order = torch.randperm(ids.shape[0], generator=torch.Generator().manual_seed(0))
@@ -107,7 +107,7 @@ def nlptrain(model, data: tuple, batch: int, warmup: int, steps: int, device: to
 
     precision = PRECISION_OF[dtype]
     config = TrainConfig(epochs=1, batch_size=batch, lr=2e-5, weight_decay=0.0, warmup_ratio=0.0,
-                         max_grad_norm=0.0, precision=precision, group_by_length=False,
+                         max_grad_norm=0.0, precision=precision, group_by_length=False, cpu_dropout=False,
                          compile=compile)
     trainer = Trainer(model, rows, None, config=config, callbacks=[Clock()],
                       collate=Collator(0, pad_to=ids.shape[1]))
