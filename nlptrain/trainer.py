@@ -396,8 +396,8 @@ class Trainer(ProgressCounters):
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
 
     def _agree_on_step(self) -> bool:
-        """The optimizer step's one collective: every rank's loss, non-finite count, rows, stop
-        and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a
+        """The optimizer step's one collective: every rank's loss x rows (not finite where a loss
+        was not), rows, stop and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a
         step on the device (fused AdamW, no fp16 scaler) they are read one step late: a
         non-finite step is skipped there, and the next read raises before any later step; else
         they are read now. A stop asked anywhere ends the run after the step whose flags carry
@@ -421,7 +421,9 @@ class Trainer(ProgressCounters):
     def settle(self) -> None:
         """Read the latest step's agreed flags, if still unread: raise on a non-finite loss, note
         a stop, count the rows. Every rank calls it at the same points (each optimizer step,
-        checkpoints, evaluations, epoch ends), so every rank decides the same."""
+        checkpoints, evaluations, epoch ends), so every rank decides the same; on a non-finite
+        step every rank then joins one more collective (how many ranks' losses were not finite),
+        so a callback of the main rank alone must not call it."""
         agreed, self._pending = self._pending, None
         if agreed is None:
             return

@@ -315,14 +315,31 @@ def test_a_finished_run_resumed_from_python_returns_its_scores(tmp_path, tiny_mo
     assert again == ended and "accuracy" in again
 
 
-def test_a_step_sum_keeps_each_steps_value_until_read_and_folds_a_long_window():
+def test_a_step_sum_adds_as_each_step_added_at_once_so_a_resumed_window_ends_on_the_same_bits():
     import torch
     from nlptrain.callbacks.step_sums import StepSum
 
-    values = [torch.tensor(0.5 + i, dtype=torch.float64) for i in range(600)]
-    summed = StepSum(2.0)  # a resumed window's sum so far, from a checkpoint
+    values = torch.rand(600, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    at_once = 0.0  # the sum as a logger adding each step's value at once makes it
+    for value in values.tolist():
+        at_once += value
+    whole = StepSum()
     for value in values:
-        summed.add(value)
-        assert len(summed._parts) < StepSum.FOLD  # folded: 600 steps keep few tensors
-    assert float(summed) == 2.0 + sum(0.5 + i for i in range(600))
-    assert float(StepSum()) == 0.0
+        whole.add(value.clone())
+        assert len(whole._parts) < StepSum.FOLD  # joined: 600 steps keep few tensors
+    assert float(whole) == at_once
+    for cut in (1, 4, 255, 300):  # a checkpoint's sum after `cut` steps, the rest after resume
+        resumed = StepSum(_summed(values[:cut]))
+        for value in values[cut:]:
+            resumed.add(value.clone())
+        assert float(resumed) == at_once, cut
+    assert float(StepSum()) == 0.0 and float(StepSum(2.5)) == 2.5
+
+
+def _summed(values):
+    from nlptrain.callbacks.step_sums import StepSum
+
+    summed = StepSum()
+    for value in values:
+        summed.add(value.clone())
+    return float(summed)
