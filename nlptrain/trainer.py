@@ -397,10 +397,10 @@ class Trainer(ProgressCounters):
 
     def _agree_on_step(self) -> bool:
         """The optimizer step's one collective: every rank's loss x rows (not finite where a loss
-        was not), rows, stop and save requests, summed on the device (`AgreedStep`). Where the optimizer can skip a
-        step on the device (fused AdamW, no fp16 scaler) they are read one step late: a
-        non-finite step is skipped there, and the next read raises before any later step; else
-        they are read now. A stop asked anywhere ends the run after the step whose flags carry
+        was not), rows, stop and save requests, summed on the device (`AgreedStep`). Where the
+        optimizer can skip a step on the device (fused AdamW, no fp16 scaler) they are read one
+        step late: a non-finite step is skipped there, and the next read raises before any later
+        step; else they are read now. A stop asked anywhere ends the run after the step whose flags carry
         it; a window begun after it is undone on every rank (not counted, random state back)."""
         first, last = self.window.first_batch + 1, self.batch_in_epoch
         where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
