@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 return code
         from nlptrain.signals import interrupt_on_signals
 
-        with interrupt_on_signals(enabled=not _under_agent()):  # a preemption outside the
+        with interrupt_on_signals(by_launcher=_under_agent()):  # a preemption outside the
             code = args.handler(args)                           # steps: a Ctrl-C, said
         return _flush_stdout() or code
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
@@ -380,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         raise
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
         # checkpoints), or the first one before training began
+        if getattr(stop, "by_launcher", False):  # its cleanup done; the agent says its own stop
+            tell_launcher(f"stopped by {stop.signal_name} outside the training steps", follows=True)
+            return 128 + stop.signum  # as a shell reports a process ended by that signal
         said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
         by = getattr(stop, "signal_name", "")  # SIGTERM, SIGHUP; else a Ctrl-C

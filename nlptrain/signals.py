@@ -42,23 +42,30 @@ def stop_on_signals(request_stop: Callable[[], None], say: bool = True) -> Itera
 
 
 class StoppedBySignal(KeyboardInterrupt):
-    """SIGTERM or SIGHUP outside the training steps, raised as a Ctrl-C is."""
+    """SIGTERM or SIGHUP outside the training steps, raised as a Ctrl-C is. `by_launcher`: in a
+    worker of torch's agent (torchrun, --nproc), which SIGTERMs every worker when one fails."""
 
-    def __init__(self, signum: int) -> None:
+    def __init__(self, signum: int, by_launcher: bool = False) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signal_name = signal.Signals(signum).name
+        self.signum = int(signum)
+        self.by_launcher = by_launcher
 
 
 @contextlib.contextmanager
-def interrupt_on_signals(enabled: bool = True) -> Iterator[None]:
+def interrupt_on_signals(by_launcher: bool = False) -> Iterator[None]:
     """Within the block, SIGTERM and SIGHUP raise StoppedBySignal as SIGINT raises
     KeyboardInterrupt: a preemption while the data is read or the results written ended the
-    process at once, without a word (and without the cleanup a Ctrl-C gets)."""
+    process at once, without a word and without the cleanup a Ctrl-C gets. In a worker of
+    torch's agent too (`by_launcher`), whose SIGTERM for another rank's failure ended it before
+    its cleanup: a new run that had written nothing stayed behind, and the same command, once
+    fixed, was refused there ("already holds a run"). The command then ends without a line of
+    its own: the failing rank's error and the agent's summary say what happened."""
 
     def handle(signum: int, frame: Any) -> None:
-        raise StoppedBySignal(signum)
+        raise StoppedBySignal(signum, by_launcher)
 
-    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:]) if enabled else ()):
+    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:])):
         yield
 
 
