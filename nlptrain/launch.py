@@ -207,6 +207,7 @@ PIPE_CLOSED = 141  # a worker's exit code when its stdout's reader went away (cl
 STDOUT_CLOSED = "stdout closed"  # its record, written as it finds out (it may not get to exit)
 INTERRUPTED_AT_ONCE = "interrupted"  # a worker's record: a KeyboardInterrupt, not the agreed stop
 EXITED = "sys.exit"  # a worker's record: it ended by sys.exit(n), with no error to show
+SIGNALLED = "stopped by"  # a worker's record: a signal outside the steps ended it, cleanly
 
 
 def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> str:
@@ -219,6 +220,9 @@ def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> 
     if exitcode == Interrupted.exit_code:  # no failure: a SIGTERM/SIGINT to one worker stops all
         return (f"the {nproc} workers stopped after the same step, on a signal sent to a worker "
                 "(not to this launcher); the line above says how to go on")
+    if exitcode > 128 and message.startswith(SIGNALLED):  # (a kill of one worker, a scheduler's)
+        return (f"rank {rank} of {nproc} was ended by {message.removeprefix(SIGNALLED).strip()}"
+                "; any error of its own is above")
     if exitcode >= 0 and message.startswith(EXITED):
         return f"rank {rank} of {nproc} ended by {message}, with no error of its own"
     if exitcode >= 0 and message:
@@ -275,7 +279,32 @@ def tell_launcher(message: str | None, follows: bool = False) -> None:
     text = message or traceback.format_exc()
     record = {"message": {"message": (message or traceback.format_exc(limit=0)).strip(),
                           "extraInfo": {"py_callstack": text, "timestamp": str(when)}}}
+    global _told
     try:
         Path(path).write_text(json.dumps(record))
+        _told = True
     except OSError:  # never hide the error itself
         pass
+
+
+_told = False  # a record was written (an early one: a closed pipe, sys.exit)
+
+
+def tell_stopped_by_launcher(stop: BaseException, signum: int) -> int:
+    """A worker of torch's agent stopped by its SIGTERM (`StoppedBySignal.by_launcher`), its
+    cleanup done: the exit code, and a record where it wrote none. A rank unwinding from an
+    end of its own when the agent stopped it (a closed pipe, sys.exit(n): told at once, as the
+    agent's SIGTERM may come before the command ends) keeps that record and its exit code."""
+    import signal
+
+    cause = stop.__context__
+    while cause is not None:
+        if isinstance(cause, SystemExit):
+            return cause.code if isinstance(cause.code, int) else 1
+        if isinstance(cause, BrokenPipeError):
+            return PIPE_CLOSED
+        cause = cause.__context__
+    if not _told:
+        tell_launcher(f"{SIGNALLED} {signal.Signals(signum).name} outside the training steps",
+                      follows=True)
+    return 128 + signum  # as a shell reports a process ended by that signal

@@ -63,9 +63,13 @@ def interrupt_on_signals(by_launcher: bool = False) -> Iterator[None]:
     its own: the failing rank's error and the agent's summary say what happened."""
 
     def handle(signum: int, frame: Any) -> None:
+        if by_launcher:  # once: a second one (a scheduler's beside the agent's) would cut the
+            for stop in stopping:  # cleanup short; the agent's SIGKILL ends a hang after it
+                signal.signal(stop, signal.SIG_IGN)
         raise StoppedBySignal(signum, by_launcher)
 
-    with _handled_by(handle, (signal.SIGTERM, *STOP_SIGNALS[2:])):
+    stopping = (signal.SIGTERM, *STOP_SIGNALS[2:])
+    with _handled_by(handle, stopping):
         yield
 
 

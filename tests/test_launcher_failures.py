@@ -189,6 +189,49 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
             "its own is above") in capsys.readouterr().err
 
 
+def _stopped_by_the_agent_while(raised: BaseException | None):
+    from nlptrain.signals import StoppedBySignal
+
+    try:
+        try:
+            if raised is not None:
+                raise raised
+            raise StoppedBySignal(signal.SIGTERM, by_launcher=True)
+        except StoppedBySignal:
+            raise
+        except BaseException:  # the agent's SIGTERM as this rank unwound from its own end
+            raise StoppedBySignal(signal.SIGTERM, by_launcher=True) from None
+    except StoppedBySignal as stop:
+        return stop
+
+
+def test_a_worker_the_agent_stops_as_it_unwinds_from_its_own_end_keeps_that_ends_record(
+        tmp_path, monkeypatch, capsys):
+    """A closed pipe and sys.exit(n) are told at once, since the agent's SIGTERM may come as the
+    rank unwinds; the SIGTERM, now raised for the cleanup to run, must not replace that record
+    or its exit code (review 93: 'rank 0 of 2 failed (exit code 143)' for `predict | head`)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from nlptrain import launch
+
+    record = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(record))
+    monkeypatch.setattr(launch, "_told", False)
+    assert launch.tell_stopped_by_launcher(_stopped_by_the_agent_while(SystemExit(3)), 15) == 3
+    assert launch.tell_stopped_by_launcher(_stopped_by_the_agent_while(BrokenPipeError()), 15) == \
+        launch.PIPE_CLOSED
+    assert not record.exists()
+    launch.tell_launcher("stdout closed: the reader has what it wanted")  # told, then stopped
+    assert launch.tell_stopped_by_launcher(_stopped_by_the_agent_while(None), 15) == 143
+    assert "stdout closed" in record.read_text()
+    monkeypatch.setattr(launch, "_told", False)  # a worker with nothing told: its own record
+    assert launch.tell_stopped_by_launcher(_stopped_by_the_agent_while(None), 15) == 143
+    stopped = recorded_failure(tmp_path, 1, 143, "stopped by SIGTERM outside the training steps")
+    assert launch.reported_failure(ChildFailedError("nlptrain", {1: stopped}), 2) == 143
+    assert ("error: rank 1 of 2 was ended by SIGTERM outside the training steps; any error of its "
+            "own is above") in capsys.readouterr().err
+
+
 @pytest.mark.distributed
 def test_a_rendezvous_port_in_use_is_this_ranks_own_error_with_its_fix(toy_task, tmp_path):
     """Rank 0 cannot listen on MASTER_PORT (another job's rendezvous holds it): its error says
