@@ -17,13 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import (
-    INTERRUPTED_AT_ONCE,
-    PIPE_CLOSED,
-    add_launch_options,
-    tell_exit,
-    tell_stopped_by_launcher,
-)
+from nlptrain.launch import INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
@@ -387,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
         # checkpoints), or the first one before training began
         if getattr(stop, "by_launcher", False):  # its cleanup done; the agent says its own stop
+            from nlptrain.launch import tell_stopped_by_launcher
+
             return tell_stopped_by_launcher(stop, stop.signum)
         said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
