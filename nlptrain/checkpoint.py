@@ -86,8 +86,8 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     """Every rank calls this; rank 0 writes `folder` (and prunes to the last `keep`)."""
     trainer.settle()  # the latest step's flags first: nothing is saved after a non-finite step
     # Every rank's random state now, and where its epoch's batches began (`_read_past`).
-    rngs, epoch_rngs = zip(*trainer.dist.gather_objects((rng_state(), trainer.epoch_random)),
-                           strict=True)
+    began = trainer.train_batches.epoch_random
+    rngs, epoch_rngs = zip(*trainer.dist.gather_objects((rng_state(), began)), strict=True)
     callbacks = trainer.callback_states()
     # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.
     weights = trainer.strategy.checkpoint_weights(trainer.model, trainer.optimizer, folder)
@@ -318,7 +318,8 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])
-        trainer.epoch_random = state.get("epoch_rng", [None] * len(rngs))[trainer.dist.rank]
+        began = state.get("epoch_rng", [None] * len(rngs))
+        trainer.train_batches.epoch_random = began[trainer.dist.rank]
     else:
         warn("%s was written by %d ranks, this job has %d: data order resumes exactly, dropout "
              "randomness does not", folder, meta["world_size"], trainer.dist.world_size)

@@ -11,28 +11,28 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
 from nlptrain import checkpoint, distributed, host_memory, kinds, losses, models, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
-from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader, typical_batch
+from nlptrain.loaders import typical_batch
 from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
-from nlptrain.trainer_arguments import checked_kind, listed_label_names, listed_metrics
+from nlptrain.train_batches import TrainBatches
+from nlptrain.trainer_arguments import checked_kind, default_collate, listed_label_names, listed_metrics
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -95,12 +95,7 @@ class Trainer(ProgressCounters):
         self.tokenizer = tokenizer
         self.train_data = train_data = self._as_dataset(train_data, "train")
         eval_data = self._as_dataset(eval_data, "valid")
-        pad_id = getattr(model_config, "pad_token_id", None) or 0
-        if config.padding == "max_length" and collate is None:  # else padded as dynamic, unsaid
-            raise ConfigError("padding='max_length' pads to the task's max_length, which a Trainer "
-                              "is not given: pass collate=Collator(pad_id, pad_to=MAX_LENGTH)")
-        self.collate = collate or Collator(pad_id, multiple=config.pad_to_multiple_of,
-                                           limit=models.usable_positions(model))
+        self.collate = collate or default_collate(model, config)
 
         def job_step() -> precision.JobStep | None:  # what "auto" times on a GPU
             batch = typical_batch(train_data, self.collate, config.batch_size)
@@ -142,10 +137,8 @@ class Trainer(ProgressCounters):
         self.metrics: dict[str, Any] = {}
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
-        self.interrupted, self._resume_samples = False, 0
-        self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
-        self._loader_for: tuple[Any, Any] = (None, None)
-        self._said_unsharded = False  # a user's loader that every rank reads whole
+        self.interrupted = False
+        self.train_batches = TrainBatches()  # each epoch's, from train_data
         self._failed, self._owns_dist, self._fits = False, dist is None, 0
         self._loaded_optimizer = self.optimizer if self.resumed_from is not None else None
         if self.resumed_from is not None:
@@ -217,7 +210,7 @@ class Trainer(ProgressCounters):
         while not self._agree_on_stop() and self.epoch < self.config.epochs:
             self.callbacks.fire("on_epoch_start", self)
             self.model.train()
-            for batch in self._epoch_batches():  # read after the event: it may swap the data
+            for batch in self.train_batches.of_epoch(self):  # after the event: it may swap the data
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
             self.settle()  # the last step's flags, before the epoch's decisions
@@ -350,35 +343,6 @@ class Trainer(ProgressCounters):
 
     # -- the pieces of the loop ------------------------------------------------------------
 
-    def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        """This epoch's batches: set_epoch, resume offset, and one step count for all ranks."""
-        if self.train_data is None:
-            raise ConfigError("no training data: pass train_data or set trainer.train_data "
-                              "in a callback's on_train_start")
-        resumed, self._resume_samples = self._resume_samples, 0
-        if not resumed:  # (a resume has the checkpoint's: a user's loader's skip draws from it)
-            self.epoch_random = checkpoint.rng_state()
-        loader = self._loader(self.train_data)
-        batches = epoch_batches(loader, self.config, self.progress, self.dist, resumed, self.epoch_random)
-        made = loader is self._loader_for[1]  # a loader of the user's, even over our sampler: no plan
-        plan = planned_batch_rows(loader, self.dist.world_size) if made else None
-        self.window.plan_rows(plan, self.batch_in_epoch, self.dist.rank)
-        return batches
-
-    def _loader(self, data: Any) -> Any:
-        """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
-        if self._loader_for[0] is data:
-            return self._loader_for[1]
-        cfg, original, data = self.config, data, self._as_dataset(data, "train")
-        if not isinstance(data, Dataset) or isinstance(data, DataLoader):
-            self._said_unsharded |= check_own_loader(  # (a new one each epoch: said once)
-                data, cfg, self.dist.world_size, say=self.is_main and not self._said_unsharded)
-            return data
-        loader = train_loader(data, cfg, self.dist.world_size, self.dist.rank, self.collate,
-                              self.device)
-        self._loader_for = (original, loader)
-        return loader
-
     def _as_dataset(self, data: Any, what: str) -> Any:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An
         evaluation set must hold what the train set holds: pairs, or single texts."""
@@ -455,7 +419,8 @@ class Trainer(ProgressCounters):
         return self.progress.state_dict()
 
     def load_progress_state(self, state: dict) -> None:
-        self._resume_samples = self.progress.load_state_dict(state)  # the sampler skips these
+        # the sampler skips these
+        self.train_batches.resume_samples = self.progress.load_state_dict(state)
 
     # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
 
@@ -473,7 +438,7 @@ class Trainer(ProgressCounters):
     def close(self) -> None:
         """Drop the DDP wrapper (cures a gloo exit hang); end the process group if ours."""
         self.model = self.unwrapped_model
-        self._loader_for = (None, None)
+        self.train_batches.close()
         if self._owns_dist:
             self.dist.close(failed=self._failed)
 

@@ -1,13 +1,17 @@
 """A Trainer's arguments that Python would take wrong without a word, or fail on later with a
 message about something else: a task kind's class for an instance, one function for a list of
-metrics, a string for a list of label names (a list of its characters)."""
+metrics, a string for a list of label names (a list of its characters); and the defaults that
+depend on the model."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from nlptrain.config import TrainConfig
+from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
+from nlptrain.models import usable_positions
 
 
 def checked_kind(kind: Any) -> Any:
@@ -29,3 +33,13 @@ def listed_label_names(names: Sequence[str] | None) -> list[str] | None:
         raise ConfigError(f"label_names= takes a list of names, not the string {names!r}: "
                           f"label_names={[n.strip() for n in names.split(',')]}")
     return list(names) if names else None
+
+
+def default_collate(model: Any, config: TrainConfig) -> Collator:
+    """Pads each batch to its longest row (a multiple of `pad_to_multiple_of`), with the model's
+    pad id, cut at the positions the model has."""
+    if config.padding == "max_length":  # else padded as dynamic, unsaid
+        raise ConfigError("padding='max_length' pads to the task's max_length, which a Trainer "
+                          "is not given: pass collate=Collator(pad_id, pad_to=MAX_LENGTH)")
+    pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
+    return Collator(pad_id, multiple=config.pad_to_multiple_of, limit=usable_positions(model))
