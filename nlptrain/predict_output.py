@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import fcntl
 import json
 import logging
 import math
@@ -48,6 +49,7 @@ def check_output(output: str | None, input_file: str | None = None) -> None:
         raise ConfigError(f"{output}: --output is the input file; the predictions would replace "
                           "its texts. Give another file")
     if descriptor is not None:  # written as it is open (`>>`, a pipe): nothing to make
+        _check_writable(output, descriptor)
         return
     if path.is_dir():
         raise ConfigError(f"{output}: --output is a folder; give a file, e.g. {path / 'predictions.tsv'}")
@@ -166,6 +168,18 @@ def _same_file(output: int | Path, input_file: str) -> bool:
         return os.path.samestat(there, os.stat(input_file))
     except OSError:  # (a new file, stdin as input: not the same)
         return False
+
+
+def _check_writable(output: str, descriptor: int) -> None:
+    """A descriptor named by --output must be open, and for writing (`9>file`, not `9<file`)."""
+    try:
+        mode = fcntl.fcntl(descriptor, fcntl.F_GETFL) & os.O_ACCMODE
+    except OSError:
+        raise ConfigError(f"{output}: no descriptor {descriptor} is open in this process; open it "
+                          f"for writing (`{descriptor}>FILE`) or give a file's path") from None
+    if mode == os.O_RDONLY:
+        raise ConfigError(f"{output}: descriptor {descriptor} is open for reading only; open it "
+                          f"for writing (`{descriptor}>FILE`) or give a file's path")
 
 
 def open_descriptor(output: str) -> int | None:

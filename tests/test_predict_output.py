@@ -120,3 +120,20 @@ def test_an_output_naming_a_descriptor_of_this_process_writes_to_it_as_it_is_ope
         with pytest.raises(ConfigError, match=r"--output is the input file"):  # `>> INPUT`
             check_output(f"/proc/self/fd/{appended.fileno()}", str(tmp_path / "app.tsv"))
     assert (tmp_path / "app.tsv").read_text().splitlines()[0::2] == ["earlier", "1\tpos\t0.750000\tgood"]
+
+
+def test_an_output_naming_a_descriptor_not_open_for_writing_is_refused_before_scoring(tmp_path) -> None:
+    """--output /dev/fd/9 with no descriptor 9 (or one open only to read) scored the whole input,
+    then failed to write it."""
+    import os
+
+    from nlptrain.errors import ConfigError
+    from nlptrain.predict_output import check_output
+
+    read, write = os.pipe()
+    os.close(write)
+    with pytest.raises(ConfigError, match=rf"/dev/fd/{write}: no descriptor {write} is open"):
+        check_output(f"/dev/fd/{write}")
+    with pytest.raises(ConfigError, match=rf"/dev/fd/{read}: descriptor {read} is open for reading only"):
+        check_output(f"/dev/fd/{read}")
+    os.close(read)

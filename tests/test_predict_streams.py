@@ -81,3 +81,17 @@ def test_a_reader_that_stops_early_ends_predict_quietly(tiny_model_dir: Path, tm
         child.stdout.close()  # the reader goes away
         err = child.stderr.read()
     assert child.returncode == 141 and "Traceback" not in err, err
+
+
+def test_a_descriptor_the_nproc_workers_lack_is_refused_before_they_start(
+        tiny_model_dir: Path, tmp_path: Path, capsys) -> None:
+    """`predict --nproc 2 --output /dev/fd/9 9>out.tsv`: the workers (no fd 9 of theirs) scored
+    every text, then failed to write (or wrote to a descriptor of their own numbered 9)."""
+    (tmp_path / "in.txt").write_text("great film\n")
+    with open(tmp_path / "out.tsv", "w") as out:
+        fd, named = out.fileno(), f"/dev/fd/{out.fileno()}"
+        assert main(predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"), "--format", "tsv",
+                            "--output", named, "--nproc", "2")) == 1
+    assert f"--output {named}: descriptor {fd} is this shell's, and the --nproc " \
+           "workers" in capsys.readouterr().err
+    assert (tmp_path / "out.tsv").read_text() == ""
