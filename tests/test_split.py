@@ -209,3 +209,21 @@ def test_a_source_grouped_by_label_warns_unless_shuffled(tmp_path, capsys):
                  "data.train=mr.{label}", "--world-size", "2", "--out", str(tmp_path / "cli")]) == 0
     assert f"warning: {tmp_path / 'mr.neg'}, {tmp_path / 'mr.pos'}: {warning}" in \
         capsys.readouterr().err
+
+
+def test_a_regression_files_bad_score_is_refused_by_split_at_its_source_line(tmp_path, capsys):
+    """`split --set data.kind=regression` wrote a score that is no number into a part; training
+    then failed on one rank, naming the part's line, not the source's."""
+    from nlptrain.cli import main
+
+    (tmp_path / "scores.tsv").write_text("text\tlabel\na\t0.5\nb\t3.8\nc\tn/a\nd\t1e400\n")
+    args = ["split", str(tmp_path / "scores.tsv"), "--world-size", "2", "--set",
+            "data.kind=regression", "--out"]
+    assert main([*args, str(tmp_path / "parts")]) == 1
+    assert "scores.tsv:4: score 'n/a' is not a number" in capsys.readouterr().err
+    assert not (tmp_path / "parts").exists()  # nothing half-written is left
+    (tmp_path / "scores.tsv").write_text("text\tlabel\na\t0.5\nb\t3.8\nd\t1e400\n")
+    assert main([*args, str(tmp_path / "parts")]) == 1
+    assert "scores.tsv:4: score '1e400' is beyond float32's range" in capsys.readouterr().err
+    (tmp_path / "scores.tsv").write_text("text\tlabel\na\t0.5\nb\t3.8\n")
+    assert main([*args, str(tmp_path / "parts")]) == 0

@@ -176,6 +176,8 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
         for row in rows:
             sources.setdefault(row.path)
             labels.update(kind.label_values(row.label))
+            if not kind.has_classes:  # a score: read as training will, said at its source line
+                kind.encode([row.label], {}, lambda _, row=row: (row.path, row.line))
             if len(labels) > MAX_LABELS:
                 raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
                                 "is label_column the right column?")
