@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from nlptrain.data.long_texts import without_unread_tails
 from nlptrain.durable import new_staging_folder, replace_folder
 from nlptrain.errors import DataError
 
@@ -99,12 +100,16 @@ class TokenizedDataset(Dataset):
         pieces, type_pieces, lengths, truncated = [], [], [], 0
         typed = pairs is not None and uses_type_ids(tokenizer)
         last_report = time.perf_counter()
+
+        def cut(column: Sequence[str]) -> list[str]:  # (a 20 MB cell took 2.9 GB whole)
+            return list(without_unread_tails(list(column), tokenizer, max_length))
+
         for begin in range(0, len(texts), chunk):
             if time.perf_counter() - last_report >= 10:  # a large set: show it is moving
                 log.info("%s: tokenized %d of %d rows", what, begin, len(texts))
                 last_report = time.perf_counter()
-            second = None if pairs is None else list(pairs[begin:begin + chunk])
-            encoded = tokenizer(list(texts[begin:begin + chunk]), second, truncation=True,
+            second = None if pairs is None else cut(pairs[begin:begin + chunk])
+            encoded = tokenizer(cut(texts[begin:begin + chunk]), second, truncation=True,
                                 max_length=max_length, return_attention_mask=False,
                                 return_token_type_ids=typed)
             rows = encoded["input_ids"]
