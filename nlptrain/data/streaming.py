@@ -146,12 +146,11 @@ class StreamingDataset(IterableDataset):
             yield from self._encode(rows, meta)
 
     def _encode(self, rows: list[Row], meta: list[tuple[int, Any]]) -> Iterator[dict[str, Any]]:
-        def cut(texts: list[str]) -> Sequence[str]:  # (a 20 MB cell took 2.9 GB whole)
-            return without_unread_tails(texts, self.tokenizer, self.max_length)
-
-        pairs = None if rows[0].pair is None else cut([row.pair for row in rows])
+        texts, pairs = without_unread_tails(  # (an 18 MB cell took 3 GB whole)
+            [row.text for row in rows], None if rows[0].pair is None else [row.pair for row in rows],
+            self.tokenizer, self.max_length)
         typed = pairs is not None and uses_type_ids(self.tokenizer)
-        encoded = self.tokenizer(cut([row.text for row in rows]), pairs, truncation=True,
+        encoded = self.tokenizer(texts, pairs, truncation=True,
                                  max_length=self.max_length, return_attention_mask=False,
                                  return_token_type_ids=typed)
         for i, (index, label) in enumerate(meta):
