@@ -227,3 +227,15 @@ def test_a_regression_files_bad_score_is_refused_by_split_at_its_source_line(tmp
     assert "scores.tsv:4: score '1e400' is beyond float32's range" in capsys.readouterr().err
     (tmp_path / "scores.tsv").write_text("text\tlabel\na\t0.5\nb\t3.8\n")
     assert main([*args, str(tmp_path / "parts")]) == 0
+
+
+def test_a_list_of_labels_in_a_single_label_file_is_refused_by_split(tmp_path, capsys):
+    from nlptrain.cli import main
+
+    (tmp_path / "rows.jsonl").write_text('{"text": "a", "label": "pos"}\n'
+                                         '{"text": "b", "label": ["pos", "neg"]}\n')
+    assert main(["split", str(tmp_path / "rows.jsonl"), "--world-size", "1", "--out",
+                 str(tmp_path / "parts")]) == 1
+    assert "rows.jsonl:2: a list of labels ['pos', 'neg'], but the task is single_label" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "parts").exists()
