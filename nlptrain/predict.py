@@ -27,7 +27,7 @@ from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.models import usable_positions
 from nlptrain.option_types import positive_int, positive_seconds
-from nlptrain.predict_output import check_output, open_descriptor, output_format, rows_of, write_output
+from nlptrain.predict_output import check_output, check_reaches_workers, output_format, rows_of, write_output
 from nlptrain.startup import import_libraries
 
 if TYPE_CHECKING:  # torch is imported when a command runs, not for --help
@@ -151,22 +151,22 @@ def check_files(args: argparse.Namespace) -> None:
     open_checked(path, "input")
     if not (Path(args.model) / "config.json").is_file():
         raise ConfigError(f"{args.model}: no config.json; give a saved model folder (a run's model/)")
-    descriptor = open_descriptor(args.output or "")
-    if descriptor is not None and descriptor > 2:  # (stdout and stderr are passed on)
-        raise ConfigError(f"--output {args.output}: descriptor {descriptor} is this shell's, and "
-                          "the --nproc workers that write the predictions do not get it: give a "
-                          "file's path, or drop --nproc")
-    check_output(args.output, args.input)
+    check_output(args.output, args.input)  # (a descriptor: open, for writing, in this process)
+    check_reaches_workers(args.output, "the --nproc workers", ", or drop --nproc")
 
 
 def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain import precision
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
+    from nlptrain.environments import Local, detect
     from nlptrain.evaluate import predict
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
+    environment = detect()
+    if not isinstance(environment, Local):
+        check_reaches_workers(args.output, f"the workers of {environment.name}")
     dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.
     layout = input_layout(args)

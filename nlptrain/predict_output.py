@@ -170,6 +170,17 @@ def _same_file(output: int | Path, input_file: str) -> bool:
         return False
 
 
+def check_reaches_workers(output: str | None, workers: str, or_else: str = "") -> None:
+    """A launcher's workers get the shell's stdout and stderr, and no other descriptor of it
+    (torch's agent starts them with close_fds): a worker wrote into a descriptor of its own of
+    that number, or failed after scoring every text."""
+    descriptor = open_descriptor(output or "")
+    if descriptor is not None and descriptor > 2:
+        raise ConfigError(f"--output {output}: descriptor {descriptor} does not reach {workers}, "
+                          f"which write the predictions (they get stdout and stderr only): give a "
+                          f"file's path{or_else}")
+
+
 def _check_writable(output: str, descriptor: int) -> None:
     """A descriptor named by --output must be open, and for writing (`9>file`, not `9<file`)."""
     try:

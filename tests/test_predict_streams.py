@@ -92,6 +92,24 @@ def test_a_descriptor_the_nproc_workers_lack_is_refused_before_they_start(
         fd, named = out.fileno(), f"/dev/fd/{out.fileno()}"
         assert main(predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"), "--format", "tsv",
                             "--output", named, "--nproc", "2")) == 1
-    assert f"--output {named}: descriptor {fd} is this shell's, and the --nproc " \
-           "workers" in capsys.readouterr().err
+    assert f"--output {named}: descriptor {fd} does not reach the --nproc workers, which write " \
+           "the predictions (they get stdout and stderr only): give a file's path, or drop " \
+           "--nproc" in capsys.readouterr().err
+    assert (tmp_path / "out.tsv").read_text() == ""
+
+
+@pytest.mark.distributed
+def test_a_descriptor_torchruns_workers_lack_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Under torchrun the check ran in the worker, whose descriptor of that number (if any) is
+    its own: it passed or failed as that one was."""
+    (tmp_path / "in.txt").write_text("great film\n")
+    with open(tmp_path / "out.tsv", "w") as out:
+        fd = out.fileno()
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+             "-m", "nlptrain", *predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"),
+                                        "--format", "tsv", "--output", f"/dev/fd/{fd}")],
+            pass_fds=(fd,), env=child_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    assert f"--output /dev/fd/{fd}: descriptor {fd} does not reach the workers of torchrun" in done.stderr
     assert (tmp_path / "out.tsv").read_text() == ""
