@@ -2,60 +2,63 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from nlptrain.checkpoint import rng_state
-from nlptrain.data.hf_datasets import as_dataset
+from nlptrain.config import TrainConfig
+from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError
 from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader
-
-if TYPE_CHECKING:
-    from nlptrain.trainer import Trainer
+from nlptrain.progress import Progress, StepWindow
 
 
 class TrainBatches:
-    """A Dataset gets the default sharded loader, made once and kept while `trainer.train_data`
-    stays the same object (a callback may swap it); a user's DataLoader or iterable is read as is
-    (said once where every rank reads it whole). Each epoch starts at `set_epoch`, skips what a
-    resumed checkpoint had trained, and gives every rank as many batches (`epoch_batches`)."""
+    """A Dataset gets the default sharded loader, made once and kept while the train data stays
+    the same object (a callback may swap `trainer.train_data`); a user's DataLoader or iterable
+    is read as is (said once where every rank reads it whole). Each epoch starts at `set_epoch`,
+    skips what a resumed checkpoint had trained, and gives every rank as many batches
+    (`epoch_batches`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dist: Backend, device: torch.device) -> None:
+        self.dist, self.device = dist, device
         self.epoch_random: dict[str, Any] | None = None  # RNG state the epoch's batches began in
         self.resume_samples = 0  # of the epoch, trained before the checkpoint a run resumed from
         self._loader_for: tuple[Any, Any] = (None, None)  # (the data, the loader made for it)
         self._said_unsharded = False  # a user's loader that every rank reads whole
 
-    def of_epoch(self, trainer: Trainer) -> Iterator[dict[str, torch.Tensor]]:
-        """This epoch's batches of `trainer.train_data`; plans the step window's row weights."""
-        if trainer.train_data is None:
+    def of_epoch(self, data: Any, to_dataset: Callable[[Any], Any], config: TrainConfig,
+                 collate: Any, progress: Progress, window: StepWindow
+                 ) -> Iterator[dict[str, torch.Tensor]]:
+        """This epoch's batches of `data` (`to_dataset` reads a 🤗 dataset, say, as ours), and
+        the rows that weigh each micro-batch in its step (`window`)."""
+        if data is None:
             raise ConfigError("no training data: pass train_data or set trainer.train_data "
                               "in a callback's on_train_start")
         resumed, self.resume_samples = self.resume_samples, 0
         if not resumed:  # (a resume has the checkpoint's: a user's loader's skip draws from it)
             self.epoch_random = rng_state()
-        loader = self.loader(trainer, trainer.train_data)
-        dist, progress = trainer.dist, trainer.progress
-        batches = epoch_batches(loader, trainer.config, progress, dist, resumed, self.epoch_random)
+        loader = self.loader(data, to_dataset, config, collate)
+        batches = epoch_batches(loader, config, progress, self.dist, resumed, self.epoch_random)
         made = loader is self._loader_for[1]  # a loader of the user's, even over our sampler: no plan
-        plan = planned_batch_rows(loader, dist.world_size) if made else None
-        trainer.window.plan_rows(plan, progress.batch_in_epoch, dist.rank)
+        plan = planned_batch_rows(loader, self.dist.world_size) if made else None
+        window.plan_rows(plan, progress.batch_in_epoch, self.dist.rank)
         return batches
 
-    def loader(self, trainer: Trainer, data: Any) -> Any:
+    def loader(self, data: Any, to_dataset: Callable[[Any], Any], config: TrainConfig,
+               collate: Any) -> Any:
         """A user's DataLoader or iterable as is; for a Dataset, the default sharded loader."""
         if self._loader_for[0] is data:
             return self._loader_for[1]
-        cfg, dist, original = trainer.config, trainer.dist, data
-        data = as_dataset(data, trainer.tokenizer, trainer.label_names, trainer.kind, "train")
+        dist, original, data = self.dist, data, to_dataset(data)
         if not isinstance(data, Dataset) or isinstance(data, DataLoader):
             self._said_unsharded |= check_own_loader(  # (a new one each epoch: said once)
-                data, cfg, dist.world_size, say=dist.is_main and not self._said_unsharded)
+                data, config, dist.world_size, say=dist.is_main and not self._said_unsharded)
             return data
-        loader = train_loader(data, cfg, dist.world_size, dist.rank, trainer.collate, trainer.device)
+        loader = train_loader(data, config, dist.world_size, dist.rank, collate, self.device)
         self._loader_for = (original, loader)
         return loader
 

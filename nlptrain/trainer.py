@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,7 @@ class Trainer(ProgressCounters):
         self.predictions: Predictions | None = None  # the latest evaluation's, gathered
         self.should_stop = self.should_save = False  # any rank's requests: agreed in the flags
         self.interrupted = False
-        self.train_batches = TrainBatches()  # each epoch's, from train_data
+        self.train_batches = TrainBatches(self.dist, self.device)  # each epoch's, of train_data
         self._failed, self._owns_dist, self._fits = False, dist is None, 0
         self._loaded_optimizer = self.optimizer if self.resumed_from is not None else None
         if self.resumed_from is not None:
@@ -210,7 +210,7 @@ class Trainer(ProgressCounters):
         while not self._agree_on_stop() and self.epoch < self.config.epochs:
             self.callbacks.fire("on_epoch_start", self)
             self.model.train()
-            for batch in self.train_batches.of_epoch(self):  # after the event: it may swap the data
+            for batch in self._epoch_batches():  # read after the event: it may swap the data
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
             self.settle()  # the last step's flags, before the epoch's decisions
@@ -342,6 +342,10 @@ class Trainer(ProgressCounters):
         return compute_metrics(found, self.label_names, self.kind, self.metric_fns, warn=self.is_main)
 
     # -- the pieces of the loop ------------------------------------------------------------
+
+    def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        return self.train_batches.of_epoch(self.train_data, lambda data: self._as_dataset(data, "train"),
+                                           self.config, self.collate, self.progress, self.window)
 
     def _as_dataset(self, data: Any, what: str) -> Any:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An

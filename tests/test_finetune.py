@@ -354,7 +354,7 @@ def test_fgm_gradient_equals_a_hand_written_fgm_step(tmp_path, tiny_model_dir):
                          group_by_length=False)
     trainer = Trainer(tiny_model(tiny_model_dir, dropout=False), train, test,
                       callbacks=[FGM(epsilon=0.5), record], config=config)
-    loader = trainer.train_batches.loader(trainer, train)
+    loader = trainer.train_batches.loader(train, lambda data: data, trainer.config, trainer.collate)
     loader.sampler.set_epoch(0)
     first_two = list(iter(loader))[:2]
     trainer.fit()

@@ -81,7 +81,8 @@ def test_the_trainer_steps_and_schedules_on_the_real_batch_count(tmp_path, tiny_
     assert trainer.optimizer.param_groups[0]["lr"] == 0.0  # the linear decay ended on the last step
     with pytest.raises(ConfigError, match="max_tokens needs a dataset that knows"):
         trainer = Trainer(model, [{"input_ids": [1], "labels": 0}], config=TrainConfig(max_tokens=96))
-        trainer.train_batches.loader(trainer, torch.utils.data.TensorDataset(torch.zeros(3)))
+        trainer.train_batches.loader(torch.utils.data.TensorDataset(torch.zeros(3)), lambda data: data,
+                                     trainer.config, trainer.collate)
 
 
 def test_batched_data_is_refused_not_batched_by_rows_instead(tmp_path, tiny_model_dir):
