@@ -159,13 +159,12 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain import precision
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
-    from nlptrain.environments import Local, detect
     from nlptrain.evaluate import predict
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
     fmt = output_format(args.output, args.format)
-    environment = detect()
-    if not isinstance(environment, Local):
+    environment = dist.environment  # (a worker of an agent, or of srun or mpirun: not the shell's child)
+    if environment.has_agent or dist.world_size > 1:
         check_reaches_workers(args.output, f"the workers of {environment.name}")
     dist.on_main(lambda: check_output(args.output, args.input))
     # Rank 0 reads (a bad file is reported once); every rank gets the texts.

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import child_env
+from conftest import child_env, free_port
 
 from nlptrain.cli import main
 
@@ -113,3 +113,19 @@ def test_a_descriptor_torchruns_workers_lack_is_refused(tiny_model_dir: Path, tm
     assert done.returncode != 0
     assert f"--output /dev/fd/{fd}: descriptor {fd} does not reach the workers of torchrun" in done.stderr
     assert (tmp_path / "out.tsv").read_text() == ""
+
+
+def test_a_descriptor_of_a_one_process_env_launch_is_written(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """RANK=0 WORLD_SIZE=1 set by hand (or an srun --pty shell): predict is still the shell's
+    child and holds the descriptor, so it writes there."""
+    (tmp_path / "in.txt").write_text("great film\n")
+    with open(tmp_path / "out.tsv", "w") as out:
+        fd = out.fileno()
+        done = subprocess.run(
+            [sys.executable, "-m", "nlptrain", *predict(tiny_model_dir, "--input", str(tmp_path / "in.txt"),
+                                                        "--format", "tsv", "--output", f"/dev/fd/{fd}")],
+            pass_fds=(fd,), env=child_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                                          MASTER_PORT=str(free_port())),
+            capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out.tsv").read_text().splitlines()[1].endswith("\tgreat film")

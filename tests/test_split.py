@@ -229,13 +229,18 @@ def test_a_regression_files_bad_score_is_refused_by_split_at_its_source_line(tmp
     assert main([*args, str(tmp_path / "parts")]) == 0
 
 
-def test_a_list_of_labels_in_a_single_label_file_is_refused_by_split(tmp_path, capsys):
-    from nlptrain.cli import main
 
-    (tmp_path / "rows.jsonl").write_text('{"text": "a", "label": "pos"}\n'
-                                         '{"text": "b", "label": ["pos", "neg"]}\n')
-    assert main(["split", str(tmp_path / "rows.jsonl"), "--world-size", "1", "--out",
-                 str(tmp_path / "parts")]) == 1
-    assert "rows.jsonl:2: a list of labels ['pos', 'neg'], but the task is single_label" in \
-        capsys.readouterr().err
-    assert not (tmp_path / "parts").exists()
+def test_a_jsonl_files_lists_of_labels_split_without_a_task_are_kept_as_lists(tmp_path, capsys):
+    """`split FILE` reads one label a row unless told the kind; a JSON list of labels is a
+    multi-label row (a multi_label task trains on the parts), kept, not refused."""
+    from nlptrain.cli import main
+    from nlptrain.data.streaming import per_rank_labels
+
+    (tmp_path / "tags.jsonl").write_text('{"text": "a", "label": ["joy", "fear"]}\n'
+                                         '{"text": "b", "label": ["love"]}\n')
+    assert main(["split", str(tmp_path / "tags.jsonl"), "--world-size", "1", "--out",
+                 str(tmp_path / "parts")]) == 0
+    assert "(3 labels seen: fear, joy, love)" in capsys.readouterr().out
+    task = TaskConfig(name="tags", data_dir=str(tmp_path))
+    task.data.kind, task.data.train_shards = "multi_label", "parts"
+    assert per_rank_labels(task, None, 1).names == ["fear", "joy", "love"]

@@ -175,11 +175,9 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
     def lines() -> Iterable[tuple[str, tuple[str, ...]]]:  # each row's JSON line and its labels
         for row in rows:
             sources.setdefault(row.path)
-            values = kind.label_values(row.label)
-            labels.update(values)
-            # The cell read as training will (a list for a single label, a score that is no
-            # number): said at its source line, not later at a part's by one rank.
-            kind.encode([row.label], dict.fromkeys(values, 0), lambda _, row=row: (row.path, row.line))
+            labels.update(kind.label_values(row.label))
+            if not kind.has_classes:  # a score read as training will: said at its source line
+                kind.encode([row.label], {}, lambda _, row=row: (row.path, row.line))
             if len(labels) > MAX_LABELS:
                 raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
                                 "is label_column the right column?")
