@@ -109,18 +109,20 @@ def test_a_pairs_kept_tokens_are_its_whole_sides_whatever_is_cut(tokenizer, max_
     assert rows_of(rows) == expected
 
 
-def test_two_long_sides_are_cut_in_the_whole_sides_order_under_an_odd_budget(
-        tokenizer, longest_seen) -> None:
-    """BERT's pair budget at max_length 16 is 13: the odd token goes to the longer side. Cut at
-    the mark, "word word ..." holds fewer tokens than "! ! ...", whole it holds more: its cut is
-    made longer until it is the longer again; two like sides stay a tie (the second longer)."""
-    words, marks = "word " * (6 * LIMIT // 5), "! " * (3 * LIMIT // 4)
+@pytest.mark.parametrize("max_length", [16, 17])  # a pair's budget odd (13), even (14)
+def test_two_long_sides_keep_the_whole_sides_tokens(tokenizer, longest_seen, max_length) -> None:
+    """Cut at the mark, "word word ..." holds fewer tokens than "! ! ...", whole it holds more:
+    under an odd budget the odd token goes to the whole sides' longer one, so those sides are
+    read whole; under an even one each keeps half the budget, and both are cut."""
+    limit = max_length * CHARS_PER_TOKEN
+    words, marks = "word " * (6 * limit // 5), "! " * (3 * limit // 4)
     texts, pairs = [words, marks, words], [marks, words, words]
-    expected = [whole(tokenizer, t, p) for t, p in zip(texts, pairs, strict=True)]
+    expected = [tokenizer(t, p, truncation=True, max_length=max_length)["input_ids"]
+                for t, p in zip(texts, pairs, strict=True)]
     longest_seen.clear()
-    rows = TokenizedDataset.from_texts(texts, [0, 1, 0], tokenizer, MAX_LENGTH, pairs=pairs)
+    rows = TokenizedDataset.from_texts(texts, [0, 1, 0], tokenizer, max_length, pairs=pairs)
     assert rows_of(rows) == expected
-    assert max(longest_seen) < len(words)  # neither side read whole
+    assert (max(longest_seen) < len(words)) == (max_length == 17)
 
 
 def test_a_tokenizer_that_keeps_a_texts_end_reads_it_whole(tiny_model_dir: Path) -> None:
