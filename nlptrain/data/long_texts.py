@@ -39,14 +39,15 @@ def without_unread_tails(texts: Sequence[str], pairs: Sequence[str] | None, toke
             enumerate(column or ()) if len(text) > limit and (cut := _cut(text, limit))}
     if not cuts:
         return kept
-    # Counted without truncation: the cuts, and a cut pair side's other side, which is short
-    # (or has no space to cut it at: counted whole once, not once for each piece of the other).
-    others = {(1 - side, row) for side, row in cuts if pairs is not None} - cuts.keys()
+    odd = pairs is not None and (max_length - tokenizer.num_special_tokens_to_add(pair=True)) % 2
+    # Counted without truncation: the cuts, and under an odd budget a cut pair side's other
+    # side, which is short (or has no space to cut it at: counted whole once, not once for each
+    # piece of the other).
+    others = {(1 - side, row) for side, row in cuts if odd} - cuts.keys()
     counted = {**cuts, **{(side, row): kept[side][row] for side, row in others}}
     found = tokenizer(list(counted.values()), add_special_tokens=False, truncation=False,
                       return_attention_mask=False, return_token_type_ids=False, verbose=False)
     length = dict(zip(counted, map(len, found["input_ids"]), strict=True))
-    odd = pairs is not None and (max_length - tokenizer.num_special_tokens_to_add(pair=True)) % 2
     for (side, row), cut in cuts.items():
         other = (1 - side, row)
         if length[side, row] < max_length + MARGIN:
