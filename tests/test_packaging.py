@@ -11,6 +11,10 @@ from conftest import REPO
 
 PACKAGED = ("setup.cfg", "pyproject.toml", "README.md", "nlptrain", "callbacks", "tasks", "data")
 FIND = """
+import sys
+# The install alone: the checkout's editable finder would lend it a subpackage it lacks.
+sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable")]
+import nlptrain.cli, nlptrain.trainer, nlptrain.predict, nlptrain.callbacks  # every subpackage
 from nlptrain.task_options import find_task
 from nlptrain.config import file_spec
 from nlptrain.task_files import load_task
