@@ -126,7 +126,7 @@ class Trainer(ProgressCounters):
         self.callbacks = CallbackList(with_config_callbacks(listed_callbacks(callbacks), self.config,
                                                             progress), self.dist.is_main)
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
-        self.is_update_step = False  # this micro-batch ends with an optimizer step
+        self.is_update_step = False  # this micro-batch ends with an optimizer step (none: False)
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
         self._latest: AgreedStep | None = None  # the latest step's agreed flags (step_loss)
         self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
@@ -213,6 +213,7 @@ class Trainer(ProgressCounters):
             for batch in self._epoch_batches():  # read after the event: it may swap the data
                 if not self._train_batch(batch):  # a stop asked on any rank stops all
                     break
+            self.is_update_step = False  # no micro-batch under way: the epoch's events see none
             self.settle()  # the last step's flags, before the epoch's decisions
             # Every rank leaves together; a signal read after the epoch's last step lets the epoch
             # end first (its evaluation: a resume starts at the next epoch), the while test raises.

@@ -40,6 +40,30 @@ def test_readme_event_table_matches_the_recorded_order(tmp_path, tiny_model_dir)
     assert [e for e in EVENTS if e in first_seen] == first_seen
 
 
+def test_is_update_step_is_true_on_update_steps_alone(tmp_path, tiny_model_dir):
+    """Outside a micro-batch (an epoch's start and end, its evaluation) there is no update step:
+    the epoch's last micro-batch's value used to stay until the next epoch's first."""
+    seen: list[tuple[str, bool]] = []
+
+    class Watch(Callback):
+        def on_epoch_start(self, trainer):
+            seen.append(("epoch_start", trainer.is_update_step))
+
+        def on_backward_end(self, trainer):
+            seen.append(("backward_end", trainer.is_update_step))
+
+        def on_valid_end(self, trainer, metrics, is_best):
+            seen.append(("valid_end", trainer.is_update_step))
+
+        def on_epoch_end(self, trainer):
+            seen.append(("epoch_end", trainer.is_update_step))
+
+    make_trainer(tmp_path, tiny_model_dir, [Watch()], grad_accum=2).fit()  # 3 batches an epoch
+    epoch = [("epoch_start", False), ("backward_end", False), ("backward_end", True),
+             ("backward_end", True), ("valid_end", False), ("epoch_end", False)]
+    assert seen == epoch * 2
+
+
 def test_gradient_accumulation_fires_step_end_once_per_update(tmp_path, tiny_model_dir):
     recorder = Recorder()
     trainer = make_trainer(tmp_path, tiny_model_dir, [recorder], epochs=1, grad_accum=2)
