@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options, tell_exit
+from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
@@ -267,13 +267,18 @@ def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
 
 
 def _rank_prefix() -> str:
+    return "" if _ranks()[0] == 0 else f"[rank {_ranks()[0]}] "
+
+
+def _ranks() -> tuple[int, int]:
+    """This process's rank and local rank (0 where they cannot be read)."""
     from nlptrain.environments import detect
 
     try:
-        rank = detect().rank
+        found = detect()
+        return found.rank, found.local_rank
     except (KeyError, ValueError, NlptrainError):  # (the error being reported, maybe)
-        rank = 0
-    return "" if rank == 0 else f"[rank {rank}] "
+        return 0, 0
 
 
 def _under_agent() -> bool:
@@ -349,11 +354,13 @@ def main(argv: list[str] | None = None) -> int:
         tell_launcher(f"stopped: {str(err).split(':')[0]} (see the root cause)", follows=True)
         return 1
     except NlptrainError as err:
-        if err.raised_on_every_rank and _rank_prefix():
-            tell_launcher("stopped with rank 0 (see the root cause)", follows=True)
+        rank, local_rank = _ranks()
+        if (err.raised_on_every_rank and rank) or (err.raised_on_every_local_rank and local_rank):
+            tell_launcher(f"stopped with {'rank 0' if err.raised_on_every_rank else 'local rank 0'} "
+                          "(see the root cause)", follows=True)
         else:
             print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
-            tell_launcher(f"error: {err}")
+            tell_launcher(f"{ERROR}{err}")
         return err.exit_code
     except RuntimeError as err:
         from nlptrain.distributed import PeerFailed, peer_failure_in, timeout_message
@@ -361,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         message = timeout_message(err)  # no rank reported an error: this one is the first to know
         if message:
             print(f"{_rank_prefix()}error: {message}", file=sys.stderr)
-            tell_launcher(f"error: {message}")
+            tell_launcher(f"{ERROR}{message}")
             return 1
         peer = peer_failure_in(err)
         if peer is None:

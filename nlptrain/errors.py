@@ -6,6 +6,7 @@ class NlptrainError(Exception):
 
     exit_code = 1
     raised_on_every_rank = False  # True: every rank raises it together; rank 0 alone reports it
+    raised_on_every_local_rank = False  # every rank of a machine (its disk): local rank 0 reports
 
 
 def every_rank(error: NlptrainError) -> NlptrainError:

@@ -189,6 +189,8 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
     exited = re.fullmatch(rf"{re.escape(EXITED)}\((\d+)\)", said)
     if exited and code < 0:  # its sys.exit(n) told, then the agent's SIGTERM as it closed down
         code = int(exited.group(1))
+    if said.startswith(ERROR) and code < 0:  # its error said (the others' followed it): the
+        code = 1                               # agent's SIGTERM came as it was leaving
     print(f"error: {failure_summary(rank, nproc, code, said)}"
           f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
     return code if code > 0 else 1
@@ -208,6 +210,7 @@ STDOUT_CLOSED = "stdout closed"  # its record, written as it finds out (it may n
 INTERRUPTED_AT_ONCE = "interrupted"  # a worker's record: a KeyboardInterrupt, not the agreed stop
 EXITED = "sys.exit"  # a worker's record: it ended by sys.exit(n), with no error to show
 SIGNALLED = "stopped by"  # a worker's record: a signal outside the steps ended it, cleanly
+ERROR = "error: "  # a worker's record: an error of its own, said on its stderr
 
 
 def failure_summary(rank: int, nproc: int, exitcode: int, message: str = "") -> str:

@@ -109,6 +109,20 @@ def test_a_failed_worker_under_nproc_is_said_by_nlptrain_alone(toy_folder, tmp_p
 
 
 @pytest.mark.distributed
+def test_a_cache_folder_every_rank_of_the_machine_fails_on_is_said_once(toy_folder, tmp_path):
+    """Its error was printed by each rank of the machine; the launcher then named rank 0 as
+    "ended by SIGTERM" when the quiet rank left first and the agent stopped rank 0 leaving."""
+    (tmp_path / "a file").write_text("")
+    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
+                          "--output-dir", str(tmp_path / "run"), "--cache-dir",
+                          str(tmp_path / "a file" / "cache")], cwd=toy_folder, env=child_env(),
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert out.stderr.count("cannot be written (Not a directory)") == 1, out.stderr[-3000:]
+    assert out.stderr.rstrip().endswith("error: rank 0 of 2 failed (exit code 1); its error is above")
+
+
+@pytest.mark.distributed
 def test_a_worker_that_exits_by_itself_is_named_not_the_rank_that_followed_it(toy_folder, tmp_path):
     """sys.exit(3) on rank 1 writes no traceback; rank 0 then stops, saying another rank failed.
     The launcher names rank 1 and its exit code, not rank 0, whose only error is that line."""
@@ -177,6 +191,11 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
     failed = recorded_failure(tmp_path, 1, 1, "error: something the rank said")
     assert reported_failure(ChildFailedError("nlptrain", {1: failed}), 2) == 1
     assert "error: rank 1 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
+    # Its error said, the rank that only followed it gone first, then the agent's SIGTERM as
+    # it left: its error, not the signal, is why it failed.
+    failed = recorded_failure(tmp_path, 0, -15, "error: something the rank said")
+    assert reported_failure(ChildFailedError("nlptrain", {0: failed}), 2) == 1
+    assert "error: rank 0 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
     # sys.exit(3) told at once, then the agent's SIGTERM as it closed down, after rank 0 had
     # failed on its closed sockets ("rank 1 of 2 was ended by SIGTERM", in a busy CI run).
     exited = recorded_failure(tmp_path, 1, -15, "sys.exit(3)")

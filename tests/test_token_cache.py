@@ -140,6 +140,35 @@ def test_a_cache_folder_that_cannot_take_an_entry_is_one_error_naming_it(
     assert not cache.is_dir() or not list(cache.iterdir())  # no staging folder left
 
 
+@pytest.mark.parametrize("error_file", ["written", "refused too"])
+def test_a_full_disk_under_a_ranks_share_is_one_error_naming_the_cache(
+        tmp_path, tiny_model_dir, monkeypatch, error_file):
+    """A short write of a rank's part (numpy's, with no errno) was a traceback; so was the error
+    file it leaves for the ranks waiting on it, when the full disk refused that too."""
+    from nlptrain.data import shared_tokenize
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+
+    def short(self, folder):
+        raise OSError("218242 requested and 23520 written")
+    monkeypatch.setattr(TokenizedDataset, "save", short)
+    if error_file == "refused too":
+        def full(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+        monkeypatch.setattr(shared_tokenize, "open", full, raising=False)
+    texts, labels = ["a b", "c d"], [0, 1]
+    read = lambda: (2, {}, lambda begin, end: TokenizedDataset.from_texts(  # noqa: E731
+        texts[begin:end], labels[begin:end], tokenizer, 8))
+    share = shared_tokenize.Share(index=1, count=2, tag="t", rank=1)
+    with pytest.raises(DataError, match=f"token cache {tmp_path / 'cache'}: entry cannot be written "
+                                        r"\(218242 requested and 23520 written; \d+ MB free on its disk\)"):
+        shared_tokenize.cached_shared(tmp_path / "cache" / "entry", read, "train", share,
+                                      source_bytes=shared_tokenize.SHARE_MIN_BYTES)
+    left = list((tmp_path / "cache").glob(".parts-*/error-1"))
+    assert [p.read_text().split(":")[0] for p in left] == \
+        (["DataError"] if error_file == "written" else [])
+
+
 def test_the_same_file_named_by_another_path_is_a_cache_hit(tmp_path, tiny_model_dir):
     """--train-file gives the absolute path: the same bytes were tokenized and stored again."""
     write_toy_tsv(tmp_path / "train.tsv", 20)

@@ -11,6 +11,7 @@ never inside a collective. A rank that fails leaves its error there, and the oth
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,6 @@ import numpy as np
 
 from nlptrain.data.tokenized import TokenizedDataset, cache_error, cached, entry_exists, write_entry
 from nlptrain.distributed import Backend
-from nlptrain.durable import write_text
 from nlptrain.errors import DataError, RemoteRankError
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,10 @@ def cached_shared(folder: Path, read: Read, what: str, share: Share,
         _remove_stale_parts(folder.parent)
     try:
         parts.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise cache_error(folder, "cannot be written", err) from None
+    except OSError as err:  # on every rank of this machine: said once
+        error = cache_error(folder, "cannot be written", err)
+        error.raised_on_every_local_rank = True
+        raise error from None
     try:
         if source_bytes < SHARE_MIN_BYTES:
             if share.index == 0:
@@ -84,8 +86,7 @@ def cached_shared(folder: Path, read: Read, what: str, share: Share,
         else:
             _tokenize_share(folder, parts, read, what, share)
     except BaseException as err:
-        if parts.is_dir():  # the other ranks raise it instead of waiting
-            write_text(parts / f"error-{share.rank}", f"{type(err).__name__}: {err}")
+        _leave_for_the_others(parts / f"error-{share.rank}", f"{type(err).__name__}: {err}")
         raise
     if share.index == 0:
         shutil.rmtree(parts, ignore_errors=True)
@@ -112,7 +113,11 @@ def _tokenize_share(folder: Path, parts: Path, read: Read, what: str, share: Sha
     if share.index == 0:
         log.info("%s: %d rows, tokenized by the %d ranks of this machine (%d rows each)",
                  what, rows, share.count, end - begin)
-    _write_part(parts / f"part-{share.index}", tokenize(begin, end))
+    part = tokenize(begin, end)
+    try:
+        _write_part(parts / f"part-{share.index}", part)
+    except OSError as err:  # a full disk, most often (numpy's short write says no errno)
+        raise cache_error(folder, "cannot be written", err) from None
     if share.index != 0:
         return
     count = share.count
@@ -140,6 +145,15 @@ def _write_part(folder: Path, part: TokenizedDataset) -> None:
     part.save(staging)
     (staging / "truncated").write_text(str(part.truncated))
     os.replace(staging, folder)
+
+
+def _leave_for_the_others(error_file: Path, said: str) -> None:
+    """This rank's error, where the ranks waiting for its part raise it instead of waiting. On a
+    full disk the file is still made (an inode, no block); what it says may be cut short."""
+    if not error_file.parent.is_dir():
+        return
+    with contextlib.suppress(OSError), open(error_file, "w") as handle:
+        handle.write(said)
 
 
 def _parts_done(parts: Path, count: int) -> int:

@@ -343,8 +343,12 @@ def entry_exists(folder: Path) -> bool:
 
 
 def cache_error(folder: Path, what: str, err: OSError) -> DataError:
-    return DataError(f"token cache {folder.parent}: {folder.name} {what} ({err.strerror or err}); give "
-                     "another folder (--cache-dir DIR, or [data] cache_dir) or tokenize in "
+    try:
+        free = f"; {shutil.disk_usage(folder.parent).free / 2**20:.0f} MB free on its disk"
+    except OSError:
+        free = ""
+    return DataError(f"token cache {folder.parent}: {folder.name} {what} ({err.strerror or err}{free}); "
+                     "give another folder (--cache-dir DIR, or [data] cache_dir) or tokenize in "
                      "memory (--no-cache)")
 
 
