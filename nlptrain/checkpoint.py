@@ -91,7 +91,10 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     callbacks = trainer.callback_states()
     # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.
     weights = trainer.strategy.checkpoint_weights(trainer.model, trainer.optimizer, folder)
-    state = {"progress": trainer.progress_state(), "optimizer": weights.optimizer_state,
+    latest = trainer.latest_state()
+    latest["metrics"] = _plain_parts(latest["metrics"])
+    state = {"progress": trainer.progress_state(), "latest": plain_state(latest),
+             "optimizer": weights.optimizer_state,
              "scaler": trainer.scaler.state_dict(), "rng": list(rngs),
              "epoch_rng": list(epoch_rngs), "callbacks": callbacks}
     meta = {**identity(trainer), "global_step": trainer.global_step, "epoch": trainer.epoch,
@@ -212,6 +215,16 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
+def _plain_parts(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The metrics that a checkpoint can hold: a user's metric of another type is left out of
+    the resumed run's `trainer.metrics`, rather than refusing the checkpoint."""
+    kept = {}
+    for name, value in metrics.items():
+        with contextlib.suppress(CheckpointError):
+            kept[name] = plain_state(value)
+    return kept
+
+
 def plain_state(value: Any, where: str = "state") -> Any:
     """A callback's checkpoint state as what `torch.load(weights_only=True)` reads back: numpy
     numbers and arrays as Python numbers and tensors, paths as strings; anything else is refused
@@ -315,6 +328,8 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
         warn("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler starts at "
              "its initial scale", folder)
     trainer.load_progress_state(state["progress"])
+    if "latest" in state:  # (not in a checkpoint written before it was kept)
+        trainer.load_latest_state(state["latest"])
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])

@@ -273,7 +273,8 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
             results["valid"] = best.saved_metrics
     if sets.test is not None:
         # Without a validation set the loop evaluated on the test set: reuse it if it is current.
-        current = sets.valid is None and trainer.metrics.get("step") == trainer.global_step
+        current = sets.valid is None and trainer.metrics.get("step") == trainer.global_step \
+            and trainer.predictions is not None  # (a resume gives back the metrics alone)
         results["test"] = latest if current else trainer.evaluate(sets.test)
     return results
 

@@ -27,7 +27,7 @@ from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, lo
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import typical_batch
-from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
+from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepTotals, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
@@ -128,7 +128,7 @@ class Trainer(ProgressCounters):
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step (none: False)
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self._latest: AgreedStep | None = None  # the latest step's agreed flags (step_loss)
+        self._latest: AgreedStep | StepTotals | None = None  # the latest step's (step_loss)
         self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
@@ -186,7 +186,8 @@ class Trainer(ProgressCounters):
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
-                self.step_lr = optim.logged_lr(self.optimizer)  # until a step: the first one's
+                if self._latest is None:  # until a step, the optimizer's (the schedule made at
+                    self.step_lr = optim.logged_lr(self.optimizer)  # the first batch sets it)
                 self._check_before_training()
                 self._stop_agreed = False  # the last fit's stop: should_stop decides this one's
                 self._train_epochs()
@@ -200,8 +201,8 @@ class Trainer(ProgressCounters):
             finally:
                 self.callbacks.fire("on_train_end", self, failing=self._failed)
         ended_before = self.resumed_from is not None and self.global_step == started_at
-        if ended_before and not self.metrics and self.eval_data is not None:  # (a crash in its
-            # export, say): the scores of the weights it ended with, as its own fit returned
+        if ended_before and self.predictions is None and self.eval_data is not None:  # (a crash
+            # in its export, say): the scores of the weights it ended with, as its own fit returned
             self.metrics = {**self.evaluate(self.eval_data), "epoch": self.epoch,
                             "step": self.global_step}
         return self.metrics or {"epoch": self.epoch, "step": self.global_step, "train_loss": self.last_loss}
@@ -426,6 +427,17 @@ class Trainer(ProgressCounters):
     def load_progress_state(self, state: dict) -> None:
         # the sampler skips these
         self.train_batches.resume_samples = self.progress.load_state_dict(state)
+
+    def latest_state(self) -> dict[str, Any]:
+        """What callbacks read of the run so far, for a resume to give back: the latest step's
+        loss, rows and lr, the latest evaluation's metrics."""
+        totals = None if self._latest is None else [self._latest.loss.cpu(), self._latest.rows.cpu()]
+        return {"step_totals": totals, "step_lr": self.step_lr, "metrics": self.metrics}
+
+    def load_latest_state(self, state: dict[str, Any]) -> None:
+        self.step_lr, self.metrics = state["step_lr"], dict(state["metrics"])
+        if state["step_totals"] is not None:
+            self._latest = StepTotals(*(v.to(self.device) for v in state["step_totals"]))
 
     # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from log_capture import nlptrain_messages
@@ -329,3 +330,56 @@ def test_a_finished_run_whose_checkpoints_were_removed_is_not_trained_again_over
            "empty)" in capsys.readouterr().err
     assert (run / "results.json").read_bytes() == results
     assert (run / "config.json").read_bytes() == config
+
+
+class LatestSeen(Callback):
+    """What a callback reads of the run so far: at the start, and after each optimizer step."""
+
+    def __init__(self) -> None:
+        self.at: dict[object, tuple] = {}
+
+    @staticmethod
+    def seen(trainer) -> tuple:
+        loss, rows = trainer.step_loss, trainer.step_rows
+        return (None if loss is None else loss.item(), None if rows is None else rows.item(),
+                trainer.step_lr, trainer.metrics)
+
+    def on_train_start(self, trainer) -> None:
+        self.at["start"] = self.seen(trainer)
+
+    def on_batch_end(self, trainer) -> None:
+        if trainer.is_update_step:
+            self.at[trainer.global_step] = self.seen(trainer)
+
+
+def test_a_resume_gives_back_the_latest_steps_loss_rows_lr_and_metrics(tmp_path, tiny_model_dir):
+    """After a resume they were empty (None, NaN, {}) until the next step or evaluation, and
+    step_lr was the next step's: a callback at on_train_start saw another run than the one
+    that wrote the checkpoint."""
+    from toy_trainer import crash_then_resume
+
+    made: list[LatestSeen] = []
+
+    def callbacks() -> list[LatestSeen]:
+        made.append(LatestSeen())
+        return made[-1:]
+
+    crash_then_resume(tmp_path, tiny_model_dir, callbacks, crash_after=5, every=2, eval_every=2)
+    crashed, resumed = made
+    loss, rows, lr, metrics = crashed.at[4]  # the checkpoint's step, and its evaluation
+    assert rows == 8 and lr > 0 and metrics["step"] == 4
+    assert resumed.at["start"] == (loss, rows, lr, metrics)
+    assert resumed.at[5][:3] == crashed.at[5][:3]  # and the run goes on as the crashed one did
+
+
+def test_a_metric_a_checkpoint_cannot_hold_is_left_out_of_the_resumed_metrics(tmp_path, tiny_model_dir):
+    """A user's metric may return anything that its logs can show; the checkpoint keeps the
+    plain ones for the resume rather than refusing to be written."""
+    from nlptrain.checkpoint import load_checkpoint, save_checkpoint
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [])
+    trainer.metrics = {"accuracy": np.float64(0.5), "report": "text", "odd": object()}
+    save_checkpoint(trainer, tmp_path / "checkpoint")
+    resumed = make_trainer(tmp_path, tiny_model_dir, [])
+    load_checkpoint(resumed, tmp_path / "checkpoint")
+    assert resumed.metrics == {"accuracy": 0.5, "report": "text"}
