@@ -20,7 +20,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -91,9 +91,7 @@ def save_checkpoint(trainer: Any, folder: Path, keep: int = 0) -> None:
     callbacks = trainer.callback_states()
     # The strategy's part: whole weights from rank 0, or (FSDP2) every rank's shard, written now.
     weights = trainer.strategy.checkpoint_weights(trainer.model, trainer.optimizer, folder)
-    latest = trainer.latest_state()
-    latest["metrics"] = _plain_parts(latest["metrics"])
-    state = {"progress": trainer.progress_state(), "latest": plain_state(latest),
+    state = {"progress": trainer.progress.state_dict(), "latest": _latest_of(trainer),
              "optimizer": weights.optimizer_state,
              "scaler": trainer.scaler.state_dict(), "rng": list(rngs),
              "epoch_rng": list(epoch_rngs), "callbacks": callbacks}
@@ -215,14 +213,31 @@ def checkpoint_name(step: int) -> str:
     return f"{PREFIX}{step:08d}"
 
 
-def _plain_parts(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The metrics that a checkpoint can hold: a user's metric of another type is left out of
-    the resumed run's `trainer.metrics`, rather than refusing the checkpoint."""
-    kept = {}
-    for name, value in metrics.items():
+class StepTotals(NamedTuple):
+    """A step's mean loss by row and its rows, all ranks, on the device (`progress.AgreedStep`'s),
+    as a checkpoint gives them back to a resumed run."""
+
+    loss: torch.Tensor
+    rows: torch.Tensor
+
+
+def _latest_of(trainer: Any) -> dict[str, Any]:
+    """What callbacks read of the run so far, for a resume to give back: the latest step's loss,
+    rows and lr, the latest evaluation's metrics. A user's metric that a checkpoint cannot hold
+    is left out of them, rather than refusing the checkpoint."""
+    step = trainer.latest_step
+    metrics = {}
+    for name, value in trainer.metrics.items():
         with contextlib.suppress(CheckpointError):
-            kept[name] = plain_state(value)
-    return kept
+            metrics[name] = plain_state(value)
+    return {"step_totals": None if step is None else [step.loss.cpu(), step.rows.cpu()],
+            "step_lr": trainer.step_lr, "metrics": metrics}
+
+
+def _give_back_latest(trainer: Any, latest: dict[str, Any]) -> None:
+    trainer.step_lr, trainer.metrics = latest["step_lr"], dict(latest["metrics"])
+    if latest["step_totals"] is not None:
+        trainer.latest_step = StepTotals(*(v.to(trainer.device) for v in latest["step_totals"]))
 
 
 def plain_state(value: Any, where: str = "state") -> Any:
@@ -327,9 +342,10 @@ def load_checkpoint(trainer: Any, folder: Path) -> None:
     else:  # trained without fp16's scaler (its state is {}): torch refuses to load that
         warn("%s has no loss-scaler state (not trained in fp16): fp16's loss scaler starts at "
              "its initial scale", folder)
-    trainer.load_progress_state(state["progress"])
+    # Where the epoch's sampler starts: past the samples done in it.
+    trainer.train_batches.resume_samples = trainer.progress.load_state_dict(state["progress"])
     if "latest" in state:  # (not in a checkpoint written before it was kept)
-        trainer.load_latest_state(state["latest"])
+        _give_back_latest(trainer, state["latest"])
     rngs = state["rng"]
     if trainer.dist.world_size == meta["world_size"]:
         set_rng_state(rngs[trainer.dist.rank])

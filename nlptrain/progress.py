@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,14 +151,6 @@ class StepWindow:
 
     def close(self) -> None:
         self.micro_batches, self._loss, self._rows, self._random = 0, None, 0, None
-
-
-class StepTotals(NamedTuple):
-    """A step's mean loss by row and its rows, all ranks, on the device: an `AgreedStep`'s, as a
-    checkpoint gives them back to a resumed run."""
-
-    loss: torch.Tensor
-    rows: torch.Tensor
 
 
 class AgreedStep:

@@ -19,20 +19,19 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from nlptrain import checkpoint, distributed, host_memory, kinds, losses, models, optim, precision, strategies
+from nlptrain import checkpoint, distributed, host_memory, losses, models, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.loaders import typical_batch
-from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepTotals, StepWindow
+from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
 from nlptrain.train_batches import TrainBatches
-from nlptrain.trainer_arguments import checked_kind, default_collate, listed_label_names, listed_metrics
+from nlptrain.trainer_arguments import default_collate, job_step_of, listed_metrics, task_of
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -82,13 +81,8 @@ class Trainer(ProgressCounters):
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
         self.resume_asked = resume_from is not None  # also where no checkpoint was written yet
-        model_config = getattr(model, "config", None)
         # The kind owns the loss, the outputs and the metrics; a transformers model says its own.
-        self.kind = checked_kind(kind) or kinds.from_model_config(model_config)
-        if kind is not None and model_config is not None:  # an export predicts as it trained
-            kinds.record_kind(model_config, kind)
-        self.label_names = listed_label_names(label_names) or \
-            kinds.label_names_of(model_config, self.kind)
+        self.kind, self.label_names = task_of(model, kind, label_names)
         self.metric_fns = listed_metrics(metrics)  # a user's own, on the gathered predictions
         self.kind.check(self.label_names, "" if self.metric_fns else self.metric_for_best, "Trainer")
         validate_finetuning(config, self.kind.name, "Trainer(config=...)")  # the kinds they fit
@@ -96,18 +90,12 @@ class Trainer(ProgressCounters):
         self.train_data = train_data = self._as_dataset(train_data, "train")
         eval_data = self._as_dataset(eval_data, "valid")
         self.collate = collate or default_collate(model, config)
-
-        def job_step() -> precision.JobStep | None:  # what "auto" times on a GPU
-            batch = typical_batch(train_data, self.collate, config.batch_size)
-            forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
-            return None if batch is None else precision.JobStep(model, batch, forward)
-
         # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
         self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from,
-                                          job_step)
+                                          job_step_of(model, train_data, self.collate, config.batch_size))
         self.config = replace(config, precision=self.precision.precision)
-        if model_config is not None:  # an export then scores as it trained (eval, predict: "auto")
-            model_config.nlptrain_precision = self.precision.precision
+        if getattr(model, "config", None) is not None:  # an export then scores as it trained
+            model.config.nlptrain_precision = self.precision.precision  # (eval, predict: "auto")
         if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
             host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
@@ -128,7 +116,7 @@ class Trainer(ProgressCounters):
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step (none: False)
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self._latest: AgreedStep | StepTotals | None = None  # the latest step's (step_loss)
+        self.latest_step: AgreedStep | checkpoint.StepTotals | None = None  # step_loss, step_rows: its
         self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
@@ -167,12 +155,12 @@ class Trainer(ProgressCounters):
     def step_loss(self) -> torch.Tensor | None:
         """The latest step's mean loss by row, all ranks, on the device (made when first read:
         on a launch-bound GPU a kernel a step that no callback reads is a cost)."""
-        return None if self._latest is None else self._latest.loss
+        return None if self.latest_step is None else self.latest_step.loss
 
     @property
     def step_rows(self) -> torch.Tensor | None:
         """The latest step's rows, all ranks, on the device."""
-        return None if self._latest is None else self._latest.rows
+        return None if self.latest_step is None else self.latest_step.rows
 
     @property
     def last_loss(self) -> float:
@@ -186,7 +174,7 @@ class Trainer(ProgressCounters):
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
-                if self._latest is None:  # until a step, the optimizer's (the schedule made at
+                if self.latest_step is None:  # until a step, the optimizer's (the schedule made at
                     self.step_lr = optim.logged_lr(self.optimizer)  # the first batch sets it)
                 self._check_before_training()
                 self._stop_agreed = False  # the last fit's stop: should_stop decides this one's
@@ -382,7 +370,7 @@ class Trainer(ProgressCounters):
             self.progress.batch_in_epoch = self.window.undo()
             self.optimizer.zero_grad(set_to_none=True)
             return False
-        self._pending = self._latest = agreed
+        self._pending = self.latest_step = agreed
         if not self._skips_on_device():
             self.settle()  # this step's update must not apply a non-finite loss
         self.window.close()
@@ -419,25 +407,8 @@ class Trainer(ProgressCounters):
     def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
         self.interrupted = self.should_stop = True
 
-    # -- state for checkpoints ----------------------------------------------------------------
-
-    def progress_state(self) -> dict[str, int | float | None]:
-        return self.progress.state_dict()
-
-    def load_progress_state(self, state: dict) -> None:
-        # the sampler skips these
-        self.train_batches.resume_samples = self.progress.load_state_dict(state)
-
-    def latest_state(self) -> dict[str, Any]:
-        """What callbacks read of the run so far, for a resume to give back: the latest step's
-        loss, rows and lr, the latest evaluation's metrics."""
-        totals = None if self._latest is None else [self._latest.loss.cpu(), self._latest.rows.cpu()]
-        return {"step_totals": totals, "step_lr": self.step_lr, "metrics": self.metrics}
-
-    def load_latest_state(self, state: dict[str, Any]) -> None:
-        self.step_lr, self.metrics = state["step_lr"], dict(state["metrics"])
-        if state["step_totals"] is not None:
-            self._latest = StepTotals(*(v.to(self.device) for v in state["step_totals"]))
+    # -- state for checkpoints: the counters (`progress`), the latest step and evaluation
+    # (`latest_step`, `step_lr`, `metrics`), and the callbacks' state, written by checkpoint.py
 
     # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
 

@@ -1,17 +1,22 @@
 """A Trainer's arguments that Python would take wrong without a word, or fail on later with a
 message about something else: a task kind's class for an instance, one function for a list of
 metrics, a string for a list of label names (a list of its characters); and the defaults that
-depend on the model."""
+depend on the model: its kind and labels, its collate, the step that "auto" precision times."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from nlptrain import kinds
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
+from nlptrain.evaluate import logits_of, model_inputs
+from nlptrain.kinds import TaskKind
+from nlptrain.loaders import typical_batch
 from nlptrain.models import usable_positions
+from nlptrain.precision import JobStep
 
 
 def checked_kind(kind: Any) -> Any:
@@ -43,3 +48,25 @@ def default_collate(model: Any, config: TrainConfig) -> Collator:
                           "is not given: pass collate=Collator(pad_id, pad_to=MAX_LENGTH)")
     pad_id = getattr(getattr(model, "config", None), "pad_token_id", None) or 0
     return Collator(pad_id, multiple=config.pad_to_multiple_of, limit=usable_positions(model))
+
+
+def task_of(model: Any, kind: TaskKind | None, label_names: Sequence[str] | None
+            ) -> tuple[TaskKind, list[str]]:
+    """The kind and label names given, else the model's (a transformers config's `problem_type`,
+    `id2label`); a kind given is written into the model's config: an export predicts as it
+    trained."""
+    model_config = getattr(model, "config", None)
+    found = checked_kind(kind) or kinds.from_model_config(model_config)
+    if kind is not None and model_config is not None:
+        kinds.record_kind(model_config, kind)
+    return found, listed_label_names(label_names) or kinds.label_names_of(model_config, found)
+
+
+def job_step_of(model: Any, train_data: Any, collate: Any, batch_size: int
+                ) -> Callable[[], JobStep | None]:
+    """What "auto" precision times on a GPU: the model's forward on a typical batch of the data."""
+    def job_step() -> JobStep | None:
+        batch = typical_batch(train_data, collate, batch_size)
+        forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
+        return None if batch is None else JobStep(model, batch, forward)
+    return job_step

@@ -9,6 +9,7 @@ import pytest
 import torch
 from toy_trainer import make_trainer
 
+from nlptrain.checkpoint import read_state, save_checkpoint
 from nlptrain.progress import Progress, StepWindow
 
 
@@ -29,7 +30,8 @@ def test_the_trainer_reads_its_counters_from_progress(tmp_path, tiny_model_dir):
     trainer = make_trainer(tmp_path, tiny_model_dir, [], epochs=1)
     trainer.fit()
     assert trainer.global_step == trainer.progress.global_step == 3
-    assert trainer.progress_state() == trainer.progress.state_dict()
+    save_checkpoint(trainer, tmp_path / "checkpoint")  # the counters, saved whole
+    assert read_state(tmp_path / "checkpoint" / "state.pt")["progress"] == trainer.progress.state_dict()
     with pytest.raises(AttributeError):
         trainer.global_step = 0  # one owner: the loop, through trainer.progress
 
