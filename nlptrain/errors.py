@@ -15,6 +15,14 @@ def every_rank(error: NlptrainError) -> NlptrainError:
     return error
 
 
+def every_local_rank(error: NlptrainError) -> NlptrainError:
+    """Mark `error` as raised alike by every rank of a machine (from its files and the options:
+    a model folder, a max_length): said once a machine. Not every rank: another machine's copy
+    of a folder may differ, and an error marked so would be said by no one."""
+    error.raised_on_every_local_rank = True
+    return error
+
+
 class ConfigError(NlptrainError):
     """A task file or an option is wrong."""
 

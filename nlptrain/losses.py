@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, every_local_rank
 from nlptrain.kinds import MultiLabel, SingleLabel, TaskKind
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -68,8 +68,9 @@ def class_weights(kind: TaskKind, spec: str | list, train_data: Any,
                               "give the weights as a list")
         return balanced_weights(kind, targets, label_names)
     if isinstance(spec, str) or len(spec) != len(label_names):
-        raise ConfigError(f"[train] class_weights = {spec!r}: give 'balanced' or one number per "
-                          f"label ({len(label_names)}: {', '.join(label_names)})")
+        raise every_local_rank(ConfigError(
+            f"[train] class_weights = {spec!r}: give 'balanced' or one number per "
+            f"label ({len(label_names)}: {', '.join(label_names)})"))
     return np.asarray(spec, dtype=np.float32)
 
 

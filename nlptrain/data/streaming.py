@@ -32,7 +32,7 @@ from nlptrain.data.readers import iter_rows
 from nlptrain.data.rows import Row
 from nlptrain.data.tokenized import uses_type_ids
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, every_rank
+from nlptrain.errors import ConfigError, every_local_rank, every_rank
 from nlptrain.kinds import SingleLabel, TaskKind
 
 log = logging.getLogger(__name__)
@@ -186,10 +186,11 @@ def per_rank_labels(task: Any, vocab: Any, world_size: int) -> Any:
         unknown = sorted({value for cell in manifest.labels
                           for value in from_task(task).label_values(cell)} - set(known))
         if unknown:
-            raise ConfigError(f"{folder / 'manifest.json'}: the per-rank files hold labels the "
-                              f"task does not name: {', '.join(unknown[:10])} (the task's: "
-                              f"{', '.join(vocab.names)}); add them to [data] labels, or split "
-                              "a file without them")
+            raise every_local_rank(ConfigError(
+                f"{folder / 'manifest.json'}: the per-rank files hold labels the "
+                f"task does not name: {', '.join(unknown[:10])} (the task's: "
+                f"{', '.join(vocab.names)}); add them to [data] labels, or split "
+                "a file without them"))
         return vocab
     if vocab is None:
         raise ConfigError(f"task '{task.name}': streaming needs [data] labels, since the train "
