@@ -136,3 +136,16 @@ def test_a_negative_column_index_is_refused_not_read_from_the_end(tmp_path, name
                                         r"first; set text_column in the task's \[data\]"):
         read(tmp_path, name, "fine film\tpos\n".replace("\t", "\t" if name.endswith("tsv") else ","),
              header=False, text_column=-1, label_column=1)
+
+
+def test_a_quoted_cell_over_two_lines_of_an_unquoted_tsv_is_refused_where_only_texts_are_read(tmp_path):
+    """Review 99: predict, reading only the text column, scored each line of the cell as a text
+    of its own (41 predictions for 40 rows) where train refused the file; a row that is only
+    short of the header, without quotes, is still read."""
+    path = _written(tmp_path / "in.tsv", 'text\tlabel\nfine\tpos\n"line one\nline two"\tneg\n')
+    with pytest.raises(DataError, match=r"in\.tsv:3: 1 column\(s\), but the header has 2; cells in "
+                                        r"quotes\? .* give --quoted"):
+        read_texts(path)
+    assert read_texts(path, quoted=True).texts == ["fine", "line one\nline two"]
+    assert read_texts(_written(tmp_path / "short.tsv", "text\tlabel\nfine\tpos\nno label\n")).texts \
+        == ["fine", "no label"]

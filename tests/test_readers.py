@@ -294,6 +294,13 @@ def test_a_cell_that_starts_with_a_quote_of_its_text_says_the_cure(tmp_path):
         read(tmp_path, "b.csv", 'text,label\nfine,pos\n"Thanks" is all,neg\n')
 
 
+def test_a_quote_that_runs_into_the_next_row_names_the_line_it_opened_on(tmp_path):
+    """Review 99: the next row's line was named, where csv gave up, not line 3's open quote."""
+    with pytest.raises(DataError, match=r"c\.csv:3 \(its quoted cell read on into line 4\): a "
+                                        r"cell starts with a quote"):
+        read(tmp_path, "c.csv", 'text,label\nfine,pos\n"never closed,neg\n"next row",pos\n')
+
+
 def test_too_few_columns_names_the_option_of_the_column_beyond_the_row(tmp_path):
     with pytest.raises(DataError, match=r"c\.tsv:1: 2 column\(s\), expected at least 4 \(text in "
                                         r"column 1, label in column 4\); set label_column in the "

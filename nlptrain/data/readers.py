@@ -131,6 +131,11 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                 hint = quoted_cells_hint(row, quoting) or column_fix(fix, beyond)
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
                                 f"{max(columns.values()) + 1} ({where}); {hint}")
+            # Fewer, one at a quote: a quoted cell that spans lines, each line read as a row (a
+            # command that reads only the text column, predict's, would score its pieces).
+            if header is not None and len(row) < len(header) and quoted_cells_hint(row, quoting):
+                raise DataError(f"{path}:{line}: {len(row)} column(s), but the header has "
+                                f"{len(header)}; {quoted_cells_hint(row, quoting)}")
             # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
             # shifted the cells, so the label column would read a piece of the text.
             if header is not None and any(cell.strip() for cell in row[len(header):]):
@@ -144,7 +149,9 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
             raise DataError(f"{path}:{line_of_row[0]}: a quoted cell that starts in this row is never "
                             "closed (no matching \"); close it, or double a quote inside a cell "
                             "(\"\")") from None
-        where = f"{path}:{line_of_row[-1] if line_of_row else line}"
+        # Where the row began (its opening quote, here), and how far csv read it.
+        first, last = (line_of_row[0], line_of_row[-1]) if line_of_row else (line, line)
+        where = f"{path}:{first}" + (f" (its quoted cell read on into line {last})" if last != first else "")
         if "expected after '\"'" in str(err):  # a text that begins with a quote, read as quoting
             cure = ("give --no-quoted (quoted = false in the task's [data]): the file's quotes "
                     "are text" if delimiter == "\t" else 'quote the whole cell, with "" for '
