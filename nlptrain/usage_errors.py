@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
+from typing import Any
 
 
 class CommandParser(argparse.ArgumentParser):
     """A command's parser: a misspelt option is named before a required one it leaves missing
     (`eval --modle m` said only that --model is required)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A value in exponent form is a number too (`--lr -1e-5`, as `--lr -1` and `--lr -0.5`):
+        # Python before 3.13 took it for an option, and said --lr expected one argument.
+        self._negative_number_matcher = re.compile(r"^-\d*\.?\d+(e[-+]?\d+)?$", re.IGNORECASE)
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
         self._given = list(args or [])  # (a command's parser is always given its own tokens)

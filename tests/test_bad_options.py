@@ -126,11 +126,12 @@ def test_a_kind_switched_to_regression_leaves_the_tasks_class_labels_out(capsys,
     ("--weight-decay", "-0.1"), ("--checkpoint-every", "-2"), ("--num-hidden-layers", "-1")])
 def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, tmp_path, flag,
                                                               value):
-    code, err = train(capsys, toy_task, tmp_path / "run", f"{flag}={value}")  # -1e-5: not a flag
     key = flag[2:].replace("-", "_")
-    assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
-    assert err.count("error:") == 1 and "Traceback" not in err
-    assert not (tmp_path / "run").exists()
+    for given in ([f"{flag}={value}"], [flag, value]):  # -1e-5 apart: argparse took it for an option
+        code, err = train(capsys, toy_task, tmp_path / "run", *given)
+        assert code == 1 and f"{flag}: [" in err and f"] {key} must be at least 0" in err, err
+        assert err.count("error:") == 1 and "Traceback" not in err
+        assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(("option", "message"), [
