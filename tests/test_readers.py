@@ -318,3 +318,19 @@ def test_a_null_label_list_is_a_row_left_unlabelled_not_one_with_no_labels(tmp_p
     assert next(rows).label == []
     with pytest.raises(DataError, match=r"ml\.jsonl:2: the row has no label \(null; an empty list"):
         next(rows)
+
+
+@pytest.mark.parametrize("missing", ["valid", "test"])
+def test_a_missing_valid_or_test_file_is_said_before_train_is_read(tmp_path, missing):
+    """Review 99: a single process read and tokenized the whole train file (minutes, for a large
+    one) before it found the dev file missing; `--nproc` checked before it started workers."""
+    from nlptrain.data import build_datasets
+
+    class NotToBeCalled:
+        def __call__(self, *args, **kwargs):
+            raise AssertionError("the train file was tokenized before the missing file was said")
+
+    task = labelled_task(tmp_path, [("a b", "pos"), ("c d", "neg")] * 5)
+    setattr(task.data, missing, f"{missing}.tsv")
+    with pytest.raises(DataError, match=rf"{missing}\.tsv: {missing} file not found"):
+        build_datasets(task, NotToBeCalled(), use_cache=False)

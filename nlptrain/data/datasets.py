@@ -237,6 +237,10 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     # The cache sits next to the data read: the train file's, or the one set `eval` reads
     # (a --test-file of its own must not fill the default task's data folder).
     alone = wants_one and vocab is not None
+    for which in ("valid", "test") if only is None else (only,) if only != "train" else ():
+        spec = specs[which]  # there, before train is read (minutes, for a large one)
+        if not alone and spec is not None and ("{label}" not in spec.path or vocab is not None):
+            source_files(spec, data_dir, vocab.values if vocab else [], which)
     anchor = specs[only] if alone else specs["train"]
     anchor_files = _files(anchor, data_dir, vocab) if anchor else []
     cache_dir = None
