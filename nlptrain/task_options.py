@@ -108,8 +108,9 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
         task = recorded_task(Path(args.model).resolve().parent)  # (--model . from model/)
         if task:
             log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
-        elif Path(args.model).is_dir():  # a model folder copied out of its run: said, as the
-            # default task may fit by chance (no folder at all: its own error comes next)
+        elif Path(args.model).is_dir() and not recorded_task(Path(args.model)):  # a model folder
+            # copied out of its run: said, as the default task may fit by chance (no folder at
+            # all, or a run's folder for its model/: their own error comes next)
             log.warning("no --task, and no run's config.json beside %s: scoring on the default "
                         "task; give --task for the model's own", args.model)
     task_file = None if task else find_task(args.task or "default")
@@ -125,6 +126,10 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
                  "own folder" if own_file else
                  " (e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
         raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR{where}")
+    from_env = not (args.data_dir or task.data_dir)
+    if from_env and not Path(data_dir).is_dir():  # (the files' own error would say --data-dir)
+        raise ConfigError(f"NLPTRAIN_DATA_DIR={data_dir}: no such folder; set it to the folder "
+                          "that holds the tasks' data, or give --data-dir DIR")
     task.data_dir = str(Path(data_dir).resolve())
     return task
 

@@ -344,6 +344,11 @@ def test_a_missing_data_folder_says_how_to_give_one(tmp_path, monkeypatch):
         resolve_task(build_parser().parse_args(["train", "--task", str(own)]))
     with pytest.raises(ConfigError, match=r"pass --data-dir DIR \(e\.g\. the folder holding rt-pol"):
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
+    # The folder from the environment, not there: named as such (review 99: "check --data-dir").
+    monkeypatch.setenv("NLPTRAIN_DATA_DIR", str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match=rf"NLPTRAIN_DATA_DIR={re.escape(str(tmp_path / 'nope'))}: "
+                                          "no such folder; set it to the folder that holds"):
+        resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
 
 
 @pytest.mark.distributed

@@ -301,3 +301,17 @@ def test_a_model_that_does_not_fit_the_task_is_said_once_by_two_processes(toy_ta
     said = [line for line in done.stderr.splitlines() if line.startswith(("error:", "[rank"))]
     assert len(said) == 1 and said[0].endswith("the model was trained for single_label, the task "
                                                "is regression"), done.stderr[-3000:]
+
+
+def test_eval_of_a_runs_folder_names_its_model_folder_without_a_warning_against_it(
+        toy_task: Path, tmp_path: Path, capsys) -> None:
+    """Review 99: it warned "no run's config.json beside RUN", though RUN/config.json is the run's."""
+    from nlptrain.task_files import load_task
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (run / "config.json").write_text(json.dumps({"task": load_task(toy_task).to_dict(), "world_size": 1}))
+    assert main(["eval", "--model", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert f"did you mean {run / 'model'}?" in err and "warning" not in err, err
