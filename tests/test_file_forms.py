@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from file_reading import labelled_task, read
+from log_capture import nlptrain_messages
 
 from nlptrain.config import FileSpec
 from nlptrain.data.readers import iter_rows, read_examples, read_texts
@@ -26,6 +27,21 @@ def test_a_label_path_whose_folder_holds_braces_is_read(tmp_path, tiny_model_dir
     assert len(sets.train) + len(sets.test) == 10
     with pytest.raises(DataError, match=r"a\{x\}/neg_\{split\}\.txt: data file not found"):
         list(iter_rows(FileSpec(path="a{x}/{label}_{split}.txt"), tmp_path, ["neg", "pos"]))
+
+
+def test_an_empty_file_of_a_class_is_named_not_the_path_pattern(tmp_path, tiny_model_dir):
+    """Review 99: the warning named 'rt-polarity.{label}', not the empty rt-polarity.neg."""
+    from transformers import AutoTokenizer
+
+    from nlptrain.data import build_datasets
+
+    (tmp_path / "neg.txt").write_text("")
+    (tmp_path / "pos.txt").write_text("".join(f"pos {i}\n" for i in range(5)))
+    task = labelled_task(tmp_path, [], train="{label}.txt", labels=["neg", "pos"])
+    with nlptrain_messages() as said:
+        build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
+    assert any(m.startswith(f"{tmp_path / 'neg.txt'}: no train rows of class(es) 'neg'")
+               for m in said), said
 
 
 @pytest.mark.parametrize(("content", "says"), [

@@ -106,10 +106,12 @@ def check_class_rows(labels: np.ndarray, vocab: LabelVocab, inferred: bool, wher
     if labels.ndim != 1 or labels.dtype.kind != "i":
         return
     counts = np.bincount(np.clip(labels, 0, None), minlength=len(vocab.names))
-    absent = [vocab.names[i] for i in np.flatnonzero(counts == 0)]
-    if absent:
-        log.warning("%s: no train rows of class(es) %s: the model cannot learn them", where,
-                    ", ".join(map(repr, absent)))
+    absent = np.flatnonzero(counts == 0)
+    if len(absent):  # a file a class (format lines): the empty ones are named
+        files = [where.replace("{label}", vocab.values[i]) for i in absent] if "{label}" in where \
+            else [where]
+        log.warning("%s: no train rows of class(es) %s: the model cannot learn them",
+                    ", ".join(files), ", ".join(repr(vocab.names[i]) for i in absent))
     rare = [f"{vocab.values[i]!r} ({counts[i]} row{'s' if counts[i] > 1 else ''})"
             for i in np.flatnonzero((counts > 0) & (counts <= 2))] if inferred else []
     if rare and len(labels) > 20:
