@@ -117,6 +117,25 @@ def test_unknown_label_names_the_row(tmp_path):
         LabelVocab.from_config(["neg", "pos"]).encode(ex)
 
 
+def test_a_label_the_train_file_lacks_is_said_as_such_where_the_task_names_none(tmp_path,
+                                                                               tiny_model_dir):
+    """Review 99: it was "not one of the task's labels ...; add it to [data] labels", where the
+    task names none, and a class added there would have no train rows."""
+    from transformers import AutoTokenizer
+
+    from nlptrain.data import build_datasets
+
+    task = labelled_task(tmp_path, [("a b", "pos"), ("c d", "neg")] * 5, test="test.tsv")
+    (tmp_path / "test.tsv").write_text("text\tlabel\nc\tpos\nd\tneutral\n")
+    with pytest.raises(DataError, match=r"test\.tsv:3: label 'neutral' is not in the train file "
+                                        r"\(.*train\.tsv\), whose labels \['neg', 'pos'\] the task "
+                                        r"takes, as it names none"):
+        build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
+    task.data.labels = ["neg", "pos"]  # named: the task's labels, as before
+    with pytest.raises(DataError, match=r"test\.tsv:3: label 'neutral' is not one of the task's"):
+        build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
+
+
 def test_label_vocab_from_table_and_inferred():
     vocab = LabelVocab.from_config({"1": "World", "2": "Sports"})
     assert vocab.values == ["1", "2"] and vocab.names == ["World", "Sports"]

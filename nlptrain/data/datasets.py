@@ -35,6 +35,7 @@ class LabelVocab:
 
     values: list[str]
     names: list[str]
+    learned_from: str = field(default="", compare=False)  # the train file, where the task names none
 
     @classmethod
     def from_config(cls, labels: list | dict) -> LabelVocab:
@@ -73,7 +74,24 @@ class LabelVocab:
 
     def encode(self, examples: Examples, kind: TaskKind | None = None) -> np.ndarray:
         """The targets of `examples` (single-label ids unless another kind is given)."""
-        return (kind or SingleLabel()).encode(examples.labels, self.ids(), examples.origin)
+        kind = kind or SingleLabel()
+        if self.learned_from and kind.has_classes:
+            self._check_learned(examples, kind)
+        return kind.encode(examples.labels, self.ids(), examples.origin)
+
+    def _check_learned(self, examples: Examples, kind: TaskKind) -> None:
+        """A label of another file that the train file lacks, said as such: the task names no
+        labels to add it to (a class added there would have no train rows to learn from)."""
+        ids = self.ids()
+        for i, cell in enumerate(examples.labels):
+            values = kind.label_values(cell) if isinstance(cell, str | list) else []
+            unknown = [v for v in values if isinstance(v, str) and v not in ids
+                       and v.strip('"') not in ids]  # (quoted cells: the kind's own hint)
+            if unknown:
+                path, line = examples.origin(i)
+                raise DataError(f"{path}:{line}: label {unknown[0]!r} is not in the train file "
+                                f"({self.learned_from}), whose labels {self.values} the task takes, "
+                                "as it names none; fix the row, or give the train file rows of it")
 
 
 @dataclass
@@ -264,6 +282,8 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     if train is not None and kind.has_classes and not labels.names:  # (a multi-label file of
         # empty cells): said of the train file, not as a label of the test file missing
         kind.check_labels(labels.names, str(data_dir / specs["train"].path))
+    if train is not None and vocab is None and kind.has_classes:
+        labels.learned_from = str(data_dir / specs["train"].path)
     loaded = {"train": train}
     for which in ("valid", "test"):
         if specs[which] is not None and only in (None, which):
