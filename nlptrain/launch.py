@@ -23,6 +23,7 @@ from typing import Any
 
 from nlptrain.environments import LAUNCHER_MARK
 from nlptrain.errors import ConfigError, Interrupted
+from nlptrain.signals import STOPPED_AFTER_STEP
 
 log = logging.getLogger(__name__)
 AGENT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -191,6 +192,8 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
         code = int(exited.group(1))
     if said.startswith(ERROR) and code < 0:  # its error said (the others' followed it): the
         code = 1                               # agent's SIGTERM came as it was leaving
+    elif said.startswith(STOPPED_AFTER_STEP) and code < 0:  # the agreed stop, likewise
+        code = Interrupted.exit_code
     print(f"error: {failure_summary(rank, nproc, code, said)}"
           f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
     return code if code > 0 else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -85,7 +86,7 @@ def load_tokenizer(name: str) -> Any:
             raise ValueError(f"none of {', '.join(TOKENIZER_FILES)}")
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError) as error:  # no or broken tokenizer files
-        raise every_local_rank(ConfigError(
+        raise of_the_folder(error, ConfigError(
             f"{path}: no usable tokenizer here ({str(error).splitlines()[0]}); "
             "a model folder needs the tokenizer saved beside it")) from None
     if not tokenizer.is_fast:
@@ -267,7 +268,16 @@ def classifier_from_folder(path: Path, **options: Any) -> Any:
         elif "Unrecognized configuration class" in said:
             said = f"a {getattr(load_config(str(path)), 'model_type', '?')} model has no text-" \
                    "classification head in transformers"
-        raise every_local_rank(ConfigError(
+        raise of_the_folder(error, ConfigError(
             f"{path}: cannot load a text classifier from it ({said}); a model folder "
             "holds what save_pretrained writes: config.json, the weights "
             "(model.safetensors) and the tokenizer")) from None
+
+
+def of_the_folder(cause: BaseException, error: ConfigError) -> ConfigError:
+    """`error`, said once a machine where `cause` is the folder's content (every rank of the
+    machine reads it alike), by its rank where it is this process's own failure (out of memory
+    or descriptors, a disk's I/O error: an errno other than the folder's own)."""
+    own = isinstance(cause, OSError) and cause.errno not in (None, errno.ENOENT, errno.ENOTDIR,
+                                                              errno.EISDIR, errno.EACCES)
+    return error if own else every_local_rank(error)

@@ -103,9 +103,12 @@ def leave_stops_to_the_main_process(worker_id: int) -> None:
 RESUME_FROM_PYTHON = "resume_from= the Checkpointer's folder"
 
 
+STOPPED_AFTER_STEP = "stopped by a signal after step"  # the agreed stop's line (and record)
+
+
 def stopped_message(step: int, checkpointed: bool, resume: str = RESUME_FROM_PYTHON) -> str:
     """What a run stopped by a signal after `step` says: how to go on (`resume`: the command
     line's options, say), where a Checkpointer (`checkpointed`) keeps its place."""
-    return (f"stopped by a signal after step {step}; " +
+    return (f"{STOPPED_AFTER_STEP} {step}; " +
             (f"continue with {resume}" if checkpointed
              else "nothing was saved (no Checkpointer among the callbacks)"))

@@ -97,7 +97,7 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
     """The task file named by --task, with the command line's overrides and data folder. A resume
     that names no task goes on with the run's own (its config.json), the overrides on top; so
     does `eval` of a run's model/ (the run's data, its held-out split)."""
-    from nlptrain.run_record import recorded_task
+    from nlptrain.run_record import read_config, recorded_task
 
     resumed = args.task is None and getattr(args, "resume", False) and args.output_dir
     task = resumed and recorded_task(Path(args.output_dir))
@@ -108,7 +108,7 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
         task = recorded_task(Path(args.model).resolve().parent)  # (--model . from model/)
         if task:
             log.info("task %s: the run's own, from %s", task.name, Path(args.model).parent / "config.json")
-        elif Path(args.model).is_dir() and not recorded_task(Path(args.model)):  # a model folder
+        elif Path(args.model).is_dir() and read_config(Path(args.model)) is None:  # a model folder
             # copied out of its run: said, as the default task may fit by chance (no folder at
             # all, or a run's folder for its model/: their own error comes next)
             log.warning("no --task, and no run's config.json beside %s: scoring on the default "
@@ -126,10 +126,11 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
                  "own folder" if own_file else
                  " (e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
         raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR{where}")
-    from_env = not (args.data_dir or task.data_dir)
-    if from_env and not Path(data_dir).is_dir():  # (the files' own error would say --data-dir)
-        raise ConfigError(f"NLPTRAIN_DATA_DIR={data_dir}: no such folder; set it to the folder "
-                          "that holds the tasks' data, or give --data-dir DIR")
+    # Said, not refused: a task of absolute paths reads nothing from it. (A missing file's own
+    # error advises --data-dir.)
+    if not (args.data_dir or task.data_dir) and not Path(data_dir).is_dir():
+        log.warning("NLPTRAIN_DATA_DIR=%s: no such folder; the task's relative data paths are "
+                    "read from it (give --data-dir DIR, or unset it)", data_dir)
     task.data_dir = str(Path(data_dir).resolve())
     return task
 

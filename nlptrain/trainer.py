@@ -301,6 +301,7 @@ class Trainer(ProgressCounters):
         self.settle()  # every rank evaluates at the same step: a point to read the flags
         if self.eval_data is None:
             return {}
+        in_step, self.is_update_step = self.is_update_step, False  # an evaluation is no micro-batch
         self.callbacks.fire("on_valid_start", self)
         metrics = self.evaluate(self.eval_data)
         score = best_score(metrics, self.metric_for_best)
@@ -311,6 +312,7 @@ class Trainer(ProgressCounters):
         # epoch counted from 1, as every log, report and results.json say it
         self.metrics = {**metrics, "epoch": self.epoch + 1, "step": self.global_step}
         self.callbacks.fire("on_valid_end", self, self.metrics, is_best)
+        self.is_update_step = in_step  # (an eval_every step's on_batch_end comes next)
         # A stop decided on the evaluation (early stopping) ends the run at this step on every
         # rank; the evaluation has synced the ranks already, so agreeing now costs no stall.
         if self._agree_on_stop(interrupt=False):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_errors import edit, train
+from log_capture import nlptrain_messages
 from transformers import RobertaConfig, RobertaForSequenceClassification
 
 from nlptrain.cli import main
@@ -254,6 +255,28 @@ def test_a_model_folder_transformers_cannot_load_is_one_line(capsys, toy_task, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("cause", "every_rank_of_the_machine"), [
+    (OSError("model does not appear to have a file named model.safetensors"), True),
+    (FileNotFoundError(2, "No such file or directory"), True),
+    (ValueError("unknown model_type"), True),
+    (OSError(12, "Cannot allocate memory"), False),  # this process's: 8 ranks map the weights
+    (OSError(5, "Input/output error"), False)])
+def test_a_model_folders_error_is_said_once_a_machine_but_a_process_failure_by_its_rank(
+        tmp_path, tiny_model_dir, monkeypatch, cause, every_rank_of_the_machine):
+    """Review 100: an ENOMEM on rank 1 alone was left to local rank 0, which never had it: said by
+    no rank (under --nproc, every rank of the machine would read the folder's content alike)."""
+    import transformers
+
+    from nlptrain.models import classifier_from_folder
+
+    def failing(*args, **kwargs):
+        raise cause
+    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", failing)
+    with pytest.raises(ConfigError, match="cannot load a text classifier from it") as raised:
+        classifier_from_folder(tiny_model_dir)
+    assert raised.value.raised_on_every_local_rank is every_rank_of_the_machine
+
+
 def test_unknown_task_name(capsys, tmp_path):
     code = main(["train", "--task", "no-such-task", "--output-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err
@@ -344,11 +367,13 @@ def test_a_missing_data_folder_says_how_to_give_one(tmp_path, monkeypatch):
         resolve_task(build_parser().parse_args(["train", "--task", str(own)]))
     with pytest.raises(ConfigError, match=r"pass --data-dir DIR \(e\.g\. the folder holding rt-pol"):
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
-    # The folder from the environment, not there: named as such (review 99: "check --data-dir").
+    # The folder from the environment, not there: said (review 99: "check --data-dir" alone),
+    # not refused (review 100: a task of absolute paths reads nothing from it).
     monkeypatch.setenv("NLPTRAIN_DATA_DIR", str(tmp_path / "nope"))
-    with pytest.raises(ConfigError, match=rf"NLPTRAIN_DATA_DIR={re.escape(str(tmp_path / 'nope'))}: "
-                                          "no such folder; set it to the folder that holds"):
+    with nlptrain_messages() as said:
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
+    assert said == [f"NLPTRAIN_DATA_DIR={tmp_path / 'nope'}: no such folder; the task's relative "
+                    "data paths are read from it (give --data-dir DIR, or unset it)"], said
 
 
 @pytest.mark.distributed

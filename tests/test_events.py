@@ -58,10 +58,19 @@ def test_is_update_step_is_true_on_update_steps_alone(tmp_path, tiny_model_dir):
         def on_epoch_end(self, trainer):
             seen.append(("epoch_end", trainer.is_update_step))
 
+        def on_batch_end(self, trainer):
+            seen.append(("batch_end", trainer.is_update_step))
+
     make_trainer(tmp_path, tiny_model_dir, [Watch()], grad_accum=2).fit()  # 3 batches an epoch
-    epoch = [("epoch_start", False), ("backward_end", False), ("backward_end", True),
-             ("backward_end", True), ("valid_end", False), ("epoch_end", False)]
+    epoch = [("epoch_start", False), ("backward_end", False), ("batch_end", False),
+             ("backward_end", True), ("batch_end", True), ("backward_end", True),
+             ("batch_end", True), ("valid_end", False), ("epoch_end", False)]
     assert seen == epoch * 2
+    # An eval_every evaluation, inside the step's micro-batch (review 100: it saw True).
+    seen.clear()
+    make_trainer(tmp_path, tiny_model_dir, [Watch()], grad_accum=2, epochs=1, eval_every=1).fit()
+    assert seen[-4:] == [("backward_end", True), ("valid_end", False), ("batch_end", True),
+                         ("epoch_end", False)]
 
 
 def test_gradient_accumulation_fires_step_end_once_per_update(tmp_path, tiny_model_dir):
