@@ -6,6 +6,7 @@ import errno
 import importlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -274,10 +275,15 @@ def classifier_from_folder(path: Path, **options: Any) -> Any:
             "(model.safetensors) and the tokenizer")) from None
 
 
+FOLDER_ERRNOS = (None, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EACCES, errno.EPERM)
+
+
 def of_the_folder(cause: BaseException, error: ConfigError) -> ConfigError:
     """`error`, said once a machine where `cause` is the folder's content (every rank of the
-    machine reads it alike), by its rank where it is this process's own failure (out of memory
-    or descriptors, a disk's I/O error: an errno other than the folder's own)."""
-    own = isinstance(cause, OSError) and cause.errno not in (None, errno.ENOENT, errno.ENOTDIR,
-                                                              errno.EISDIR, errno.EACCES)
-    return error if own else every_local_rank(error)
+    machine reads it alike), by its rank where it is this process's own failure (out of
+    descriptors, a disk's I/O error: an errno other than the folder's own)."""
+    code = cause.errno if isinstance(cause, OSError) else None
+    in_text = re.search(r"\(os error (\d+)\)", str(cause))  # safetensors' (Rust's) I/O errors
+    if code is None and in_text:
+        code = int(in_text.group(1))
+    return every_local_rank(error) if code in FOLDER_ERRNOS else error

@@ -17,8 +17,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
-from nlptrain.config import SECTIONS, TaskConfig
-from nlptrain.errors import ConfigError
+from nlptrain.config import SECTIONS, TaskConfig, file_spec
+from nlptrain.errors import ConfigError, every_local_rank
 from nlptrain.task_files import apply_override, load_task, validate
 
 log = logging.getLogger("nlptrain")
@@ -126,11 +126,13 @@ def resolve_task(args: argparse.Namespace) -> TaskConfig:
                  "own folder" if own_file else
                  " (e.g. the folder holding rt-polarity/, sst-2/, trec/, ag-news/)")
         raise ConfigError(f"task '{task.name}' needs its data folder: pass --data-dir DIR{where}")
-    # Said, not refused: a task of absolute paths reads nothing from it. (A missing file's own
-    # error advises --data-dir.)
-    if not (args.data_dir or task.data_dir) and not Path(data_dir).is_dir():
-        log.warning("NLPTRAIN_DATA_DIR=%s: no such folder; the task's relative data paths are "
-                    "read from it (give --data-dir DIR, or unset it)", data_dir)
+    read_there = [path for path in (*(getattr(file_spec(task, which), "path", "") for which in
+                                      ("train", "valid", "test")), task.data.train_shards)
+                  if path and not Path(path).is_absolute()]
+    if read_there and not (args.data_dir or task.data_dir) and not Path(data_dir).is_dir():
+        raise every_local_rank(ConfigError(  # (a missing file's own error advises --data-dir)
+            f"NLPTRAIN_DATA_DIR={data_dir}: no such folder, and the task reads {read_there[0]} "
+            "from it; set it to the folder that holds the tasks' data, or give --data-dir DIR"))
     task.data_dir = str(Path(data_dir).resolve())
     return task
 

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 from cli_errors import edit, train
-from log_capture import nlptrain_messages
 from transformers import RobertaConfig, RobertaForSequenceClassification
 
 from nlptrain.cli import main
@@ -259,8 +258,10 @@ def test_a_model_folder_transformers_cannot_load_is_one_line(capsys, toy_task, t
     (OSError("model does not appear to have a file named model.safetensors"), True),
     (FileNotFoundError(2, "No such file or directory"), True),
     (ValueError("unknown model_type"), True),
-    (OSError(12, "Cannot allocate memory"), False),  # this process's: 8 ranks map the weights
-    (OSError(5, "Input/output error"), False)])
+    (OSError(1, "Operation not permitted"), True),
+    (OSError(24, "Too many open files"), False),  # this process's own
+    (OSError(5, "Input/output error"), False),
+    (OSError("No such device (os error 19)"), False)])  # safetensors' form (review 101)
 def test_a_model_folders_error_is_said_once_a_machine_but_a_process_failure_by_its_rank(
         tmp_path, tiny_model_dir, monkeypatch, cause, every_rank_of_the_machine):
     """Review 100: an ENOMEM on rank 1 alone was left to local rank 0, which never had it: said by
@@ -367,13 +368,15 @@ def test_a_missing_data_folder_says_how_to_give_one(tmp_path, monkeypatch):
         resolve_task(build_parser().parse_args(["train", "--task", str(own)]))
     with pytest.raises(ConfigError, match=r"pass --data-dir DIR \(e\.g\. the folder holding rt-pol"):
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
-    # The folder from the environment, not there: said (review 99: "check --data-dir" alone),
-    # not refused (review 100: a task of absolute paths reads nothing from it).
+    # The folder from the environment, not there: named as such (review 99: "check --data-dir"),
+    # where the task reads from it; a task of absolute paths reads nothing there (review 100).
     monkeypatch.setenv("NLPTRAIN_DATA_DIR", str(tmp_path / "nope"))
-    with nlptrain_messages() as said:
+    with pytest.raises(ConfigError, match=rf"NLPTRAIN_DATA_DIR={re.escape(str(tmp_path / 'nope'))}: "
+                                          r"no such folder, and the task reads sst-2/train\.tsv "):
         resolve_task(build_parser().parse_args(["train", "--task", "sst2"]))
-    assert said == [f"NLPTRAIN_DATA_DIR={tmp_path / 'nope'}: no such folder; the task's relative "
-                    "data paths are read from it (give --data-dir DIR, or unset it)"], said
+    absolute = tmp_path / "absolute.toml"
+    absolute.write_text(f'name = "mine"\n[data]\ntrain = "{tmp_path / "train.tsv"}"\n')
+    assert resolve_task(build_parser().parse_args(["train", "--task", str(absolute)])).name == "mine"
 
 
 @pytest.mark.distributed

@@ -163,6 +163,6 @@ def test_a_quoted_cell_over_two_lines_of_an_unquoted_tsv_is_refused_where_only_t
                                         r"quotes\? .* give --quoted"):
         read_texts(path)
     assert read_texts(path, quoted=True).texts == ["fine", "line one\nline two"]
-    short = "text\tlabel\nfine\tpos\nno label\nShe said \"no\"\n\"Jaws\" is a classic\n"
+    short = "text\tlabel\nfine\tpos\nno label\nShe said \"no\"\n\"Jaws\" is a classic\nMy TV: 55\"\n"
     assert read_texts(_written(tmp_path / "short.tsv", short)).texts == \
-        ["fine", "no label", 'She said "no"', '"Jaws" is a classic']  # (review 100: refused)
+        ["fine", "no label", 'She said "no"', '"Jaws" is a classic', 'My TV: 55"']  # (reviews 100-1)

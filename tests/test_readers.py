@@ -131,7 +131,13 @@ def test_a_label_the_train_file_lacks_is_said_as_such_where_the_task_names_none(
                                         r"\(.*train\.tsv\), whose labels \['neg', 'pos'\] the task "
                                         r"takes, as it names none"):
         build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
-    task.data.labels = ["neg", "pos"]  # named: the task's labels, as before
+    # A list where one label belongs is still said as such (review 101: said as an unknown label).
+    (tmp_path / "test.jsonl").write_text('{"text": "c", "label": ["pos", "neutral"]}\n')
+    task.data.test = "test.jsonl"
+    with pytest.raises(DataError, match=r"test\.jsonl:1: a list of labels \['pos', 'neutral'\], "
+                                        "but the task is single_label"):
+        build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
+    task.data.labels, task.data.test = ["neg", "pos"], "test.tsv"  # named: the task's labels
     with pytest.raises(DataError, match=r"test\.tsv:3: label 'neutral' is not one of the task's"):
         build_datasets(task, AutoTokenizer.from_pretrained(str(tiny_model_dir)), use_cache=False)
 

@@ -25,6 +25,7 @@ from nlptrain.data.tokenized import TokenizedDataset, cache_key, default_cache_d
 from nlptrain.distributed import Backend, SingleProcess
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind, from_task
+from nlptrain.kinds.base import LabelIds
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ class LabelVocab:
         """Label as written in a file -> id; the names are accepted too, and a boolean label in
         each of its usual spellings (JSON's and TOML's true, Python's True, TRUE): a JSONL file's
         booleans then match a model or task that lists them as "True"."""
-        found = {value: i for i, value in enumerate(self.values)}
+        found = LabelIds({value: i for i, value in enumerate(self.values)})
+        found.learned_from = self.learned_from  # (what an unknown label is said to be not one of)
         found.update({name: i for i, name in enumerate(self.names) if name not in found})
         for spelt, i in list(found.items()):
             if spelt.lower() in ("true", "false"):
@@ -74,24 +76,7 @@ class LabelVocab:
 
     def encode(self, examples: Examples, kind: TaskKind | None = None) -> np.ndarray:
         """The targets of `examples` (single-label ids unless another kind is given)."""
-        kind = kind or SingleLabel()
-        if self.learned_from and kind.has_classes:
-            self._check_learned(examples, kind)
-        return kind.encode(examples.labels, self.ids(), examples.origin)
-
-    def _check_learned(self, examples: Examples, kind: TaskKind) -> None:
-        """A label of another file that the train file lacks, said as such: the task names no
-        labels to add it to (a class added there would have no train rows to learn from)."""
-        ids = self.ids()
-        for i, cell in enumerate(examples.labels):
-            values = kind.label_values(cell) if isinstance(cell, str | list) else []
-            unknown = [v for v in values if isinstance(v, str) and v not in ids
-                       and v.strip('"') not in ids]  # (quoted cells: the kind's own hint)
-            if unknown:
-                path, line = examples.origin(i)
-                raise DataError(f"{path}:{line}: label {unknown[0]!r} is not in the train file "
-                                f"({self.learned_from}), whose labels {self.values} the task takes, "
-                                "as it names none; fix the row, or give the train file rows of it")
+        return (kind or SingleLabel()).encode(examples.labels, self.ids(), examples.origin)
 
 
 @dataclass
@@ -254,6 +239,8 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
         from nlptrain.data.streaming import per_rank_labels  # reads none: any world size)
 
         vocab = per_rank_labels(task, vocab, dist.world_size)
+        if not task.data.labels and kind.has_classes:  # what split or the stream saw in train
+            vocab.learned_from = task.data.train_shards or str(data_dir / specs["train"].path)
     # The cache sits next to the data read: the train file's, or the one set `eval` reads
     # (a --test-file of its own must not fill the default task's data folder).
     alone = wants_one and vocab is not None

@@ -131,11 +131,12 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                 hint = quoted_cells_hint(row, quoting) or column_fix(fix, beyond)
                 raise DataError(f"{path}:{line}: {len(row)} column(s), expected at least "
                                 f"{max(columns.values()) + 1} ({where}); {hint}")
-            # Fewer, with a quote left open: a piece of a quoted cell that spans lines, each line
-            # read as a row (a command that reads only the text column, predict's, would score
-            # its pieces). A text with quotes of its own ("Jaws" is a classic) is no piece.
-            if header is not None and len(row) < len(header) and quoted_cells_hint(row, quoting) \
-                    and any(cell.count('"') % 2 for cell in row):
+            # Fewer, and a cell opens a quote it leaves open: the first line of a quoted cell that
+            # spans lines, each line read as a row (a command that reads only the text column,
+            # predict's, would score its pieces). Quotes in a text ("Jaws" is a classic, a TV
+            # of 55") open none.
+            if header is not None and len(row) < len(header) and quoting == csv.QUOTE_NONE and \
+                    any(cell.startswith('"') and cell.count('"') % 2 for cell in row):
                 raise DataError(f"{path}:{line}: {len(row)} column(s), but the header has "
                                 f"{len(header)}; {quoted_cells_hint(row, quoting)}")
             # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has

@@ -122,3 +122,20 @@ def written_values(ids: dict[str, int]) -> list[str]:
     for key, i in ids.items():
         names.setdefault(i, key)
     return [names[i] for i in sorted(names)]
+
+
+class LabelIds(dict):
+    """Label as written in files -> id, and where the labels came from: the task's own, or
+    (`learned_from`) those of the train file, where the task names none."""
+
+    learned_from = ""
+
+
+def unknown_label(ids: dict[str, int]) -> tuple[str, str]:
+    """How a label that is not in `ids` is said: what it is not one of, and the cure."""
+    learned = getattr(ids, "learned_from", "")
+    if learned:  # a class named in the task would have no train rows
+        return (f"is not in the train file ({learned}), whose labels {written_values(ids)} the "
+                "task takes, as it names none", "fix the row, or give the train file rows of it")
+    return (f"is not one of the task's labels {written_values(ids)}",
+            f"fix the row, or add it to the labels ({ADD_LABEL})")

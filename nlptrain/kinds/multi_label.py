@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nlptrain.errors import ConfigError, DataError
-from nlptrain.kinds.base import ADD_LABEL, TaskKind, Where, per_class_scores, written_values
+from nlptrain.kinds.base import TaskKind, Where, per_class_scores, unknown_label
 
 if TYPE_CHECKING:
     import torch
@@ -46,9 +46,8 @@ class MultiLabel(TaskKind):
             for value in self.label_values(cell):
                 if value not in ids:
                     path, line = where(i)
-                    raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) is not one of "
-                                    f"the task's labels {written_values(ids)}; fix the row, or add it to "
-                                    f"the labels ({ADD_LABEL})")
+                    not_one_of, cure = unknown_label(ids)
+                    raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) {not_one_of}; {cure}")
                 out[i, ids[value]] = 1.0
         return out
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from nlptrain.errors import ConfigError, DataError
-from nlptrain.kinds.base import ADD_LABEL, TaskKind, Where, per_class_scores, written_values
+from nlptrain.kinds.base import TaskKind, Where, per_class_scores, unknown_label
 
 if TYPE_CHECKING:
     import torch
@@ -37,10 +37,10 @@ class SingleLabel(TaskKind):
                 path, line = where(i)
                 quoted = isinstance(cell, str) and len(cell) > 1 and cell[0] == cell[-1] == '"' \
                     and cell[1:-1].replace('""', '"') in ids  # a TSV's cells in CSV quotes
+                not_one_of, cure = unknown_label(ids)
                 fix = ("the file quotes its cells as CSV does: give --quoted (quoted = true in the "
-                       "task's [data])") if quoted else f"fix the row, or add it to the labels ({ADD_LABEL})"
-                raise DataError(f"{path}:{line}: label {cell!r} is not one of the task's labels "
-                                f"{written_values(ids)}; {fix}")
+                       "task's [data])") if quoted else cure
+                raise DataError(f"{path}:{line}: label {cell!r} {not_one_of}; {fix}")
             out[i] = ids[cell]
         return out
 
