@@ -360,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                           "(see the root cause)", follows=True)
         else:
             print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
-            # (an agreed stop, exit 130, is no failure: the launcher names it by its code)
-            tell_launcher(f"{ERROR}{err}" if err.exit_code == 1 else str(err))
+            tell_launcher(f"{ERROR}{err}")
         return err.exit_code
     except RuntimeError as err:
         from nlptrain.distributed import PeerFailed, peer_failure_in, timeout_message

@@ -190,10 +190,11 @@ def reported_failure(err: Any, nproc: int, max_restarts: int = 0) -> int:
     exited = re.fullmatch(rf"{re.escape(EXITED)}\((\d+)\)", said)
     if exited and code < 0:  # its sys.exit(n) told, then the agent's SIGTERM as it closed down
         code = int(exited.group(1))
-    if said.startswith(ERROR) and code < 0:  # its error said (the others' followed it): the
-        code = 1                               # agent's SIGTERM came as it was leaving
-    elif said.startswith(STOPPED_AFTER_STEP) and code < 0:  # the agreed stop, likewise
-        code = Interrupted.exit_code
+    # Its stop or error said (the others' followed it), the agent's SIGTERM came as it was leaving.
+    if code < 0 and said.removeprefix(ERROR).startswith(STOPPED_AFTER_STEP):
+        code = Interrupted.exit_code  # the agreed stop
+    elif code < 0 and said.startswith(ERROR):
+        code = 1
     print(f"error: {failure_summary(rank, nproc, code, said)}"
           f"{f' (after {max_restarts} restart(s))' if max_restarts else ''}", file=sys.stderr)
     return code if code > 0 else 1

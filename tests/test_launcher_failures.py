@@ -212,7 +212,7 @@ def test_the_closed_pipe_is_no_failure_whichever_ranks_stop_is_dated_first(capsy
     assert reported_failure(ChildFailedError("nlptrain", {0: failed}), 2) == 1
     assert "error: rank 0 of 2 failed (exit code 1); its error is above" in capsys.readouterr().err
     # The agreed stop (exit 130), the agent's SIGTERM likewise as it left (review 100: "failed").
-    stopped = recorded_failure(tmp_path, 0, -15, stopped_message(7, True))
+    stopped = recorded_failure(tmp_path, 0, -15, f"error: {stopped_message(7, True)}")
     assert reported_failure(ChildFailedError("nlptrain", {0: stopped}), 2) == 130
     assert "error: the 2 workers stopped after the same step" in capsys.readouterr().err
     # sys.exit(3) told at once, then the agent's SIGTERM as it closed down, after rank 0 had
