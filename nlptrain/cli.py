@@ -267,7 +267,8 @@ def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
 
 
 def _rank_prefix() -> str:
-    return "" if _ranks()[0] == 0 else f"[rank {_ranks()[0]}] "
+    rank = _ranks()[0]
+    return "" if rank == 0 else f"[rank {rank}] "
 
 
 def _ranks() -> tuple[int, int]:

@@ -254,30 +254,6 @@ def test_a_model_folder_transformers_cannot_load_is_one_line(capsys, toy_task, t
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("cause", "every_rank_of_the_machine"), [
-    (OSError("model does not appear to have a file named model.safetensors"), True),
-    (FileNotFoundError(2, "No such file or directory"), True),
-    (ValueError("unknown model_type"), True),
-    (OSError(1, "Operation not permitted"), True),
-    (OSError(24, "Too many open files"), False),  # this process's own
-    (OSError(5, "Input/output error"), False),
-    (OSError("No such device (os error 19)"), False)])  # safetensors' form (review 101)
-def test_a_model_folders_error_is_said_once_a_machine_but_a_process_failure_by_its_rank(
-        tmp_path, tiny_model_dir, monkeypatch, cause, every_rank_of_the_machine):
-    """Review 100: an ENOMEM on rank 1 alone was left to local rank 0, which never had it: said by
-    no rank (under --nproc, every rank of the machine would read the folder's content alike)."""
-    import transformers
-
-    from nlptrain.models import classifier_from_folder
-
-    def failing(*args, **kwargs):
-        raise cause
-    monkeypatch.setattr(transformers.AutoModelForSequenceClassification, "from_pretrained", failing)
-    with pytest.raises(ConfigError, match="cannot load a text classifier from it") as raised:
-        classifier_from_folder(tiny_model_dir)
-    assert raised.value.raised_on_every_local_rank is every_rank_of_the_machine
-
-
 def test_unknown_task_name(capsys, tmp_path):
     code = main(["train", "--task", "no-such-task", "--output-dir", str(tmp_path / "r")])
     err = capsys.readouterr().err

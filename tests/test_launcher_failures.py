@@ -110,34 +110,6 @@ def test_a_failed_worker_under_nproc_is_said_by_nlptrain_alone(toy_folder, tmp_p
 
 
 @pytest.mark.distributed
-def test_a_cache_folder_every_rank_of_the_machine_fails_on_is_said_once(toy_folder, tmp_path):
-    """Its error was printed by each rank of the machine; the launcher then named rank 0 as
-    "ended by SIGTERM" when the quiet rank left first and the agent stopped rank 0 leaving."""
-    (tmp_path / "a file").write_text("")
-    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
-                          "--output-dir", str(tmp_path / "run"), "--cache-dir",
-                          str(tmp_path / "a file" / "cache")], cwd=toy_folder, env=child_env(),
-                         capture_output=True, text=True, timeout=240)
-    assert out.returncode == 1, out.stderr[-3000:]
-    assert out.stderr.count("cannot be written (Not a directory)") == 1, out.stderr[-3000:]
-    assert out.stderr.rstrip().endswith("error: rank 0 of 2 failed (exit code 1); its error is above")
-
-
-@pytest.mark.distributed
-@pytest.mark.parametrize("option, said", [
-    (["--model", "no-such-folder"], "no-such-folder: no model here (no config.json)"),
-    (["--max-length", "2"], "max_length 2 leaves no room for the text")], ids=["model", "max_length"])
-def test_a_model_folder_or_option_every_rank_reads_alike_is_said_once(toy_folder, tmp_path, option,
-                                                                     said):
-    """Review 99: each rank said it, sometimes on one line ('...(minilm)[rank 1] error: ...')."""
-    out = subprocess.run([sys.executable, "-m", "nlptrain", *TWO_RANK_TRAIN, "--nproc", "2",
-                          "--output-dir", str(tmp_path / "run"), *option], cwd=toy_folder,
-                         env=child_env(), capture_output=True, text=True, timeout=240)
-    assert out.returncode == 1 and out.stderr.count(said) == 1, out.stderr[-3000:]
-    assert "[rank 1]" not in out.stderr, out.stderr[-3000:]
-
-
-@pytest.mark.distributed
 def test_a_worker_that_exits_by_itself_is_named_not_the_rank_that_followed_it(toy_folder, tmp_path):
     """sys.exit(3) on rank 1 writes no traceback; rank 0 then stops, saying another rank failed.
     The launcher names rank 1 and its exit code, not rank 0, whose only error is that line."""

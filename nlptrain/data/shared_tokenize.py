@@ -27,7 +27,7 @@ import numpy as np
 
 from nlptrain.data.tokenized import TokenizedDataset, cache_error, cached, entry_exists, write_entry
 from nlptrain.distributed import Backend
-from nlptrain.errors import DataError, RemoteRankError
+from nlptrain.errors import DataError, RemoteRankError, every_local_rank
 
 log = logging.getLogger(__name__)
 POLL_S = 0.05
@@ -76,9 +76,7 @@ def cached_shared(folder: Path, read: Read, what: str, share: Share,
     try:
         parts.mkdir(parents=True, exist_ok=True)
     except OSError as err:  # on every rank of this machine: said once
-        error = cache_error(folder, "cannot be written", err)
-        error.raised_on_every_local_rank = True
-        raise error from None
+        raise every_local_rank(cache_error(folder, "cannot be written", err)) from None
     try:
         if source_bytes < SHARE_MIN_BYTES:
             if share.index == 0:
