@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain.checkpoint import rng_state, set_rng_state
+from nlptrain.checkpoint import StepTotals, rng_state, set_rng_state
 from nlptrain.distributed import Backend
 
 
@@ -70,6 +70,29 @@ class ProgressCounters:
     batches_per_epoch = _read_only("batches_per_epoch")
     steps_per_epoch = _read_only("steps_per_epoch")
     best_metric = _read_only("best_metric")
+
+
+class LatestStepReadings:
+    """What callbacks read of the latest optimizer step (`trainer.latest_step`: its agreed flags,
+    or a resume's totals), all ranks together."""
+
+    latest_step: AgreedStep | StepTotals | None
+
+    @property
+    def step_loss(self) -> torch.Tensor | None:
+        """The latest step's mean loss by row, all ranks, on the device (made when first read:
+        on a launch-bound GPU a kernel a step that no callback reads is a cost)."""
+        return None if self.latest_step is None else self.latest_step.loss
+
+    @property
+    def step_rows(self) -> torch.Tensor | None:
+        """The latest step's rows, all ranks, on the device."""
+        return None if self.latest_step is None else self.latest_step.rows
+
+    @property
+    def last_loss(self) -> float:
+        """The latest step's loss (all ranks), read to the host: a GPU sync (`step_loss` is not)."""
+        return math.nan if self.step_loss is None else float(self.step_loss)
 
 
 class StepWindow:

@@ -10,7 +10,6 @@ never tests ranks.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -26,12 +25,18 @@ from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.progress import AgreedStep, Progress, ProgressCounters, StepWindow
+from nlptrain.progress import AgreedStep, LatestStepReadings, Progress, ProgressCounters, StepWindow
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
 from nlptrain.train_batches import TrainBatches
-from nlptrain.trainer_arguments import default_collate, job_step_of, listed_metrics, task_of
+from nlptrain.trainer_arguments import (
+    default_collate,
+    job_step_of,
+    listed_metrics,
+    task_of,
+    warn_if_nothing_to_train,
+)
 
 log = logging.getLogger(__name__)
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets) -> loss
@@ -39,7 +44,7 @@ MetricFn = Callable[[Predictions], dict[str, Any]]  # gathered predictions -> nu
 CollateFn = Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]  # rows -> a batch
 
 
-class Trainer(ProgressCounters):
+class Trainer(ProgressCounters, LatestStepReadings):
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
     tensor, or an object/dict with `logits`). Seams (README, "Fine-tuning techniques"): the loss
@@ -151,22 +156,6 @@ class Trainer(ProgressCounters):
         the flags, early stopping): the epoch's end (its evaluation, on_epoch_end) comes next."""
         return self._stop_agreed
 
-    @property
-    def step_loss(self) -> torch.Tensor | None:
-        """The latest step's mean loss by row, all ranks, on the device (made when first read:
-        on a launch-bound GPU a kernel a step that no callback reads is a cost)."""
-        return None if self.latest_step is None else self.latest_step.loss
-
-    @property
-    def step_rows(self) -> torch.Tensor | None:
-        """The latest step's rows, all ranks, on the device."""
-        return None if self.latest_step is None else self.latest_step.rows
-
-    @property
-    def last_loss(self) -> float:
-        """The latest step's loss (all ranks), read to the host: a GPU sync (`step_loss` is not)."""
-        return math.nan if self.step_loss is None else float(self.step_loss)
-
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
         evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
@@ -216,13 +205,8 @@ class Trainer(ProgressCounters):
         """An optimizer put in place of the one a checkpoint loaded into (before fit, or in
         on_train_start) would go on without its state: refused, once (a later fit may). A fit()
         again with nothing to train says so."""
-        if self._fits and self.is_main and self.epoch >= self.config.epochs:
-            log.warning("fit(): this trainer has trained its %d epoch(s) already (step %d); "
-                        "nothing to train: give config.epochs more to train on",
-                        self.config.epochs, self.global_step)
-        elif self._fits and self.is_main and self.should_stop:  # (a callback's stop)
-            log.warning("fit(): this trainer's run was stopped at step %d (should_stop); nothing "
-                        "to train", self.global_step)
+        if self._fits and self.is_main:
+            warn_if_nothing_to_train(self.progress, self.config.epochs, self.should_stop)
         if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
             check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
         self._fits += 1
@@ -344,12 +328,6 @@ class Trainer(ProgressCounters):
         evaluation set must hold what the train set holds: pairs, or single texts."""
         like = getattr(self, "train_data", None) if what != "train" else None
         return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like)
-
-    @property
-    def window_size(self) -> int:
-        """Micro-batches in this step (an epoch's last may be short); what weighs each micro-batch
-        in it is `backward`'s."""
-        return min(self.config.grad_accum, self.batches_per_epoch - self.window.first_batch)
 
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1  # this micro-batch included

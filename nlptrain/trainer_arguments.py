@@ -1,10 +1,12 @@
 """A Trainer's arguments that Python would take wrong without a word, or fail on later with a
 message about something else: a task kind's class for an instance, one function for a list of
 metrics, a string for a list of label names (a list of its characters); and the defaults that
-depend on the model: its kind and labels, its collate, the step that "auto" precision times."""
+depend on the model: its kind and labels, its collate, the step that "auto" precision times;
+and a fit() again that has nothing to train."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,6 +19,9 @@ from nlptrain.kinds import TaskKind
 from nlptrain.loaders import typical_batch
 from nlptrain.models import usable_positions
 from nlptrain.precision import JobStep
+from nlptrain.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def checked_kind(kind: Any) -> Any:
@@ -70,3 +75,13 @@ def job_step_of(model: Any, train_data: Any, collate: Any, batch_size: int
         forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
         return None if batch is None else JobStep(model, batch, forward)
     return job_step
+
+
+def warn_if_nothing_to_train(progress: Progress, epochs: int, stopped: bool) -> None:
+    """A fit() after one that trained every epoch, or that a callback stopped, trains nothing."""
+    if progress.epoch >= epochs:
+        log.warning("fit(): this trainer has trained its %d epoch(s) already (step %d); "
+                    "nothing to train: give config.epochs more to train on", epochs, progress.global_step)
+    elif stopped:  # (a callback's stop)
+        log.warning("fit(): this trainer's run was stopped at step %d (should_stop); nothing "
+                    "to train", progress.global_step)
