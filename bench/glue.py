@@ -71,10 +71,10 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from nlptrain import distributed, kinds
-    from nlptrain.checkpoint import seed_everything
     from nlptrain.data import build_datasets
     from nlptrain.evaluate import predict
     from nlptrain.models import load_model, load_tokenizer
+    from nlptrain.random_state import seed_everything
     from nlptrain.recipe import collator
 
     task = load_task(args.task, args)

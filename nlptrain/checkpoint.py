@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import pickle
-import random
 import re
 import shutil
 from collections.abc import Iterator
@@ -41,35 +40,9 @@ from nlptrain.integrity import (
     step_folders,
     verify_checkpoint,
 )
+from nlptrain.random_state import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    """Python's, NumPy's and torch's generators (every device's) from `seed`."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator's state: taken at each optimizer step (StepWindow), so kept cheap
-    (numpy's `get_state` costs ~35 us a call: called once)."""
-    _, numpy_keys, numpy_pos, *_ = np.random.get_state()
-    state = {"torch": torch.get_rng_state(), "python": random.getstate(),
-             "numpy": torch.from_numpy(numpy_keys.astype(np.int64)), "numpy_pos": int(numpy_pos)}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def identity(trainer: Any) -> dict[str, Any]:

@@ -17,11 +17,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from nlptrain.checkpoint import rng_state, set_rng_state
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, every_rank
 from nlptrain.progress import Progress
+from nlptrain.random_state import rng_state, set_rng_state
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
 from nlptrain.signals import leave_stops_to_the_main_process
 

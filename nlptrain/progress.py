@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from nlptrain.checkpoint import StepTotals, rng_state, set_rng_state
+from nlptrain.checkpoint import StepTotals
 from nlptrain.distributed import Backend
+from nlptrain.random_state import rng_state, set_rng_state
 
 
 @dataclass

@@ -19,7 +19,6 @@ import numpy as np
 
 from nlptrain import distributed, kinds, losses, models
 from nlptrain.callbacks import EMA, Checkpointer, MetricLogger, ProgressBar, SaveBestModel
-from nlptrain.checkpoint import seed_everything
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.durable import clear_leftovers, open_durably, write_text
@@ -28,6 +27,7 @@ from nlptrain.errors import ConfigError
 from nlptrain.events import Callback
 from nlptrain.launch import exit_told_at_once
 from nlptrain.models import check_max_length, load_config, load_model, load_tokenizer
+from nlptrain.random_state import seed_everything
 from nlptrain.resume_checks import check_resume
 from nlptrain.run_record import keep_reached_epochs, read_config, record_in_config
 from nlptrain.runs import (

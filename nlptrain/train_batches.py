@@ -8,12 +8,12 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from nlptrain.checkpoint import rng_state
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError
 from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader
 from nlptrain.progress import Progress, StepWindow
+from nlptrain.random_state import rng_state
 
 
 class TrainBatches:

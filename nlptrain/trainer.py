@@ -26,6 +26,7 @@ from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, lo
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
 from nlptrain.progress import AgreedStep, LatestStepReadings, Progress, ProgressCounters, StepWindow
+from nlptrain.random_state import seed_everything
 from nlptrain.scores import best_score
 from nlptrain.signals import stop_on_signals, stopped_message
 from nlptrain.task_files import train_config, validate_finetuning
@@ -82,7 +83,7 @@ class Trainer(ProgressCounters, LatestStepReadings):
         self.config = config = train_config(config)  # checked; its precision decided below
         # Dropout's masks and the data order are the seed's, from Python as from the command
         # line (a resume's checkpoint then sets the generators as they were).
-        checkpoint.seed_everything(config.seed)
+        seed_everything(config.seed)
         # A checkpoint, or a Checkpointer's folder (its newest whole one; none yet: from scratch).
         self.resumed_from = checkpoint.checkpoint_to_resume(resume_from, self.dist)
         self.resume_asked = resume_from is not None  # also where no checkpoint was written yet
