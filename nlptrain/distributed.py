@@ -261,19 +261,41 @@ def timed_out(error: BaseException) -> bool:
     store "Timed out after 601 seconds waiting for clients", "has timed out after" or, for a key
     never written, "wait timeout after 600000ms, keys: ..."."""
     text = str(error)
+    if isinstance(error, RanksTimedOut):
+        return True
     if "Application timeout caused pair closure" in text or "Connect timeout" in text:
         return True
     waited = "timed out" in text.lower() or "wait timeout after" in text
     return waited and (isinstance(error, dist.DistError) or "gloo" in text)
 
 
-def timeout_message(error: BaseException) -> str | None:
-    """The one line for a rank that gave up waiting (`timed_out`), else None."""
+def timeout_message(error: BaseException, option: str = "--timeout (eval: --set train.timeout="
+                    "SECONDS)") -> str | None:
+    """The one line for a rank that gave up waiting (`timed_out`), else None; `option` is what
+    sets the wait, as the user gave it."""
+    if isinstance(error, RanksTimedOut):  # the command line's words, not the Python API's
+        error = error.waited
     if not timed_out(error):
         return None
     return (f"no answer from the other rank(s) in time ({str(error).splitlines()[0][:200]}): one "
             "is stuck, or died or never started without a word (see the other ranks' logs); "
-            "--timeout (eval: --set train.timeout=SECONDS) sets how long ranks wait for each other")
+            f"{option} sets how long ranks wait for each other")
+
+
+class RanksTimedOut(RuntimeError):
+    """A collective of this rank gave up waiting for another (`waited`: the transport's error):
+    said in one line, not as the transport's traceback."""
+
+    def __init__(self, waited: BaseException) -> None:
+        super().__init__(timeout_message(waited, "TrainConfig(timeout=SECONDS)"))
+        self.waited = waited
+
+
+def as_timeout(error: BaseException) -> RanksTimedOut | None:
+    """`error` as a RanksTimedOut, where a collective gave up waiting (`timed_out`)."""
+    if isinstance(error, RanksTimedOut) or not timed_out(error):
+        return None
+    return RanksTimedOut(error)
 
 
 class PeerFailed(RuntimeError):

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 
 from nlptrain.data.tokenized import TokenizedDataset, loss_targets
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, DataError, TrainingError
+from nlptrain.errors import ConfigError, DataError, TrainingError, every_rank
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.loaders import check_batch
 from nlptrain.precision import autocast
@@ -99,7 +99,12 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     loader = DataLoader(dataset, batch_sampler=batches, collate_fn=collate,
                         generator=torch.Generator())
     counted = len(loader)  # the short shares then pad with batches that are not counted
-    padding = max(dist.gather_objects(counted)) - counted if equal_steps else 0
+    sizes = dist.gather_objects((len(dataset), counted))  # (one process: no collective)
+    if len({rows for rows, _ in sizes}) > 1:  # each rank would score its share of another set
+        held = ", ".join(f"{rows} rows on rank {rank}" for rank, (rows, _) in enumerate(sizes))
+        raise every_rank(DataError(f"the evaluation set holds {held}: give every rank the same "
+                                   "evaluation set (each scores its share of it)"))
+    padding = max(batches for _, batches in sizes) - counted if equal_steps else 0
     filler = (collate([dataset[0]]) for _ in range(padding))
     # The work left in padded tokens, not batches: the longest come first, so a time per batch
     # from the first ones said 2-4x too long.

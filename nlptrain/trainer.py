@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from nlptrain import checkpoint, distributed, host_memory, losses, models, optim, precision, strategies
 from nlptrain.config import TrainConfig
-from nlptrain.data.hf_datasets import as_dataset
+from nlptrain.data.hf_datasets import as_dataset, check_targets
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
@@ -69,7 +69,7 @@ class Trainer(ProgressCounters, LatestStepReadings):
         tokenizer: Any = None,
         collate: CollateFn | None = None,
         dist: distributed.Backend | None = None,
-        kind: TaskKind | None = None,
+        kind: TaskKind | str | None = None,  # an instance, or its name: "regression"
         label_names: Sequence[str] | None = None,
         metrics: Sequence[MetricFn] = (),
         strategy: strategies.Strategy | None = None,
@@ -93,6 +93,7 @@ class Trainer(ProgressCounters, LatestStepReadings):
         self.kind.check(self.label_names, "" if self.metric_fns else self.metric_for_best, "Trainer")
         validate_finetuning(config, self.kind.name, "Trainer(config=...)")  # the kinds they fit
         self.tokenizer = tokenizer
+        self._positions = models.usable_positions(model)  # no data set's row may be longer
         self.train_data = train_data = self._as_dataset(train_data, "train")
         eval_data = self._as_dataset(eval_data, "valid")
         self.collate = collate or default_collate(model, config)
@@ -172,7 +173,8 @@ class Trainer(ProgressCounters, LatestStepReadings):
             except BaseException as error:
                 self._failed = True
                 self.callbacks.fire("on_exception", self, error, failing=True)
-                said = distributed.as_peer_failure(error, self.dist.rank, self.global_step)
+                said = distributed.as_peer_failure(error, self.dist.rank, self.global_step) or \
+                    distributed.as_timeout(error)
                 if said is not None:  # not the transport's traceback, under any launcher
                     raise said from None
                 raise
@@ -322,13 +324,16 @@ class Trainer(ProgressCounters, LatestStepReadings):
 
     def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
         return self.train_batches.of_epoch(self.train_data, lambda data: self._as_dataset(data, "train"),
-                                           self.config, self.collate, self.progress, self.window)
+                                           self.config, self.collate, self.progress, self.window,
+                                           lambda targets, where: check_targets(targets, self.kind,
+                                                                                self.label_names, where))
 
     def _as_dataset(self, data: Any, what: str) -> Any:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An
         evaluation set must hold what the train set holds: pairs, or single texts."""
         like = getattr(self, "train_data", None) if what != "train" else None
-        return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like)
+        return as_dataset(data, self.tokenizer, self.label_names, self.kind, what, like=like,
+                          positions=self._positions)
 
     def _ends_accumulation(self) -> bool:
         done = self.batch_in_epoch + 1  # this micro-batch included

@@ -28,6 +28,12 @@ def checked_kind(kind: Any) -> Any:
     if isinstance(kind, type):  # TaskKind.check() then lacked an argument
         raise ConfigError(f"kind={kind.__name__} is a class: pass an instance, "
                           f"kind={kind.__name__}()")
+    if isinstance(kind, str):  # a task file's spelling: the kind of that name, with its defaults
+        name = kind.strip().lower().replace("-", "_")
+        if name not in kinds.KINDS:
+            raise ConfigError(f"kind={kind!r}: no such kind; give one of {', '.join(kinds.KINDS)}, "
+                              "or an instance (e.g. kind=MultiLabel(threshold=0.4))")
+        return kinds.KINDS[name]()
     return kind
 
 
@@ -55,13 +61,14 @@ def default_collate(model: Any, config: TrainConfig) -> Collator:
     return Collator(pad_id, multiple=config.pad_to_multiple_of, limit=usable_positions(model))
 
 
-def task_of(model: Any, kind: TaskKind | None, label_names: Sequence[str] | None
+def task_of(model: Any, kind: TaskKind | str | None, label_names: Sequence[str] | None
             ) -> tuple[TaskKind, list[str]]:
     """The kind and label names given, else the model's (a transformers config's `problem_type`,
     `id2label`); a kind given is written into the model's config: an export predicts as it
     trained."""
     model_config = getattr(model, "config", None)
-    found = checked_kind(kind) or kinds.from_model_config(model_config)
+    kind = checked_kind(kind)
+    found = kind or kinds.from_model_config(model_config)
     if kind is not None and model_config is not None:
         kinds.record_kind(model_config, kind)
     return found, listed_label_names(label_names) or kinds.label_names_of(model_config, found)

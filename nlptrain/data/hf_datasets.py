@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 from nlptrain.data.datasets import LabelVocab
 from nlptrain.data.readers import Examples
 from nlptrain.data.rows import checked_row
-from nlptrain.data.tokenized import TokenizedDataset
+from nlptrain.data.tokenized import TokenizedDataset, not_ids
 from nlptrain.errors import DataError
 from nlptrain.kinds import SingleLabel, TaskKind
 
@@ -35,14 +35,15 @@ def is_hf_dataset(data: Any) -> bool:
 
 
 def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: TaskKind,
-               what: str, like: Any = None) -> Any:
+               what: str, like: Any = None, positions: int | None = None) -> Any:
     """`data` tokenized when it is a `datasets.Dataset` (default columns), else as it is; what is
-    plainly wrong is refused now, not as a torch error inside the first step (texts not yet
-    tokenized, no rows, class ids beyond the labels, single texts to score a model trained on
-    pairs: `like` is the train set)."""
+    plainly wrong is refused now, not as a torch error inside the first step (or after the
+    epoch, in its evaluation): texts not yet tokenized, no rows, class ids beyond the labels,
+    single texts to score a model trained on pairs (`like` is the train set), rows longer than
+    the model's `positions`."""
     if is_hf_dataset(data):
-        return _same_inputs(from_hf_dataset(data, tokenizer, label_names, kind, what=what), like,
-                            what)
+        data = from_hf_dataset(data, tokenizer, label_names, kind, what=what)
+        return _same_inputs(_within_positions(data, positions, what), like, what)
     refusal = _not_yet_a_dataset(data)
     if refusal:
         raise DataError(f"{what} data is {refusal}")
@@ -63,25 +64,53 @@ def as_dataset(data: Any, tokenizer: Any, label_names: Sequence[str], kind: Task
                         "tokenizer=; the evaluation shards its rows over the ranks by length "
                         "itself, each row once")
     if isinstance(data, TokenizedDataset | RowList):
-        check_targets(np.asarray(data.labels), kind, label_names, what)
-    return _same_inputs(data, like, what)
+        check_targets(np.asarray(data.labels), kind, label_names, f"{what} data")
+    return _same_inputs(_within_positions(data, positions, what), like, what)
+
+
+def _within_positions(data: Any, positions: int | None, what: str) -> Any:
+    """`data`, refused where a row is longer than the model's positions: the forward pass would
+    fail on it, for an evaluation set after a whole epoch's training."""
+    lengths = getattr(data, "lengths", None)
+    if positions and lengths is not None and len(lengths):
+        longest = int(np.argmax(lengths))
+        if lengths[longest] > positions:
+            raise DataError(f"the {what} set's row index {longest} has {int(lengths[longest])} "
+                            f"tokens, more than the model's {positions} positions: tokenize it with "
+                            f"max_length at most {positions}")
+    return data
 
 
 def _same_inputs(data: Any, like: Any, what: str) -> Any:
     """`data`, refused where it holds pairs and `like` single texts, or the other way round."""
-    pairs, trained = getattr(data, "pairs", None), getattr(like, "pairs", None)
-    if isinstance(pairs, bool) and isinstance(trained, bool) and pairs != trained:
-        shape = {True: "text pairs", False: "single texts"}
-        raise DataError(f"the {what} set holds {shape[pairs]}, the train set {shape[trained]}: "
+    shape, trained = _inputs_of(data), _inputs_of(like)
+    typed_pairs = ("text pairs", True)  # pairs whose second text the type ids mark
+    if {shape[0], trained[0]} == {"text pairs", "single texts"} or (
+            UNTYPED in (shape[0], trained[0]) and typed_pairs in (shape, trained)):
+        raise DataError(f"the {what} set holds {shape[0]}, the train set {trained[0]}: "
                         "the model would score other inputs than it learnt from")
     return data
+
+
+UNTYPED = "rows without token_type_ids"
+
+
+def _inputs_of(data: Any) -> tuple[str | None, bool]:
+    """What a set's rows are ("text pairs", "single texts"; a list of rows without type ids:
+    either, as a tokenizer without them (RoBERTa) makes them), and whether they have type ids.
+    None: not known (a user's dataset)."""
+    pairs = getattr(data, "pairs", None)
+    typed = getattr(data, "type_ids", None) is not None or getattr(data, "typed", False) is True
+    if isinstance(pairs, bool):
+        return ("text pairs" if pairs else "single texts"), typed
+    return (UNTYPED if isinstance(data, RowList) else None), typed
 
 
 def _not_yet_a_dataset(data: Any) -> str:
     """What a common container of texts is, and how it becomes a dataset; "" for any other."""
     name = type(data).__name__
     tokenize = "or tokenize it (TokenizedDataset.from_texts(texts, labels, tokenizer, max_length))"
-    if type(data).__module__.startswith("pandas."):
+    if type(data).__module__.split(".")[0] == "pandas":  # (pandas 3: "pandas", before "pandas.core...")
         return f"a pandas {name}: give datasets.Dataset.from_pandas(df) and tokenizer=, {tokenize}"
     if name in ("DatasetDict", "IterableDatasetDict"):
         return f"a {name} of the splits {list(data)}: give one split, e.g. data['train']"
@@ -96,31 +125,34 @@ def _not_yet_a_dataset(data: Any) -> str:
 
 
 def check_targets(targets: np.ndarray, kind: TaskKind, label_names: Sequence[str],
-                  what: str) -> None:
+                  where: str) -> None:
     """Targets of the kind's shape, checked now, not as a torch error in the first step: one
     whole class id a row (single-label), a 0/1 row (multi-label), a finite score (regression)."""
     if not targets.size:
         return
+    names = not_ids(targets)
+    if names:
+        raise DataError(f"{where}: {names}")
     if not kind.has_classes:
         bad = np.flatnonzero(~np.isfinite(targets.astype(np.float64)).reshape(len(targets), -1)
                              .all(axis=1))
         if bad.size:
-            raise DataError(f"{what} data: row index {bad[0]} has the score {targets[bad[0]]}, "
+            raise DataError(f"{where}: row index {bad[0]} has the score {targets[bad[0]]}, "
                             "not a finite number; drop the row or give it its score")
         return
     shape = "a 0/1 row, one column a label" if kind.empty_label_ok else "one class id a row"
     if targets.ndim != (2 if kind.empty_label_ok else 1):
-        raise DataError(f"{what} data: its targets are {targets.ndim}-D ({targets.shape}); a "
+        raise DataError(f"{where}: its targets are {targets.ndim}-D ({targets.shape}); a "
                         f"{kind.name.replace('_', '-')} task takes {shape}")
     if kind.empty_label_ok and not np.isin(targets, (0, 1)).all():  # e.g. a -1/+1 encoding
         row = int(np.flatnonzero(~np.isin(targets, (0, 1)).all(axis=1))[0])
-        raise DataError(f"{what} data: row index {row} has the targets {targets[row].tolist()}; a "
+        raise DataError(f"{where}: row index {row} has the targets {targets[row].tolist()}; a "
                         "multi-label task takes 0/1 rows (1: the row has that label)")
     if not kind.empty_label_ok and targets.dtype.kind == "f":  # (cross-entropy takes ints)
-        raise DataError(f"{what} data: its class ids are floats ({targets[0]}, ...); a "
+        raise DataError(f"{where}: its class ids are floats ({targets[0]}, ...); a "
                         "single-label task takes ints 0 to n-1 (e.g. labels.astype(int))")
     if label_names:
-        check_class_targets(targets, label_names, what)
+        check_class_targets(targets, label_names, where)
 
 
 class RowList(Dataset):
@@ -135,6 +167,14 @@ class RowList(Dataset):
                             f"{'input_ids' if 'input_ids' not in rows[missing[0]] else 'labels'}; "
                             "each row needs input_ids and labels")
         self.rows = list(rows)
+        typed = ["token_type_ids" in row for row in self.rows]
+        if any(typed) and not all(typed):  # (the collate read the first row's keys: a KeyError)
+            raise DataError(f"{what} data: row {typed.index(True)} of the list has token_type_ids "
+                            f"(a text pair), row {typed.index(False)} none: give rows of one kind, "
+                            "all text pairs or all single texts")
+        self.typed = all(typed)
+        # The type ids mark a pair's second text; without them (RoBERTa) the rows do not say.
+        self.pairs = any(np.any(row["token_type_ids"]) for row in self.rows) if self.typed else None
         self.lengths = np.array([len(row["input_ids"]) for row in self.rows], dtype=np.int64)
         self.labels = np.stack([np.asarray(row["labels"]) for row in self.rows])
 
@@ -149,16 +189,16 @@ class RowList(Dataset):
         return {**self.rows[i], "index": i}  # the row's place, which evaluation gathers by
 
 
-def check_class_targets(targets: np.ndarray, label_names: Sequence[str], what: str) -> None:
+def check_class_targets(targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
     """Class ids within the labels (a single-label row), or one column a label (multi-label)."""
     count = len(label_names)
     if targets.ndim == 2 and targets.shape[1] != count:
-        raise DataError(f"{what} data: its rows have {targets.shape[1]} label columns, the model "
+        raise DataError(f"{where}: its rows have {targets.shape[1]} label columns, the model "
                         f"{count} labels ({', '.join(map(str, label_names))})")
     if targets.ndim == 1 and targets.size:
         bad = np.flatnonzero((targets < 0) | (targets >= count))
         if bad.size:
-            raise DataError(f"{what} data: row index {bad[0]} has class id {targets[bad[0]]}, but the "
+            raise DataError(f"{where}: row index {bad[0]} has class id {targets[bad[0]]}, but the "
                             f"model has {count} labels ({', '.join(map(str, label_names))}): "
                             f"ids 0 to {count - 1}")
 

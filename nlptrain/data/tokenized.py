@@ -163,20 +163,34 @@ def loss_targets(labels: np.ndarray) -> np.ndarray:
 def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
     """An array as it is; a list stored as the kinds store theirs: scores and multi-hot rows as
     float32 (3.8 must not become 3), class ids as int64."""
-    if isinstance(labels, np.ndarray):
-        return labels
     try:
         found = np.asarray(labels)
     except ValueError:  # lists of unequal length: label ids a row, not one 0/1 a label
         raise DataError("multi-label rows of unequal length: give each row a list of 0/1, one "
                         "a label (multi-hot), not the ids of its labels") from None
-    if found.dtype.kind in "USO":  # names ('pos'), or a gap (None) among numbers
-        bad = next((i for i, v in enumerate(labels) if v is None or isinstance(v, str)), 0)
-        raise DataError(f"the label at row index {bad} is {labels[bad]!r}: give class ids (0 to "
-                        "n-1, in the order of the model's label names), a list of 0/1 a row "
-                        "(multi-label), or a score (regression); e.g. [names.index(label) for "
-                        "label in labels]")
+    names = not_ids(found)
+    if names:
+        raise DataError(names)
+    if isinstance(labels, np.ndarray) and labels.dtype.kind != "O":
+        return labels
     return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
+
+
+def not_ids(targets: np.ndarray) -> str:
+    """What is wrong with targets that hold names ('pos') or a gap (None) among numbers, which
+    no loss takes ("": none)."""
+    if targets.dtype.kind not in "USO":
+        return ""
+    bad = next((i for i, v in enumerate(targets.reshape(len(targets), -1))
+                if any(x is None or isinstance(x, str) for x in v)), None)
+    if bad is None:  # (numbers in an object array)
+        return ""
+    value = targets[bad]  # (a numpy value, or None)
+    value = value.tolist() if hasattr(value, "tolist") else value
+    return (f"the label at row index {bad} is {value!r}: give class ids (0 to "
+            "n-1, in the order of the model's label names), a list of 0/1 a row "
+            "(multi-label), or a score (regression); e.g. [names.index(label) for "
+            "label in labels]")
 
 
 def uses_type_ids(tokenizer: Any) -> bool:
