@@ -7,6 +7,7 @@ loss window, so the file ends as that of the run never stopped."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -62,6 +63,10 @@ class MetricLogger(Callback):
         except OSError as err:  # a full disk: said once, not a traceback at every row
             if err.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
+            if self.handle is not None:  # the row left in its buffer goes (close would write it)
+                with contextlib.suppress(OSError):
+                    self.handle.close()
+                self.handle = None
             if not self.unwritten:
                 log.warning("%s: a row cannot be written (%s); rows are left out until one can",
                             self.path, err.strerror or err)

@@ -80,11 +80,19 @@ class RunDirLock:
             log.warning("%s: cannot be locked (%s): a second job in this folder would not be "
                         "stopped", self.folder, err.strerror)
             return
-        held.seek(0)
-        held.truncate()
-        held.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
-                   f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        held.flush()
+        try:
+            held.seek(0)
+            held.truncate()
+            held.write(f"pid {os.getpid()} on {socket.gethostname()}, since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            held.flush()
+        except OSError as err:  # a full disk: the run could write nothing either
+            with contextlib.suppress(OSError):
+                held.close()
+            if self._made_file:
+                path.unlink(missing_ok=True)
+            raise ConfigError(f"{path}: cannot be written ({err.strerror}{free_space(self.folder)});"
+                              " free space, or pick another --output-dir") from None
         self._file = held
         _HELD.add(self)
 
@@ -303,13 +311,20 @@ def out_of_space_said(folder: Path) -> Iterator[None]:
                      and e.errno in (errno.ENOSPC, errno.EDQUOT)), None)
         if full is None:
             raise
-        try:
-            space = f", {shutil.disk_usage(folder).free / 2**20:.0f} MB free on its disk"
-        except OSError:
-            space = ""
-        raise OutOfSpace(f"{full.filename or folder}: cannot be written ({full.strerror}{space}); "
-                         "what was trained is kept: free space, then train --resume "
-                         f"--output-dir {folder}") from None
+        if [p.name for p in _contents(folder)] in ([], [CONFIG_FILE]):  # nothing to resume:
+            go_on = "nothing was trained yet: free space, then run the same command again"  # (the
+        else:                                                             # run's folder goes)
+            go_on = f"what was trained is kept: free space, then train --resume --output-dir {folder}"
+        raise OutOfSpace(f"{full.filename or folder}: cannot be written ({full.strerror}"
+                         f"{free_space(folder)}); {go_on}") from None
+
+
+def free_space(folder: Path) -> str:
+    """", N MB free on its disk" (empty where the disk cannot be asked)."""
+    try:
+        return f", {shutil.disk_usage(folder).free / 2**20:.0f} MB free on its disk"
+    except OSError:
+        return ""
 
 
 def _chain(err: BaseException | None) -> Any:

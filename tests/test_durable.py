@@ -127,17 +127,27 @@ def test_a_run_file_a_full_disk_stops_is_one_line_with_what_to_do(toy_task, tmp_
 def test_metrics_rows_a_full_disk_keeps_out_are_said_once(tmp_path, caplog):
     from nlptrain.callbacks import MetricLogger
 
-    class Full:
+    class Full:  # a row buffered, its flush refused; closing would flush it again
         def write(self, text):
+            pass
+
+        def flush(self):
             raise OSError(28, "No space left on device")
+
+        close = flush
 
     logger = MetricLogger(tmp_path / "metrics.jsonl")
     logger.handle = Full()
     with caplog.at_level("WARNING", logger="nlptrain"):
         logger._write({"step": 1})
+        logger.handle = Full()
         logger._write({"step": 2})
+        logger.handle = Full()
     assert caplog.text.count("a row cannot be written (No space left on device)") == 1
     assert logger.unwritten == 2
+    logger._write({"step": 3})  # its buffer dropped: the run's end closes no unwritten row
+    logger.on_train_end(None)  # (it raised the close's OSError, a traceback at the run's end)
+    assert logger.handle is None
 
     class Folder:  # not a full disk: an error, as before (rows lost with exit 0 otherwise)
         def write(self, text):
@@ -201,3 +211,53 @@ def test_torch_saves_own_error_on_a_full_disk_is_said_as_such(tmp_path):
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 18816 "
                                "vs 18708")
     assert not (tmp_path / "step-1").exists()
+
+
+def test_a_full_disk_at_the_run_folders_lock_is_one_line(tmp_path, monkeypatch):
+    """It was a traceback from the lock file's flush, and the empty lock file stayed."""
+    import errno
+
+    import nlptrain.runs
+    from nlptrain.errors import ConfigError
+
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+
+        class Full:
+            def __getattr__(self, name):
+                return getattr(handle, name)
+
+            def flush(self):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+        return Full()
+
+    monkeypatch.setattr(nlptrain.runs, "open", full_open, raising=False)
+    lock = nlptrain.runs.RunDirLock()
+    with pytest.raises(ConfigError, match=r"\.lock: cannot be written \(No space left on device, "
+                                          r"\d+ MB free on its disk\); free space, or pick another "
+                                          r"--output-dir$"):
+        lock.acquire(tmp_path / "run")
+    assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_a_full_disk_before_anything_trained_says_to_start_again(toy_task, tmp_path, capsys,
+                                                                 monkeypatch):
+    """The run's folder goes (it holds nothing to resume): a --resume would find no run."""
+    import errno
+
+    import nlptrain.recipe
+    from nlptrain.cli import main
+
+    def full_disk(*args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "x"))
+
+    monkeypatch.setattr(nlptrain.recipe, "log_sizes", full_disk)
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--max-steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be written (No space left on device, " in err
+    assert "nothing was trained yet: free space, then run the same command again" in err, err
+    assert "--resume" not in err and not run.exists()
