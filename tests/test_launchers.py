@@ -183,6 +183,31 @@ def test_a_signal_to_the_nproc_launcher_is_one_line_and_its_exit_code(monkeypatc
     assert capsys.readouterr().err == f"stopped by {signum.name}: the 2 workers were stopped\n"
 
 
+@pytest.mark.parametrize("command, output_dir, said", [
+    ("train", "runs/x", "; go on with train --resume --output-dir runs/x"),
+    ("train", None, "; go on with train --resume --output-dir RUN_DIR (the run directory logged above)"),
+    ("predict", None, ""),
+])
+def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, capsys, command,
+                                                                 output_dir, said):
+    """Outside the steps (an export, the report) the workers, stopped by the agent's SIGTERM, say
+    nothing, and the launcher's line was all: no word of the resume."""
+    import argparse
+
+    import torch.distributed.launcher.api as agent_api
+    from torch.distributed.elastic.multiprocessing import SignalException
+
+    from nlptrain.launch import start_workers
+
+    def stopped(*_: object) -> None:
+        raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(agent_api, "elastic_launch", lambda config, entrypoint: stopped)
+    args = argparse.Namespace(command=command, nproc=2, max_restarts=0, output_dir=output_dir)
+    assert start_workers(args, [command], lambda: None) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.endswith(f"stopped by SIGTERM: the 2 workers were stopped{said}\n")
+
+
 @pytest.mark.slow  # a whole --nproc 2 launch (about 50 s on 2 busy cores) for what the mock checks
 def test_ctrl_c_on_nproc_checkpoints_and_exits_130(toy, tmp_path):
     """For real: SIGINT to `--nproc 2`'s process at step 3; the workers finish the step and
