@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nlptrain.events import Callback
+from nlptrain.integrity import damage, file_checksums
 
 from .checkpointing import Checkpointer
 
@@ -45,8 +46,9 @@ class SaveBestModel(Callback):
         checkpointed = bool(trainer.callbacks.find(Checkpointer))
         target = self.staged if checkpointed else self.folder
         trainer.strategy.export(trainer.model, trainer.tokenizer, target)
-        step = trainer.global_step
-        trainer.dist.on_main(lambda: (target / MARK).write_text(json.dumps({"step": step})))
+        step = trainer.global_step  # (its files' checksums: a resume keeps no damaged best)
+        trainer.dist.on_main(lambda: (target / MARK).write_text(json.dumps(
+            {"step": step, "files": file_checksums(target)})))
         self.saved_metrics, self.saved_step = metrics, step
 
     def on_epoch_end(self, trainer: Trainer) -> None:
@@ -77,10 +79,12 @@ class SaveBestModel(Callback):
         if "best_model_step" not in state:  # written before the step was kept: as it is
             return
         self.saved_step = state["best_model_step"]
-        if not trainer.dist.on_main(lambda: self._keep_step(self.saved_step)):
-            log.warning("%s: the best model of step %s, which the checkpoint names, is gone; the "
-                        "best is chosen again from this run's evaluations", self.folder,
-                        self.saved_step)
+        lost = trainer.dist.on_main(lambda: self._keep_step(self.saved_step))
+        if lost:
+            if trainer.is_main:
+                log.warning("%s: the best model of step %s, which the checkpoint names, %s; the "
+                            "best is chosen again from this run's evaluations", self.folder,
+                            self.saved_step, lost)
             self.saved_metrics = self.saved_step = trainer.progress.best_metric = None
 
     def _promote(self) -> None:
@@ -92,21 +96,35 @@ class SaveBestModel(Callback):
             self.folder.rename(self.previous)
         self.staged.rename(self.folder)
 
-    def _keep_step(self, step: int | None) -> bool:
-        """The folder holds the best of `step` (None: no best yet); the others go. Whether found."""
-        found = None
+    def _keep_step(self, step: int | None) -> str | None:
+        """The folder holds the best of `step` (None: no best yet); the others go. Why it is
+        lost (gone, or damaged: a file that does not match its checksum), or None."""
+        found, damaged = None, None
         for folder in (self.folder, self.staged, self.previous):
             if found is None and step is not None and _step_of(folder) == step:
-                found = folder
-            elif folder.is_dir():
+                damaged = damage(folder, _mark(folder).get("files", {}))
+                if damaged is None:
+                    found = folder
+                    continue
+            if folder.is_dir():
                 shutil.rmtree(folder)
         if found is not None and found != self.folder:
             found.rename(self.folder)
-        return step is None or found is not None
+        if step is None or found is not None:
+            return None
+        return f"is damaged ({damaged}): removed" if damaged else "is gone"
+
+
+def _mark(folder: Path) -> dict:
+    try:
+        mark = json.loads((folder / MARK).read_text())
+    except (OSError, ValueError):
+        return {}
+    return mark if isinstance(mark, dict) else {}
 
 
 def _step_of(folder: Path) -> int | None:
     try:
-        return int(json.loads((folder / MARK).read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(_mark(folder)["step"])
+    except (ValueError, KeyError, TypeError):
         return None

@@ -64,7 +64,7 @@ def verify_checkpoint(folder: Path) -> str | None:
     # and again as it loads it, but reads each file once.
     stamp = (str(folder.resolve()), tuple((name, _stamp(folder / name)) for name in files))
     if stamp not in _verified:
-        _verified[stamp] = _damage(folder, files)
+        _verified[stamp] = damage(folder, files)
     return _verified[stamp]
 
 
@@ -79,7 +79,9 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return info.st_mtime_ns, info.st_size
 
 
-def _damage(folder: Path, files: dict[str, dict]) -> str | None:
+def damage(folder: Path, files: dict[str, dict]) -> str | None:
+    """The first of `files` (as `file_checksums` recorded them) missing or changed under
+    `folder`, in one line; None when all are whole."""
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():

@@ -179,3 +179,27 @@ def test_a_worker_death_raised_into_a_checkpoint_write_is_not_said_as_a_write_fa
         (staging / "model.safetensors").write_bytes(b"half")
         raise died
     assert raised.value is died and list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_best_model_is_removed_on_resume_not_loaded_at_the_end(toy_task, tmp_path,
+                                                                          monkeypatch, capsys):
+    """best/ cut short after the run stopped: the resume trained to the end, then failed loading
+    it (safetensors' 'invalid header length'), and so did every resume after."""
+    from toy_trainer import best_run_args, results
+
+    monkeypatch.setenv("BEST_STEP", "5")
+    monkeypatch.setenv("AT_STEP", "7")
+    run = tmp_path / "run"
+    args = best_run_args(toy_task, run, "--checkpoint-every", "5", "--eval-every", "5")
+    with pytest.raises(RuntimeError, match="injected crash at step 7"):
+        main([*args, "--callback", f"{SCAFFOLD}:RaiseAtStep"])
+    weights = run / "best" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(f"the best model of step 5, which the checkpoint names, is damaged "
+                     f"({weights}: damaged (size 1000 of ") == 1, err
+    assert "removed; the best is chosen again from this run's evaluations" in err
+    assert results(run)["valid"]["step"] > 5  # the best of the resumed run's evaluations
+    assert json.loads((run / "best" / "nlptrain_best.json").read_text())["step"] > 5
