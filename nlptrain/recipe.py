@@ -210,7 +210,7 @@ def open_run_dir(task: TaskConfig, opts: RunOptions,
         yield Path(folder), has_run, record.put_back
     except BaseException as error:
         forgotten = bool(new_run) and forget_unstarted_run(*new_run[0])  # the lock is still held
-        if forgotten:
+        if forgotten and not isinstance(error, KeyboardInterrupt):  # (a stop says its own)
             log.info("%s: the run failed before it wrote anything: removed, so that the same "
                      "command may start there", new_run[0][0])
         if isinstance(error, KeyboardInterrupt):  # for the command line's word on how to go on

@@ -105,6 +105,7 @@ def test_a_workers_new_run_stopped_by_its_agent_before_training_is_removed_witho
     assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
     assert not run.exists(), sorted(p.name for p in run.iterdir())
     assert "interrupted" not in done.stderr, done.stderr[-3000:]
+    assert "failed before it wrote anything" not in done.stderr  # (it was stopped, not failed)
     said = json.loads(record.read_text())["message"]
     assert said["message"] == "stopped by SIGTERM outside the training steps"
     assert int(said["extraInfo"]["timestamp"]) > time.time() - 60
