@@ -133,6 +133,7 @@ def test_a_worker_interrupted_at_once_is_not_called_an_agreed_stop(toy_folder, t
     assert "error: rank 1 of 2 was interrupted (a second Ctrl-C, or a KeyboardInterrupt raised " \
            "in it) and stopped at once" in out.stderr, out.stderr[-3000:]
     assert "stopped after the same step" not in out.stderr
+    assert "[rank 1] interrupted" not in out.stderr  # said once, by the launcher's summary
 
 
 @pytest.mark.distributed
