@@ -57,7 +57,10 @@ class MetricLogger(Callback):
         try:
             if self.handle is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
+                torn = _ends_mid_line(self.path)  # a row a full disk cut short: ended, not joined
                 self.handle = open(self.path, "a", encoding="utf-8")  # append: resume continues it
+                if torn:
+                    self.handle.write("\n")
             self.handle.write(json.dumps(strict_json(row)) + "\n")
             self.handle.flush()
         except OSError as err:  # a full disk: said once, not a traceback at every row
@@ -158,6 +161,15 @@ class MetricLogger(Callback):
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+
+
+def _ends_mid_line(path: Path) -> bool:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(-1, 2)
+            return handle.read(1) != b"\n"
+    except OSError:  # none yet, or empty
+        return False
 
 
 def _closing_row_at(path: Path, step: int) -> dict | None:

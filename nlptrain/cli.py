@@ -395,7 +395,8 @@ def main(argv: list[str] | None = None) -> int:
         said = _how_to_go_on(args, stop) if args.command == "train" else \
             f"{args.command} stopped before it finished; run it again for its results"
         by = getattr(stop, "signal_name", "")  # SIGTERM, SIGHUP; else a Ctrl-C
-        if _ranks()[0] == 0:  # (a Ctrl-C reaches every rank; another's stop is in the summary)
+        if _ranks()[0] == 0 or not _under_agent():  # (a Ctrl-C reaches every rank; the agent's
+            # summary names one stopped alone)
             print(f"interrupted{f' by {by}' if by else ''}: {said}", file=sys.stderr)
         tell_launcher(f"{INTERRUPTED_AT_ONCE}: {said}")  # not the agreed stop, exit code 130 too
         return 130

@@ -125,11 +125,22 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
     # torch's agent logs each worker it stops or sees fail (W/E lines amid nlptrain's own, which
     # say it once); with restarts they tell which attempt failed, and debug shows everything.
     quiet = args.max_restarts == 0 and getattr(args, "log_level", "info") != "debug"
-    # A stop outside the steps (a worker then says nothing: the agent's SIGTERM), said here.
-    run_dir = getattr(args, "output_dir", None) or "RUN_DIR (the run directory logged above)"
-    go_on = f"; go on with train --resume --output-dir {run_dir}" if args.command == "train" else ""
     with _logs_off(quiet):
-        return launch_command(argv, args.nproc, args.max_restarts, go_on)
+        return launch_command(argv, args.nproc, args.max_restarts,
+                              lambda: _how_a_train_goes_on(args) if args.command == "train" else "")
+
+
+def _how_a_train_goes_on(args: argparse.Namespace) -> str:
+    """After a stop outside the steps (a worker then says nothing: the agent's SIGTERM): where
+    its run is, or that it wrote none (a new run stopped before it wrote anything is removed)."""
+    from nlptrain.run_record import CONFIG_FILE
+
+    if not args.output_dir:
+        return ("; go on with train --resume --output-dir RUN_DIR (the run directory logged above; "
+                "none logged: run the same command again)")
+    if (Path(args.output_dir) / CONFIG_FILE).is_file():
+        return f"; go on with train --resume --output-dir {args.output_dir}"
+    return "; the run wrote nothing: run the same command again"
 
 
 @contextlib.contextmanager
@@ -158,9 +169,10 @@ def warn_more_processes_than_cores(nproc: int) -> None:
                     "--nproc %d trains faster", nproc, cores, cores)
 
 
-def launch_command(argv: list[str], nproc: int, max_restarts: int = 0, go_on: str = "") -> int:
+def launch_command(argv: list[str], nproc: int, max_restarts: int = 0,
+                   go_on: Callable[[], str] = lambda: "") -> int:
     """`python -m nlptrain ARGV` on `nproc` workers (the CLI's `--nproc`); returns the exit code.
-    The workers get the same ARGV: they see that the launch is theirs and run it. `go_on`: how
+    The workers get the same ARGV: they see that the launch is theirs and run it. `go_on()`: how
     a run stopped by a signal goes on, said after the stop."""
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -174,7 +186,7 @@ def launch_command(argv: list[str], nproc: int, max_restarts: int = 0, go_on: st
         return reported_failure(err, nproc, max_restarts)
     except SignalException as err:  # Ctrl-C, SIGTERM: the agent has passed it on and stopped them
         workers = "worker was" if nproc == 1 else f"{nproc} workers were"
-        print(f"stopped by {err.sigval.name}: the {workers} stopped{go_on}", file=sys.stderr)
+        print(f"stopped by {err.sigval.name}: the {workers} stopped{go_on()}", file=sys.stderr)
         return 128 + err.sigval  # as a shell reports a process ended by that signal
     return 0
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -13,7 +12,7 @@ from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import RowList
 from nlptrain.data.tokenized import TokenizedDataset
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, DataError
 from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader
 from nlptrain.progress import Progress, StepWindow
 from nlptrain.random_state import rng_state
@@ -35,12 +34,12 @@ class TrainBatches:
 
     def of_epoch(self, data: Any, to_dataset: Callable[[Any], Any], config: TrainConfig,
                  collate: Any, progress: Progress, window: StepWindow,
-                 check_targets: Callable[[np.ndarray, str], None] | None = None
+                 targets_problem: Callable[[torch.Tensor], str | None] | None = None
                  ) -> Iterator[dict[str, torch.Tensor]]:
         """This epoch's batches of `data` (`to_dataset` reads a 🤗 dataset, say, as ours), and
-        the rows that weigh each micro-batch in its step (`window`). `check_targets(targets,
-        where)` sees each batch's targets where they come from a loader or stream of the user's,
-        whose rows nothing checked before (a dataset's were, when the trainer took it)."""
+        the rows that weigh each micro-batch in its step (`window`). `targets_problem(targets)`
+        sees each batch's targets where a loader or stream of the user's gives them, whose rows
+        nothing checked before (a dataset's were, when the trainer took it)."""
         if data is None:
             raise ConfigError("no training data: pass train_data or set trainer.train_data "
                               "in a callback's on_train_start")
@@ -52,9 +51,9 @@ class TrainBatches:
         made = loader is self._loader_for[1]  # a loader of the user's, even over our sampler: no plan
         plan = planned_batch_rows(loader, self.dist.world_size) if made else None
         window.plan_rows(plan, progress.batch_in_epoch, self.dist.rank)
-        checked = isinstance(getattr(loader, "dataset", None), TokenizedDataset | RowList)
-        return batches if checked or check_targets is None else \
-            _targets_checked(batches, check_targets, progress)
+        checked = made and isinstance(getattr(loader, "dataset", None), TokenizedDataset | RowList)
+        return batches if checked or targets_problem is None else \
+            _targets_checked(batches, targets_problem, progress)
 
     def loader(self, data: Any, to_dataset: Callable[[Any], Any], config: TrainConfig,
                collate: Any) -> Any:
@@ -76,14 +75,16 @@ class TrainBatches:
 
 
 def _targets_checked(batches: Iterator[dict[str, torch.Tensor]],
-                     check: Callable[[np.ndarray, str], None], progress: Progress
+                     problem: Callable[[torch.Tensor], str | None], progress: Progress
                      ) -> Iterator[dict[str, torch.Tensor]]:
     """Each batch's targets checked on the host (a class id past the labels: an IndexError deep
     in the loss on a CPU, a device-side assert on a GPU, or a multi-label target of 2 that trains
     without a word); targets already on a GPU are not read back (no sync a step)."""
     for batch in batches:
         targets = batch.get("labels") if hasattr(batch, "get") else None
-        if isinstance(targets, torch.Tensor) and targets.device.type == "cpu":
-            check(targets.numpy(), f"training batch {progress.batch_in_epoch + 1} of epoch "
-                                   f"{progress.epoch + 1}")
+        found = problem(targets) if isinstance(targets, torch.Tensor) and \
+            targets.device.type == "cpu" else None
+        if found:
+            raise DataError(f"training batch {progress.batch_in_epoch + 1} of epoch "
+                            f"{progress.epoch + 1}: {found}")
         yield batch

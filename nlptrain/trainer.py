@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from nlptrain import checkpoint, distributed, host_memory, losses, models, optim, precision, strategies
 from nlptrain.config import TrainConfig
-from nlptrain.data.hf_datasets import as_dataset, check_targets
+from nlptrain.data.hf_datasets import as_dataset, batch_targets_problem
 from nlptrain.errors import ConfigError, Interrupted, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
@@ -107,6 +107,7 @@ class Trainer(ProgressCounters, LatestStepReadings):
             host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
+        self._kind_loss = self.loss_fn  # while it is in place, a user's loader's targets are checked
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         models.record_how_rows_were_read(model, train_data)  # for the export's predict
         models.prepare_for_training(model, self.config, self.device)  # dropout, checkpointing, compile
@@ -323,10 +324,11 @@ class Trainer(ProgressCounters, LatestStepReadings):
     # -- the pieces of the loop ------------------------------------------------------------
 
     def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        kind, names = self.kind, self.label_names  # (a loss of the user's takes what it takes)
+        checked = None if self.loss_fn is not self._kind_loss else \
+            lambda targets: batch_targets_problem(targets, kind, names)
         return self.train_batches.of_epoch(self.train_data, lambda data: self._as_dataset(data, "train"),
-                                           self.config, self.collate, self.progress, self.window,
-                                           lambda targets, where: check_targets(targets, self.kind,
-                                                                                self.label_names, where))
+                                           self.config, self.collate, self.progress, self.window, checked)
 
     def _as_dataset(self, data: Any, what: str) -> Any:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An

@@ -65,8 +65,8 @@ def test_a_list_of_rows_of_the_train_sets_inputs_is_taken(tiny_model_dir, tokeni
 def test_a_list_that_mixes_pairs_and_single_texts_is_refused(tiny_model_dir, tokenizer):
     """The collate read the first row's keys: a bare KeyError: 'token_type_ids'."""
     mixed = as_list(rows(tokenizer, [0, 1])) + as_list(pair_rows(tokenizer, 2))
-    with pytest.raises(DataError, match=r"^valid data: row 2 of the list has token_type_ids \(a text "
-                                        r"pair\), row 0 none: give rows of one kind"):
+    with pytest.raises(DataError, match=r"^valid data: row 2 of the list is a text pair \(type ids\), "
+                                        r"row 0 has no token_type_ids: give rows of one kind"):
         Trainer(model(tiny_model_dir), pair_rows(tokenizer, 4), mixed, config=CONFIG, progress=False)
 
 
@@ -203,3 +203,77 @@ def test_a_rank_that_stops_answering_is_one_line_from_the_python_api(tiny_model_
     assert said[0].startswith("RanksTimedOut: no answer from the other rank(s) in time ("), said
     assert said[0].endswith("TrainConfig(timeout=SECONDS) sets how long ranks wait for each other")
     assert said[1].startswith(("PeerFailed: another rank failed", "RanksTimedOut")), said
+
+
+def test_scores_in_a_numpy_object_array_stay_floats(tokenizer):
+    """pandas' `.values` of mixed columns: an object array, cut to int64 (3.8 trained as 3)."""
+    scores = np.array([0.5, 1.5, 3.8], dtype=object)
+    found = TokenizedDataset.from_texts(["a", "b", "c"], scores, tokenizer, 16).labels
+    assert found.dtype == np.float32 and found.tolist() == pytest.approx([0.5, 1.5, 3.8])
+
+
+def batches_of(data: TokenizedDataset, labels: list, size: int = 2) -> list[dict]:
+    """A user's ready-made batches, with targets of their own."""
+    from nlptrain.data import Collator
+
+    collate = Collator(0)
+    rows = [data[i] for i in range(len(data))]
+    found = [collate(rows[i:i + size]) for i in range(0, len(rows), size)]
+    for i, batch in enumerate(found):
+        batch["labels"] = torch.tensor(labels[i * size:(i + 1) * size])
+    return found
+
+
+def test_targets_the_loss_takes_pass_the_check_of_a_users_batches(tiny_model_dir, tokenizer):
+    """The check refused cross-entropy's ignored rows (-100), soft targets and smoothed
+    multi-label rows, and failed on bf16 scores (numpy has no bf16)."""
+    data = rows(tokenizer, [0, 1, 1, 0])
+    cases = [(["neg", "pos"], None, [0, -100, 1, 1]),
+             (["neg", "pos"], MultiLabel(), [[0.9, 0.1], [0.1, 0.9]] * 2),
+             (["score"], Regression(), torch.tensor([0.5, 1.5, 2.5, 3.5], dtype=torch.bfloat16).tolist())]
+    for names, kind, labels in cases:
+        trainer = Trainer(load_model(str(tiny_model_dir), names), batches_of(data, labels), kind=kind,
+                          label_names=names, config=CONFIG, progress=False)
+        assert trainer.fit()["step"] == 2
+        trainer.close()
+    soft = batches_of(data, [[0.7, 0.3]] * 4)  # class probabilities, for a loss of the user's
+    trainer = Trainer(model(tiny_model_dir), soft, config=CONFIG, progress=False)
+    trainer.loss_fn = lambda logits, targets: torch.nn.functional.cross_entropy(logits, targets)
+    assert trainer.fit()["step"] == 2
+    trainer.close()
+
+
+def test_a_multi_label_target_past_1_and_a_users_loader_over_a_dataset_are_checked(tiny_model_dir,
+                                                                                   tokenizer):
+    data = rows(tokenizer, [0, 1, 1, 0])
+    trainer = Trainer(model(tiny_model_dir), batches_of(data, [[1, 0], [0, 2]] * 2), kind=MultiLabel(),
+                      config=CONFIG, progress=False)
+    with pytest.raises(DataError, match=r"^training batch 1 of epoch 1: row index 1 has the targets "
+                                        r"\[0\.0, 2\.0\]; a multi-label target is in \[0, 1\]"):
+        trainer.fit()
+    trainer.close()
+    from nlptrain.data import Collator
+
+    bad = rows(tokenizer, [0, 1, 7, 0])  # a DataLoader of the user's: the dataset was not checked
+    loader = torch.utils.data.DataLoader(bad, batch_size=2, collate_fn=Collator(0))
+    trainer = Trainer(model(tiny_model_dir), loader, config=CONFIG, progress=False)
+    with pytest.raises(DataError, match=r"^training batch 2 of epoch 1: row index 0 has class id 7"):
+        trainer.fit()
+    trainer.close()
+
+
+def test_single_texts_with_type_ids_of_their_own_are_single_texts(tiny_model_dir, tokenizer):
+    """Funnel's and XLNet's CLS has type id 2: such single texts were refused as pairs; and a list
+    where some rows carry all-zero type ids was refused as a mix of pairs and single texts."""
+    from nlptrain.data.hf_datasets import RowList
+
+    funnel = [{**row, "token_type_ids": [2] + [0] * (len(row["input_ids"]) - 1)}
+              for row in as_list(rows(tokenizer, [0, 1]))]
+    assert RowList(funnel).pairs is False
+    some_zero = as_list(rows(tokenizer, [0, 1, 1]))
+    some_zero[1] = {**some_zero[1], "token_type_ids": [0] * len(some_zero[1]["input_ids"])}
+    trainer = Trainer(model(tiny_model_dir), rows(tokenizer, [0, 1] * 2), some_zero, config=CONFIG,
+                      progress=False)
+    assert trainer.fit()["rows"] == 3
+    trainer.close()
+

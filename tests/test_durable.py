@@ -261,3 +261,13 @@ def test_a_full_disk_before_anything_trained_says_to_start_again(toy_task, tmp_p
     assert "cannot be written (No space left on device, " in err
     assert "nothing was trained yet: free space, then run the same command again" in err, err
     assert "--resume" not in err and not run.exists()
+
+
+def test_a_row_a_full_disk_cut_short_is_ended_before_the_next(tmp_path):
+    """The next row was appended to the torn one: both lost, the second not counted."""
+    from nlptrain.callbacks import MetricLogger
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2, "lo')
+    MetricLogger(path)._write({"step": 3})
+    assert path.read_text().splitlines()[1:] == ['{"step": 2, "lo', '{"step": 3}']

@@ -184,14 +184,17 @@ def test_a_signal_to_the_nproc_launcher_is_one_line_and_its_exit_code(monkeypatc
 
 
 @pytest.mark.parametrize("command, output_dir, said", [
-    ("train", "runs/x", "; go on with train --resume --output-dir runs/x"),
-    ("train", None, "; go on with train --resume --output-dir RUN_DIR (the run directory logged above)"),
+    ("train", "run", "; go on with train --resume --output-dir {run}"),
+    ("train", "unstarted", "; the run wrote nothing: run the same command again"),
+    ("train", None, "; go on with train --resume --output-dir RUN_DIR (the run directory logged "
+                    "above; none logged: run the same command again)"),
     ("predict", None, ""),
 ])
-def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, capsys, command,
-                                                                 output_dir, said):
+def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, capsys, tmp_path,
+                                                                 command, output_dir, said):
     """Outside the steps (an export, the report) the workers, stopped by the agent's SIGTERM, say
-    nothing, and the launcher's line was all: no word of the resume."""
+    nothing, and the launcher's line was all: no word of the resume. A new run stopped before it
+    wrote anything is removed: nothing to resume."""
     import argparse
 
     import torch.distributed.launcher.api as agent_api
@@ -202,10 +205,14 @@ def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, ca
     def stopped(*_: object) -> None:
         raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
 
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text("{}")
     monkeypatch.setattr(agent_api, "elastic_launch", lambda config, entrypoint: stopped)
-    args = argparse.Namespace(command=command, nproc=2, max_restarts=0, output_dir=output_dir)
+    folder = str(tmp_path / output_dir) if output_dir else None
+    args = argparse.Namespace(command=command, nproc=2, max_restarts=0, output_dir=folder)
     assert start_workers(args, [command], lambda: None) == 128 + signal.SIGTERM
-    assert capsys.readouterr().err.endswith(f"stopped by SIGTERM: the 2 workers were stopped{said}\n")
+    told = said.format(run=tmp_path / "run")
+    assert capsys.readouterr().err.endswith(f"stopped by SIGTERM: the 2 workers were stopped{told}\n")
 
 
 @pytest.mark.slow  # a whole --nproc 2 launch (about 50 s on 2 busy cores) for what the mock checks

@@ -168,13 +168,18 @@ class RowList(Dataset):
                             "each row needs input_ids and labels")
         self.rows = list(rows)
         typed = ["token_type_ids" in row for row in self.rows]
-        if any(typed) and not all(typed):  # (the collate read the first row's keys: a KeyError)
-            raise DataError(f"{what} data: row {typed.index(True)} of the list has token_type_ids "
-                            f"(a text pair), row {typed.index(False)} none: give rows of one kind, "
+        # Type id 1 marks a pair's second text (Funnel's and XLNet's CLS is 2); without type ids
+        # (RoBERTa) the rows do not say.
+        pair = next((i for i, row in enumerate(self.rows) if typed[i]
+                     and np.any(np.asarray(row["token_type_ids"]) == 1)), None)
+        if pair is not None and not all(typed):  # (the collate read the first row's keys: a KeyError)
+            raise DataError(f"{what} data: row {pair} of the list is a text pair (type ids), row "
+                            f"{typed.index(False)} has no token_type_ids: give rows of one kind, "
                             "all text pairs or all single texts")
+        # Single texts' all-zero type ids, on some rows: what the model takes without them.
+        self._drop_types = any(typed) and not all(typed)
         self.typed = all(typed)
-        # The type ids mark a pair's second text; without them (RoBERTa) the rows do not say.
-        self.pairs = any(np.any(row["token_type_ids"]) for row in self.rows) if self.typed else None
+        self.pairs = pair is not None if self.typed else None
         self.lengths = np.array([len(row["input_ids"]) for row in self.rows], dtype=np.int64)
         self.labels = np.stack([np.asarray(row["labels"]) for row in self.rows])
 
@@ -186,7 +191,10 @@ class RowList(Dataset):
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.rows[i], "index": i}  # the row's place, which evaluation gathers by
+        row = {**self.rows[i], "index": i}  # the row's place, which evaluation gathers by
+        if self._drop_types:
+            row.pop("token_type_ids", None)
+        return row
 
 
 def check_class_targets(targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
@@ -201,6 +209,33 @@ def check_class_targets(targets: np.ndarray, label_names: Sequence[str], where: 
             raise DataError(f"{where}: row index {bad[0]} has class id {targets[bad[0]]}, but the "
                             f"model has {count} labels ({', '.join(map(str, label_names))}): "
                             f"ids 0 to {count - 1}")
+
+
+IGNORED_TARGET = -100  # cross-entropy's ignore_index: a row (a token) the loss leaves out
+
+
+def batch_targets_problem(targets: Any, kind: TaskKind, label_names: Sequence[str]) -> str | None:
+    """What the kind's own loss would fail on, or train on wrongly, in a batch's targets (a
+    tensor) from a loader of the user's; None where nothing is. Soft targets, ignored rows (-100)
+    and a regression's scores are the loss's to take."""
+    count = len(label_names)
+    if not kind.has_classes:
+        return None
+    if kind.empty_label_ok:  # multi-hot rows (soft ones too): a column a label, each in [0, 1]
+        if targets.ndim != 2 or targets.shape[1] != count:
+            return (f"its targets are of shape {tuple(targets.shape)}; the model has {count} "
+                    f"labels: one row of {count} a row")
+        values = targets.detach().float()
+        bad = ((values < 0) | (values > 1)).any(dim=1).nonzero()
+        return None if not len(bad) else (
+            f"row index {int(bad[0])} has the targets {values[int(bad[0])].tolist()}; a multi-label "
+            "target is in [0, 1] (1: the row has that label)")
+    if targets.ndim != 1 or targets.is_floating_point():  # class probabilities: the loss's
+        return None
+    bad = ((targets >= count) | ((targets < 0) & (targets != IGNORED_TARGET))).nonzero()
+    return None if not len(bad) else (
+        f"row index {int(bad[0])} has class id {int(targets[int(bad[0])])}, but the model has "
+        f"{count} labels ({', '.join(map(str, label_names))}): ids 0 to {count - 1}")
 
 
 def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],

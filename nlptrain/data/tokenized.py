@@ -165,12 +165,14 @@ def as_targets(labels: Sequence[Any] | np.ndarray) -> np.ndarray:
     float32 (3.8 must not become 3), class ids as int64."""
     try:
         found = np.asarray(labels)
+        names = not_ids(found)
+        if names:
+            raise DataError(names)
+        if found.dtype.kind == "O":  # numbers (or lists of them) in an object array, as pandas'
+            found = np.asarray(found.tolist())  # .values gives them: floats stay floats
     except ValueError:  # lists of unequal length: label ids a row, not one 0/1 a label
         raise DataError("multi-label rows of unequal length: give each row a list of 0/1, one "
                         "a label (multi-hot), not the ids of its labels") from None
-    names = not_ids(found)
-    if names:
-        raise DataError(names)
     if isinstance(labels, np.ndarray) and labels.dtype.kind != "O":
         return labels
     return found.astype(np.float32 if found.dtype.kind == "f" and found.size else np.int64)
