@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         by = getattr(stop, "signal_name", "")  # SIGTERM, SIGHUP; else a Ctrl-C
         if _ranks()[0] == 0 or not _under_agent():  # (a Ctrl-C reaches every rank; the agent's
             # summary names one stopped alone)
-            print(f"interrupted{f' by {by}' if by else ''}: {said}", file=sys.stderr)
+            print(f"{_rank_prefix()}interrupted{f' by {by}' if by else ''}: {said}", file=sys.stderr)
         tell_launcher(f"{INTERRUPTED_AT_ONCE}: {said}")  # not the agreed stop, exit code 130 too
         return 130
     except Exception:

@@ -125,20 +125,31 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
     # torch's agent logs each worker it stops or sees fail (W/E lines amid nlptrain's own, which
     # say it once); with restarts they tell which attempt failed, and debug shows everything.
     quiet = args.max_restarts == 0 and getattr(args, "log_level", "info") != "debug"
+    record = _record_stamp(args)  # (an --overwrite's old run is not this one)
     with _logs_off(quiet):
         return launch_command(argv, args.nproc, args.max_restarts,
-                              lambda: _how_a_train_goes_on(args) if args.command == "train" else "")
+                              lambda: _how_a_train_goes_on(args, record) if args.command == "train" else "")
 
 
-def _how_a_train_goes_on(args: argparse.Namespace) -> str:
-    """After a stop outside the steps (a worker then says nothing: the agent's SIGTERM): where
-    its run is, or that it wrote none (a new run stopped before it wrote anything is removed)."""
+def _record_stamp(args: argparse.Namespace) -> int | None:
+    """When the run record in --output-dir was last written (None: there is none)."""
     from nlptrain.run_record import CONFIG_FILE
 
+    try:
+        return (Path(args.output_dir) / CONFIG_FILE).stat().st_mtime_ns if args.output_dir else None
+    except OSError:
+        return None
+
+
+def _how_a_train_goes_on(args: argparse.Namespace, record_before: int | None) -> str:
+    """After a stop outside the steps (a worker then says nothing: the agent's SIGTERM): where
+    its run is, or that it wrote none (a new run stopped before it wrote anything is removed; an
+    --overwrite stopped before it replaced the old run leaves that run's record as it was)."""
     if not args.output_dir:
         return ("; go on with train --resume --output-dir RUN_DIR (the run directory logged above; "
                 "none logged: run the same command again)")
-    if (Path(args.output_dir) / CONFIG_FILE).is_file():
+    now = _record_stamp(args)
+    if now is not None and (getattr(args, "resume", False) or now != record_before):
         return f"; go on with train --resume --output-dir {args.output_dir}"
     return "; the run wrote nothing: run the same command again"
 

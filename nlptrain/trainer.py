@@ -107,7 +107,6 @@ class Trainer(ProgressCounters, LatestStepReadings):
             host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
-        self._kind_loss = self.loss_fn  # while it is in place, a user's loader's targets are checked
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         models.record_how_rows_were_read(model, train_data)  # for the export's predict
         models.prepare_for_training(model, self.config, self.device)  # dropout, checkpointing, compile
@@ -324,11 +323,10 @@ class Trainer(ProgressCounters, LatestStepReadings):
     # -- the pieces of the loop ------------------------------------------------------------
 
     def _epoch_batches(self) -> Iterator[dict[str, torch.Tensor]]:
-        kind, names = self.kind, self.label_names  # (a loss of the user's takes what it takes)
-        checked = None if self.loss_fn is not self._kind_loss else \
-            lambda targets: batch_targets_problem(targets, kind, names)
+        kind, names = self.kind, self.label_names
         return self.train_batches.of_epoch(self.train_data, lambda data: self._as_dataset(data, "train"),
-                                           self.config, self.collate, self.progress, self.window, checked)
+                                           self.config, self.collate, self.progress, self.window,
+                                           lambda targets: batch_targets_problem(targets, kind, names))
 
     def _as_dataset(self, data: Any, what: str) -> Any:
         """A 🤗 `datasets.Dataset` tokenized (columns text, label[, text_pair]); else as is. An

@@ -277,3 +277,37 @@ def test_single_texts_with_type_ids_of_their_own_are_single_texts(tiny_model_dir
     assert trainer.fit()["rows"] == 3
     trainer.close()
 
+
+
+@pytest.mark.parametrize("targets, kind, count, problem", [
+    (torch.tensor([3, 7], dtype=torch.uint8), "single_label", 256, None),  # (7 >= 256 wrapped)
+    (torch.tensor([[0], [1], [5], [0]]), "single_label", 2, "row index 2 has class id 5, but the model "
+                                                          "has 2 labels"),  # the loss flattens it
+    (torch.tensor([0, -100, 1]), "single_label", 2, None),
+    (torch.tensor([-100, -100]), "single_label", 2, "every row's class id is -100 (ignored): the "
+                                                    "loss has no row to learn from"),
+    (torch.tensor([0.5, float("nan")]), "regression", 1, "row index 1 has the target(s) [nan], not "
+                                                         "finite; drop the row or give it its target"),
+    (torch.tensor([[float("nan"), 0.0]]), "multi_label", 2, "row index 0 has the target(s) [nan, 0.0], "
+                                                           "not finite"),
+    (torch.tensor([0.5, 1.5], dtype=torch.bfloat16), "regression", 1, None),
+])
+def test_what_a_users_batch_targets_are_refused_for(targets, kind, count, problem):
+    from nlptrain.data.hf_datasets import batch_targets_problem
+    from nlptrain.kinds import KINDS
+
+    found = batch_targets_problem(targets, KINDS[kind](), [f"l{i}" for i in range(count)])
+    assert found == problem if problem is None else found.startswith(problem), found
+
+
+def test_a_callback_that_wraps_the_loss_keeps_the_check(tiny_model_dir, tokenizer):
+    """RDrop replaces loss_fn and calls the kind's loss on the same targets: the check was off,
+    and torch's IndexError came back."""
+    from nlptrain.callbacks import RDrop
+
+    data = rows(tokenizer, [0, 1, 1, 0])
+    trainer = Trainer(model(tiny_model_dir), batches_of(data, [0, 1, 5, 0]), config=CONFIG,
+                      callbacks=[RDrop()], progress=False)
+    with pytest.raises(DataError, match=r"^training batch 2 of epoch 1: row index 0 has class id 5"):
+        trainer.fit()
+    trainer.close()

@@ -186,6 +186,7 @@ def test_a_signal_to_the_nproc_launcher_is_one_line_and_its_exit_code(monkeypatc
 @pytest.mark.parametrize("command, output_dir, said", [
     ("train", "run", "; go on with train --resume --output-dir {run}"),
     ("train", "unstarted", "; the run wrote nothing: run the same command again"),
+    ("train", "old", "; the run wrote nothing: run the same command again"),  # an --overwrite's
     ("train", None, "; go on with train --resume --output-dir RUN_DIR (the run directory logged "
                     "above; none logged: run the same command again)"),
     ("predict", None, ""),
@@ -202,11 +203,13 @@ def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, ca
 
     from nlptrain.launch import start_workers
 
-    def stopped(*_: object) -> None:
+    def stopped(*_: object) -> None:  # "run"'s workers wrote its record; "old" is as it was
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / "config.json").write_text("{}")
         raise SignalException("Process 1 got signal: 15", sigval=signal.SIGTERM)
 
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.json").write_text("{}")
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "config.json").write_text("{}")
     monkeypatch.setattr(agent_api, "elastic_launch", lambda config, entrypoint: stopped)
     folder = str(tmp_path / output_dir) if output_dir else None
     args = argparse.Namespace(command=command, nproc=2, max_restarts=0, output_dir=folder)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from nlptrain.data.datasets import LabelVocab
@@ -215,27 +216,38 @@ IGNORED_TARGET = -100  # cross-entropy's ignore_index: a row (a token) the loss 
 
 
 def batch_targets_problem(targets: Any, kind: TaskKind, label_names: Sequence[str]) -> str | None:
-    """What the kind's own loss would fail on, or train on wrongly, in a batch's targets (a
-    tensor) from a loader of the user's; None where nothing is. Soft targets, ignored rows (-100)
-    and a regression's scores are the loss's to take."""
+    """What the kind's loss would fail on, or train on wrongly, in a batch's targets (a tensor)
+    from a loader of the user's; None where nothing is. Soft targets, ignored rows (-100) and
+    scores of any float type are the loss's to take."""
     count = len(label_names)
+    rows = targets.detach().reshape(len(targets), -1) if targets.ndim else targets.detach().view(1, 1)
+    if targets.is_floating_point() and not torch.isfinite(rows.float()).all():
+        row = int((~torch.isfinite(rows.float())).any(dim=1).nonzero()[0])
+        return (f"row index {row} has the target(s) {rows[row].float().tolist()}, not finite; drop "
+                "the row or give it its target")
     if not kind.has_classes:
         return None
     if kind.empty_label_ok:  # multi-hot rows (soft ones too): a column a label, each in [0, 1]
         if targets.ndim != 2 or targets.shape[1] != count:
             return (f"its targets are of shape {tuple(targets.shape)}; the model has {count} "
                     f"labels: one row of {count} a row")
-        values = targets.detach().float()
+        values = rows.float()
         bad = ((values < 0) | (values > 1)).any(dim=1).nonzero()
         return None if not len(bad) else (
             f"row index {int(bad[0])} has the targets {values[int(bad[0])].tolist()}; a multi-label "
             "target is in [0, 1] (1: the row has that label)")
-    if targets.ndim != 1 or targets.is_floating_point():  # class probabilities: the loss's
+    if targets.is_floating_point():  # class probabilities: the loss's
         return None
-    bad = ((targets >= count) | ((targets < 0) & (targets != IGNORED_TARGET))).nonzero()
-    return None if not len(bad) else (
-        f"row index {int(bad[0])} has class id {int(targets[int(bad[0])])}, but the model has "
-        f"{count} labels ({', '.join(map(str, label_names))}): ids 0 to {count - 1}")
+    ids = rows.long()  # (uint8 would wrap a count of 256)
+    if len(ids) and (ids == IGNORED_TARGET).all():  # cross-entropy's mean over no rows: NaN
+        return f"every row's class id is {IGNORED_TARGET} (ignored): the loss has no row to learn from"
+    bad = ((ids >= count) | ((ids < 0) & (ids != IGNORED_TARGET))).any(dim=1).nonzero()
+    if not len(bad):
+        return None
+    row = int(bad[0])
+    value = next(int(v) for v in ids[row] if v >= count or (v < 0 and v != IGNORED_TARGET))
+    return (f"row index {row} has class id {value}, but the model has {count} labels "
+            f"({', '.join(map(str, label_names))}): ids 0 to {count - 1}")
 
 
 def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
