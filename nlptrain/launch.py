@@ -125,10 +125,11 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
     # torch's agent logs each worker it stops or sees fail (W/E lines amid nlptrain's own, which
     # say it once); with restarts they tell which attempt failed, and debug shows everything.
     quiet = args.max_restarts == 0 and getattr(args, "log_level", "info") != "debug"
-    record = _record_stamp(args)  # (an --overwrite's old run is not this one)
+    training = args.command == "train"
+    record = _record_stamp(args) if training else None  # (an --overwrite's old run: not this one)
     with _logs_off(quiet):
         return launch_command(argv, args.nproc, args.max_restarts,
-                              lambda: _how_a_train_goes_on(args, record) if args.command == "train" else "")
+                              lambda: _how_a_train_goes_on(args, record) if training else "")
 
 
 def _record_stamp(args: argparse.Namespace) -> int | None:

@@ -212,7 +212,9 @@ def test_a_signal_to_the_nproc_launcher_says_how_a_train_goes_on(monkeypatch, ca
     (tmp_path / "old" / "config.json").write_text("{}")
     monkeypatch.setattr(agent_api, "elastic_launch", lambda config, entrypoint: stopped)
     folder = str(tmp_path / output_dir) if output_dir else None
-    args = argparse.Namespace(command=command, nproc=2, max_restarts=0, output_dir=folder)
+    args = argparse.Namespace(command=command, nproc=2, max_restarts=0)
+    if command == "train":  # (eval's and predict's arguments have no --output-dir)
+        args.output_dir = folder
     assert start_workers(args, [command], lambda: None) == 128 + signal.SIGTERM
     told = said.format(run=tmp_path / "run")
     assert capsys.readouterr().err.endswith(f"stopped by SIGTERM: the 2 workers were stopped{told}\n")
