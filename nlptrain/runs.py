@@ -381,8 +381,12 @@ def resume_said(run_dir: Path) -> Iterator[None]:
         died = dataloader_worker_death(err)
         if died is None or peer_failure_in(err) is not None:  # a worker ended as a peer's failure
             raise                                             # unwound this rank: that is said
-        # The out-of-memory killer sends SIGKILL ("Killed"); another end is the worker's own.
-        memory = " (the kernel's out-of-memory killer? dmesg names it)" if died.endswith("Killed.") else ""
+        # The out-of-memory killer sends SIGKILL ("Killed"); an exit code is the worker's own end.
+        # torch's other line ("pid(s) N exited unexpectedly") is one it found gone, cause unseen:
+        # a SIGKILL too, in 2 of 5 kills measured.
+        memory = " (the kernel's out-of-memory killer? dmesg names it)" if died.endswith("Killed.") \
+            else " (how is not known here: the kernel's out-of-memory killer, if dmesg names it)" \
+            if died.endswith("exited unexpectedly") else ""
         fewer = ", with fewer --num-workers (0 reads in this process)" if memory else ""
         raise WorkerDied(f"{died}{memory}; what was saved before it is kept: train --resume "
                          f"--output-dir {run_dir}{fewer}") from None

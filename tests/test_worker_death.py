@@ -41,9 +41,14 @@ def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
      "DataLoader worker (pid 42) is killed by signal: Killed. (the kernel's out-of-memory killer? "
      "dmesg names it); what was saved before it is kept: train --resume --output-dir run, with "
      "fewer --num-workers (0 reads in this process)"),
-    ("DataLoader worker (pid(s) 42) exited unexpectedly",  # its own end: no memory to blame
-     "DataLoader worker (pid(s) 42) exited unexpectedly; what was saved before it is kept: train "
-     "--resume --output-dir run"),
+    ("DataLoader worker (pid 42) exited unexpectedly with exit code 1. Details are lost due to "
+     "multiprocessing.",  # its own end: no memory to blame
+     "DataLoader worker (pid 42) exited unexpectedly with exit code 1. Details are lost due to "
+     "multiprocessing.; what was saved before it is kept: train --resume --output-dir run"),
+    ("DataLoader worker (pid(s) 42) exited unexpectedly",  # found gone, how not seen (a SIGKILL too)
+     "DataLoader worker (pid(s) 42) exited unexpectedly (how is not known here: the kernel's "
+     "out-of-memory killer, if dmesg names it); what was saved before it is kept: train --resume "
+     "--output-dir run, with fewer --num-workers (0 reads in this process)"),
 ])
 def test_a_workers_death_ends_a_run_with_its_resume_and_its_likely_cause(death, said):
     with pytest.raises(WorkerDied) as ended, resume_said(Path("run")):
