@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
-import shutil
 import signal
-import subprocess
 import sys
 import zlib
 from collections.abc import Mapping
 
 from nlptrain.errors import ConfigError
+from nlptrain.slurm_nodes import first_host
 
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
@@ -378,33 +376,3 @@ def _refuse_half_env(environ: Mapping[str, str]) -> None:
         raise ConfigError(f"$SLURM_PROCID={environ['SLURM_PROCID']} without $SLURM_STEP_ID: not "
                           "a task of an srun step, and as one process each task would train a "
                           "job of its own; start the tasks with srun")
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a SLURM node list: `node[01-04,07],gpu5` -> `node01`. `scontrol show
-    hostnames` knows every form; without it, the common forms are parsed here."""
-    if shutil.which("scontrol"):
-        try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                                 text=True, timeout=10)
-            if out.returncode == 0 and out.stdout.split():
-                return out.stdout.split()[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return _parse_first_host(nodelist)
-
-
-def _parse_first_host(nodelist: str) -> str:
-    """The first host of the first name of a list: each bracket of a name gives its first number,
-    zeros kept (`rack[1-2]-n[03-04],b` -> `rack1-n03`)."""
-    depth, end = 0, len(nodelist)
-    for at, char in enumerate(nodelist):  # the list's commas, not those inside brackets
-        depth += (char == "[") - (char == "]")
-        if char == "," and depth == 0:
-            end = at
-            break
-    host = re.sub(r"\[([^\]]*)\]", lambda ranges: ranges.group(1).split(",")[0].split("-")[0],
-                  nodelist[:end].strip())
-    if not host or "[" in host or "]" in host:
-        raise ConfigError(f"SLURM node list {nodelist!r}: cannot read its first host")
-    return host

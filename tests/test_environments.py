@@ -14,11 +14,10 @@ from nlptrain.environments import (
     OpenMPI,
     Slurm,
     TorchElastic,
-    _parse_first_host,
     detect,
-    first_host,
 )
 from nlptrain.errors import ConfigError
+from nlptrain.slurm_nodes import _parse_first_host, first_host
 
 # `srun -n 2 env` on the one-node SLURM of .ci/start-slurm, task 1.
 SRUN = {"SLURM_JOB_ID": "2", "SLURM_JOB_NAME": "env", "SLURM_LOCALID": "1", "SLURM_NNODES": "1",
