@@ -1,8 +1,8 @@
 """Command line: `python -m nlptrain {train,eval,...}`, the same under `torchrun -m nlptrain`.
 
-The commands, their options and how an error ends the process (its exit code, the launcher
-told). The task's own options (`--lr 3e-5`, `--set section.key=value`, `--task`) and how they
-make a task are in task_options.py.
+The commands and their options. How each end of a command is said (its exit code, the launcher
+told) is in command_end.py; the task's own options (`--lr 3e-5`, `--set section.key=value`,
+`--task`) and how they make a task, in task_options.py.
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
-import logging
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from nlptrain import command_end
+from nlptrain.command_end import flush_stdout
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
-from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, add_launch_options, tell_exit
+from nlptrain.launch import add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
 from nlptrain.startup import import_libraries
@@ -25,8 +26,6 @@ from nlptrain.task_options import add_task_options, resolve_task
 from nlptrain.usage_errors import CommandParser, refuse_options_before_command, refuse_unknown
 from nlptrain.user_callbacks import absolute_spec, check_file, make_callback
 from nlptrain.version import __version__
-
-log = logging.getLogger("nlptrain")
 
 # Commands in modules of their own: each has `add_command(commands)` and imports torch lazily.
 MORE_COMMANDS: tuple[str, ...] = ("nlptrain.data.split", "nlptrain.plots", "nlptrain.predict")
@@ -254,68 +253,6 @@ def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
     return processes
 
 
-def _how_to_go_on(args: argparse.Namespace, stop: KeyboardInterrupt) -> str:
-    """Where a train command stopped by Ctrl-C goes on from: its run directory (`stop.run_dir`,
-    which the run set; a resumed one's, if stopped before it was reopened), or nowhere."""
-    resumed = Path(args.output_dir) if args.resume and args.output_dir else None
-    run_dir = getattr(stop, "run_dir", resumed)
-    if run_dir is None:
-        return "stopped before the run wrote anything; run the same command again to start it"
-    return ("stopped at once, without waiting for a step under way; the run goes on from its "
-            f"last whole checkpoint, or from the start where it wrote none, with train --resume "
-            f"--output-dir {run_dir}")
-
-
-def _rank_prefix() -> str:
-    rank = _ranks()[0]
-    return "" if rank == 0 else f"[rank {rank}] "
-
-
-def _ranks() -> tuple[int, int]:
-    """This process's rank and local rank (0 where they cannot be read)."""
-    from nlptrain.environments import detect
-
-    try:
-        found = detect()
-        return found.rank, found.local_rank
-    except (KeyError, ValueError, NlptrainError):  # (the error being reported, maybe)
-        return 0, 0
-
-
-def _under_agent() -> bool:
-    """A worker of torch's elastic agent: its SIGTERM may stop it for another rank's failure,
-    which is said, and the agent says its own stop; a Ctrl-C's line would mislead."""
-    from nlptrain.environments import detect
-
-    try:
-        return detect().has_agent
-    except (KeyError, ValueError, NlptrainError):  # (said by the command itself)
-        return False
-
-
-def _drop_stdout() -> None:
-    """Send what is left in stdout's buffer nowhere: the interpreter's flush at exit would
-    raise the same error again, as a traceback."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # a stdout without a file (a capture)
-        pass
-
-
-def _flush_stdout() -> int | None:
-    """What a command wrote to stdout (`eval --json`, `predict`), flushed now: a full disk is
-    one line here, not a traceback at exit."""
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as err:
-        _drop_stdout()
-        print(f"error: stdout: cannot be written ({err.strerror or err})", file=sys.stderr)
-        return 1
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     from nlptrain.launch import tell_launcher
 
@@ -347,59 +284,23 @@ def main(argv: list[str] | None = None) -> int:
                 return code
         from nlptrain.signals import interrupt_on_signals
 
-        with interrupt_on_signals(by_launcher=_under_agent()):  # a preemption outside the
-            code = args.handler(args)                           # steps: a Ctrl-C, said
-        return _flush_stdout() or code
+        # A preemption outside the steps: a Ctrl-C, said (command_end.said_interrupt).
+        with interrupt_on_signals(by_launcher=command_end.under_agent()):
+            code = args.handler(args)
+        return flush_stdout() or code
     except RemoteRankError as err:  # the failing rank reports; this one only says why it ends
-        log.debug("%s", err)
-        tell_launcher(f"stopped: {str(err).split(':')[0]} (see the root cause)", follows=True)
-        return 1
+        return command_end.said_peer_error(err)
     except NlptrainError as err:
-        rank, local_rank = _ranks()
-        if (err.raised_on_every_rank and rank) or (err.raised_on_every_local_rank and local_rank):
-            tell_launcher(f"stopped with {'rank 0' if err.raised_on_every_rank else 'local rank 0'} "
-                          "(see the root cause)", follows=True)
-        else:
-            print(f"{_rank_prefix()}error: {err}", file=sys.stderr)
-            tell_launcher(f"{ERROR}{err}")
-        return err.exit_code
-    except RuntimeError as err:
-        from nlptrain.distributed import PeerFailed, peer_failure_in, timeout_message
-
-        message = timeout_message(err)  # no rank reported an error: this one is the first to know
-        if message:
-            print(f"{_rank_prefix()}error: {message}", file=sys.stderr)
-            tell_launcher(f"{ERROR}{message}")
-            return 1
-        peer = peer_failure_in(err)
-        if peer is None:
-            tell_launcher(None)
-            raise
-        said = str(err) if isinstance(err, PeerFailed) else \
-            f"another rank failed (see its error); {str(peer).splitlines()[0][:160]}"
-        print(f"{_rank_prefix()}stopping: {said}", file=sys.stderr)
-        tell_launcher("stopped: another rank failed (see its error)", follows=True)
-        return 1
+        return command_end.said_error(err)
+    except RuntimeError as err:  # a timeout or another rank's failure, said; else a traceback
+        return command_end.said_runtime_error(err)
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
-        _drop_stdout()
-        return PIPE_CLOSED  # as a shell counts a process ended by SIGPIPE
+        return command_end.said_closed_pipe()
     except SystemExit as ended:  # sys.exit(n) in a user's code: told, unless it was already
         tell_exit(ended)
         raise
     except KeyboardInterrupt as stop:  # train: a second Ctrl-C (the first finishes the step and
-        # checkpoints), or the first one before training began
-        if getattr(stop, "by_launcher", False):  # its cleanup done; the agent says its own stop
-            from nlptrain.launch import tell_stopped_by_launcher
-
-            return tell_stopped_by_launcher(stop, stop.signum)
-        said = _how_to_go_on(args, stop) if args.command == "train" else \
-            f"{args.command} stopped before it finished; run it again for its results"
-        by = getattr(stop, "signal_name", "")  # SIGTERM, SIGHUP; else a Ctrl-C
-        if _ranks()[0] == 0 or not _under_agent():  # (a Ctrl-C reaches every rank; the agent's
-            # summary names one stopped alone)
-            print(f"{_rank_prefix()}interrupted{f' by {by}' if by else ''}: {said}", file=sys.stderr)
-        tell_launcher(f"{INTERRUPTED_AT_ONCE}: {said}")  # not the agreed stop, exit code 130 too
-        return 130
+        return command_end.said_interrupt(args, stop)  # checkpoints), or one before training
     except Exception:
         tell_launcher(None)
         raise

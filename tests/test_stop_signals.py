@@ -79,8 +79,9 @@ def test_under_torchs_agent_a_sigterm_is_raised_marked_as_the_launchers():
 AS_AN_AGENTS_WORKER = """
 import os, signal, sys
 import nlptrain.cli as cli
+import nlptrain.command_end as command_end
 import nlptrain.recipe as recipe
-cli._under_agent = lambda: True  # a worker of torchrun, --nproc
+command_end.under_agent = lambda: True  # a worker of torchrun, --nproc
 made = recipe.DistTrainer
 def agent_stops_it(*args, **kwargs):  # the agent's SIGTERM as another rank failed, before
     os.kill(os.getpid(), signal.SIGTERM)  # this one trained or wrote anything
