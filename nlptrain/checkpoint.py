@@ -187,7 +187,7 @@ def checkpoint_name(step: int) -> str:
 
 
 class StepTotals(NamedTuple):
-    """A step's mean loss by row and its rows, all ranks, on the device (`progress.AgreedStep`'s),
+    """A step's mean loss by row and its rows, all ranks, on the device (`step_agreement.AgreedStep`'s),
     as a checkpoint gives them back to a resumed run."""
 
     loss: torch.Tensor

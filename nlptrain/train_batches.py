@@ -14,8 +14,9 @@ from nlptrain.data.tokenized import TokenizedDataset
 from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError
 from nlptrain.loaders import check_own_loader, epoch_batches, planned_batch_rows, train_loader
-from nlptrain.progress import Progress, StepWindow
+from nlptrain.progress import Progress
 from nlptrain.random_state import rng_state
+from nlptrain.step_agreement import StepWindow
 
 
 class TrainBatches:

@@ -1,10 +1,11 @@
 """The training loop: one loop, fired events, two ways to run it.
 
-`fit`, `_train_epochs` and `_train_batch` below are the whole loop, on one screen; each event is
-fired from one line of them. `DistTrainer` is the same class with the distributed backend from
-`nlptrain.distributed`: the loop only calls the backend's methods (`all_sum`, `agree_min`, `any`)
-and its strategy's (`wrap_model`, `no_sync`; `nlptrain.strategies`: one device, DDP, FSDP2) and
-never tests ranks.
+`fit`, `_train_epochs` and `_train_batch` below are the whole loop; each event is fired from one
+line of them (the checkpoint events from `callback_states` / `load_callback_states`). What the
+ranks agree on, each optimizer step and at a stop, is `nlptrain.step_agreement`'s. `DistTrainer`
+is the same class with the distributed backend from `nlptrain.distributed`: the loop calls only
+the backend's collectives and its strategy's methods (`wrap_model`, `no_sync`, `evaluating`;
+`nlptrain.strategies`: one device, DDP, FSDP2) and never tests ranks.
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ from torch.utils.data import Dataset
 from nlptrain import checkpoint, distributed, host_memory, losses, models, optim, precision, strategies
 from nlptrain.config import TrainConfig
 from nlptrain.data.hf_datasets import as_dataset, batch_targets_problem
-from nlptrain.errors import ConfigError, Interrupted, TrainingError
+from nlptrain.errors import ConfigError, TrainingError
 from nlptrain.evaluate import Predictions, check_eval_batch, compute_metrics, logits_of, model_inputs, predict
 from nlptrain.events import Callback, CallbackList, listed_callbacks
 from nlptrain.kinds import TaskKind
-from nlptrain.progress import AgreedStep, LatestStepReadings, Progress, ProgressCounters, StepWindow
+from nlptrain.progress import Progress, ProgressCounters
 from nlptrain.random_state import seed_everything
 from nlptrain.scores import best_score
-from nlptrain.signals import stop_on_signals, stopped_message
+from nlptrain.signals import stop_on_signals
+from nlptrain.step_agreement import AgreedStep, LatestStepReadings, StepAgreement, StepWindow
 from nlptrain.task_files import train_config, validate_finetuning
 from nlptrain.train_batches import TrainBatches
 from nlptrain.trainer_arguments import (
@@ -45,7 +47,7 @@ MetricFn = Callable[[Predictions], dict[str, Any]]  # gathered predictions -> nu
 CollateFn = Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]  # rows -> a batch
 
 
-class Trainer(ProgressCounters, LatestStepReadings):
+class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
     """Fine-tunes a sequence classifier in one process: a `transformers` model, or a module of
     your own whose `forward(input_ids, attention_mask[, token_type_ids])` returns logits (a
     tensor, or an object/dict with `logits`). Seams (README, "Fine-tuning techniques"): the loss
@@ -111,7 +113,7 @@ class Trainer(ProgressCounters, LatestStepReadings):
         models.record_how_rows_were_read(model, train_data)  # for the export's predict
         models.prepare_for_training(model, self.config, self.device)  # dropout, checkpointing, compile
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
-        self.train_data, self.eval_data = train_data, eval_data
+        self.eval_data = eval_data
         self.optimizer = optim.make_optimizer(self.unwrapped_model, self.config, self.dist.world_size,
                                               param_groups, optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
@@ -123,8 +125,10 @@ class Trainer(ProgressCounters, LatestStepReadings):
         self.progress = Progress()   # epoch, global_step, ...: callbacks read, checkpoints save
         self.is_update_step = False  # this micro-batch ends with an optimizer step (none: False)
         self.batch: dict[str, torch.Tensor] = {}  # this micro-batch, on the device (for loss_fn)
-        self.latest_step: AgreedStep | checkpoint.StepTotals | None = None  # step_loss, step_rows: its
-        self.step_lr = 0.0  # the lr its update used (the schedule moves on at on_step_end)
+        # The latest optimizer step's agreed flags (a resume's: its totals), read by step_loss and
+        # step_rows; step_lr: the lr its update used (the schedule moves on at on_step_end).
+        self.latest_step: AgreedStep | checkpoint.StepTotals | None = None
+        self.step_lr = 0.0
         self.window = StepWindow()   # the micro-batches of the optimizer step under way
         self._pending: AgreedStep | None = None  # the latest step's agreed flags, not yet read
         self._stop_agreed = False    # every rank has read a stop: the run ends after this step
@@ -152,12 +156,6 @@ class Trainer(ProgressCounters, LatestStepReadings):
     def is_main(self) -> bool:
         return self.dist.is_main
 
-    @property
-    def stopping(self) -> bool:
-        """Every rank has agreed that the run ends after this step (max_steps, a stop read in
-        the flags, early stopping): the epoch's end (its evaluation, on_epoch_end) comes next."""
-        return self._stop_agreed
-
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
         evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
@@ -165,8 +163,8 @@ class Trainer(ProgressCounters, LatestStepReadings):
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
-                if self.latest_step is None:  # until a step, the optimizer's (the schedule made at
-                    self.step_lr = optim.logged_lr(self.optimizer)  # the first batch sets it)
+                if self.latest_step is None:  # no step yet: the optimizer's lr (the schedule,
+                    self.step_lr = optim.logged_lr(self.optimizer)  # made at the first batch, sets it)
                 self._check_before_training()
                 self._stop_agreed = False  # the last fit's stop: should_stop decides this one's
                 self._train_epochs()
@@ -218,17 +216,6 @@ class Trainer(ProgressCounters, LatestStepReadings):
             raise ConfigError("trainer.optimizer was replaced after resume_from loaded the checkpoint "
                               "into the Trainer's own: give Trainer(optimizer=make) instead, which "
                               "builds yours before the checkpoint loads into it")
-
-    def _agree_on_stop(self, interrupt: bool = True) -> bool:
-        """A stop asked on any rank (also in an evaluation) is every rank's; a signal's raises."""
-        stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
-        self.should_stop = bool(stop)
-        if interrupted and interrupt:
-            from nlptrain.callbacks import Checkpointer  # a package of callbacks: imported late
-
-            raise Interrupted(stopped_message(self.global_step, bool(self.callbacks.find(Checkpointer))),
-                              self.global_step)
-        return self.should_stop
 
     def _train_batch(self, batch: dict[str, torch.Tensor]) -> bool:
         """One micro-batch; False when a stop asked on some rank ends the epoch here."""
@@ -339,64 +326,8 @@ class Trainer(ProgressCounters, LatestStepReadings):
         done = self.batch_in_epoch + 1  # this micro-batch included
         return done % self.config.grad_accum == 0 or done == self.batches_per_epoch
 
-    def _agree_on_step(self) -> bool:
-        """The optimizer step's one collective: every rank's loss x rows (not finite where a loss
-        was not), rows, stop and save requests, summed on the device (`AgreedStep`). Where the
-        optimizer can skip a step on the device (fused AdamW, no fp16 scaler) they are read one
-        step late: a non-finite step is skipped there, and the next read raises before any later
-        step; else they are read now. A stop asked anywhere ends the run after the step whose flags carry
-        it; a window begun after it is undone on every rank (not counted, random state back)."""
-        first, last = self.window.first_batch + 1, self.batch_in_epoch
-        where = (f"epoch {self.epoch + 1}, batch {first if first == last else f'{first}-{last}'} "
-                 f"(optimizer step {self.global_step + 1})")
-        agreed = self.window.agree(self.dist, self.should_stop, self.should_save, where, self.global_step)
-        self.should_save = False  # sent: every rank's once read (`save_asked_at`)
-        self.settle()  # the previous step's flags
-        if self._stop_agreed:
-            self.progress.batch_in_epoch = self.window.undo()
-            self.optimizer.zero_grad(set_to_none=True)
-            return False
-        self._pending = self.latest_step = agreed
-        if not self._skips_on_device():
-            self.settle()  # this step's update must not apply a non-finite loss
-        self.window.close()
-        return True
-
-    def settle(self) -> None:
-        """Read the latest step's agreed flags, if still unread: raise on a non-finite loss, note
-        a stop, count the rows. Every rank calls it at the same points (each optimizer step,
-        checkpoints, evaluations, epoch ends), so every rank decides the same; on a non-finite
-        step every rank then joins one more collective (how many ranks' losses were not finite),
-        so a callback of the main rank alone must not call it."""
-        agreed, self._pending = self._pending, None
-        if agreed is None:
-            return
-        finite, rows, stop, save = agreed.read()
-        if not finite:
-            raise TrainingError(
-                f"the loss is not finite at {agreed.where} on {agreed.ranks_not_finite(self.dist)} "
-                "rank(s); the weights were"
-                " not updated. Resume from the last checkpoint at a lower lr (--resume --lr) or in fp32")
-        self.progress.samples_in_epoch += int(rows)
-        if stop:
-            self.should_stop = self._stop_agreed = True
-        self.save_asked_at = agreed.steps_done if save else self.save_asked_at
-
-    def _skips_on_device(self) -> bool:
-        return optim.skips_on_device(self.optimizer, self.scaler)
-
-    def _optimizer_step(self) -> None:
-        """With the flags unread, the optimizer is told on the device to skip a non-finite step."""
-        self.step_lr = optim.logged_lr(self.optimizer)
-        optim.step(self.optimizer, self.scaler, None if self._pending is None else self._pending.skip)
-
-    def _request_stop(self) -> None:  # SIGTERM/SIGINT: finish the step, every rank stops
-        self.interrupted = self.should_stop = True
-
-    # -- state for checkpoints: the counters (`progress`), the latest step and evaluation
-    # (`latest_step`, `step_lr`, `metrics`), and the callbacks' state, written by checkpoint.py
-
-    # The checkpoint events, fired from here alone whatever writes or reads the checkpoint.
+    # -- the checkpoint events, fired from here alone whatever writes or reads the checkpoint
+    # (checkpoint.py saves the counters, `progress`, the latest step and evaluation too)
 
     def callback_states(self) -> dict[str, Any]:
         """What the callbacks add to a checkpoint being written (on_save_checkpoint)."""
@@ -418,10 +349,11 @@ class Trainer(ProgressCounters, LatestStepReadings):
 
 
 class DistTrainer(Trainer):
-    """`Trainer` under DDP: one process per device, from any launcher (torchrun, `--nproc` or
-    `launch()`, srun, mpirun: `nlptrain.environments`); without one, one process. Each rank gets
-    its share of the data from an injected `ShardedSampler` (a DistributedSampler, set_epoch every
-    epoch), unless the user gave a DataLoader or sampler of their own, which is kept as is."""
+    """`Trainer` on many processes (DDP, or FSDP2 by `strategy`): one process per device, from
+    any launcher (torchrun, `--nproc` or `launch()`, srun, mpirun: `nlptrain.environments`);
+    without one, one process. Each rank gets its share of the data from an injected
+    `ShardedSampler` (a DistributedSampler, set_epoch every epoch), unless the user gave a
+    DataLoader or sampler of their own, which is kept as is."""
 
     def __init__(self, model: torch.nn.Module, *args: Any, timeout: float | None = None,
                  **kwargs: Any) -> None:

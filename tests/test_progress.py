@@ -10,7 +10,8 @@ import torch
 from toy_trainer import make_trainer
 
 from nlptrain.checkpoint import read_state, save_checkpoint
-from nlptrain.progress import Progress, StepWindow
+from nlptrain.progress import Progress
+from nlptrain.step_agreement import StepWindow
 
 
 def test_state_dict_carries_every_field_and_loads_back():
