@@ -1,11 +1,12 @@
-"""Distributed plumbing: process group, collectives, rank-0 duties. All of it lives here.
+"""Distributed plumbing the loop asks for: process group, collectives, rank-0 duties.
 
 `Backend` is what the loop asks of its processes. `SingleProcess` is the backend of `Trainer`;
 `Distributed` (a process group under any launcher that nlptrain/environments.py knows) is the
 backend of `DistTrainer`. Both are a `Backend`, so the training loop never asks which one it has
 and never tests `rank == 0` itself. Every collective here is called by every rank, in the same
 order, from the same place in the loop. How the model is placed on them (DDP, FSDP2) is the
-strategy's business: `nlptrain.strategies`; how the ranks find each other, `nlptrain.rendezvous`.
+strategy's business: `nlptrain.strategies`; how the ranks find each other, `nlptrain.rendezvous`;
+the CPU gradient sums, `cpu_gradient_sync` and `shared_memory`.
 """
 
 from __future__ import annotations
@@ -61,10 +62,6 @@ class Backend(Protocol):
         """The smallest of the ranks' values (e.g. the batches every rank can take)."""
         ...
 
-    def any(self, flag: bool) -> bool:
-        """True on every rank when it is true on one."""
-        ...
-
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every rank's rows, concatenated in rank order along dim 0 (lengths may differ)."""
         ...
@@ -111,9 +108,6 @@ class SingleProcess(Backend):
 
     def agree_min(self, value: int) -> int:
         return value
-
-    def any(self, flag: bool) -> bool:
-        return bool(flag)
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
@@ -177,9 +171,6 @@ class Distributed(Backend):
 
     def agree_min(self, value: int) -> int:
         return int(self._flags([value], dist.ReduceOp.MIN)[0])
-
-    def any(self, flag: bool) -> bool:
-        return bool(self._flags([float(flag)], dist.ReduceOp.MAX)[0])
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's tensor along dim 0; the ranks may hold different lengths,
@@ -301,13 +292,6 @@ def as_timeout(error: BaseException) -> RanksTimedOut | None:
 class PeerFailed(RuntimeError):
     """A collective of this rank failed because another rank ended, whose own error is reported
     there: said in one line (`as_peer_failure`), not as the transport's traceback."""
-
-
-def is_peer_failure(error: BaseException) -> bool:
-    """Did a collective fail because another rank died (its own error is reported there)? Also
-    where that is the context of a later error: a DataLoader's worker, ended as this rank
-    unwinds, raises "worker ... is killed by signal" over the peer's failure."""
-    return peer_failure_in(error) is not None
 
 
 def peer_failure_in(error: BaseException | None) -> BaseException | None:

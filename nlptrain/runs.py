@@ -176,11 +176,6 @@ def new_run_dir(task_name: str, root: str = "runs") -> Path:
             number += 1
 
 
-def default_run_dir(task_name: str, root: str = "runs", launch: Environment | None = None) -> Path:
-    """This launch's folder on a restart (`launch_run_dir`), else a new one (`new_run_dir`)."""
-    return launch_run_dir(task_name, root, launch) or new_run_dir(task_name, root)
-
-
 def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resume: bool,
                     overwrite: bool, launch: Environment | None = None,
                     callbacks: list[str] | None = None) -> bool:

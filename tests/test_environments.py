@@ -187,21 +187,21 @@ def test_nproc_inside_another_launcher_is_refused(monkeypatch, capsys):
 
 
 def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
-    from nlptrain.runs import default_run_dir, prepare_run_dir
+    from nlptrain.runs import launch_run_dir, prepare_run_dir
 
     first = detect({**SRUN, "SLURM_JOB_ID": "77"})
     folder = tmp_path / "toy-20250101-000000"
     prepare_run_dir(folder, {"name": "toy"}, 2, resume=False, overwrite=False, launch=first)
     requeued = detect({**SRUN, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
-    assert default_run_dir("toy", str(tmp_path), requeued) == folder
-    assert default_run_dir("toy", str(tmp_path), first) != folder  # a new job: a new folder
+    assert launch_run_dir("toy", str(tmp_path), requeued) == folder
+    assert launch_run_dir("toy", str(tmp_path), first) is None  # a new job: a new folder
 
 
 def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
     """torchrun's static rendezvous (--master-port, or no --rdzv-id) gives every launch the run id
     'none': a restart whose first attempt wrote no run directory starts one, never taking an
     older run's for its own."""
-    from nlptrain.runs import default_run_dir, prepare_run_dir
+    from nlptrain.runs import launch_run_dir, prepare_run_dir
 
     static = {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
     older = tmp_path / "toy-20250101-000000"
@@ -211,7 +211,7 @@ def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
     logger = logging.getLogger("nlptrain.runs")
     logger.addHandler(caplog.handler)  # "nlptrain" may not propagate (setup_logging)
     try:
-        assert default_run_dir("toy", str(tmp_path), restarted) != older
+        assert launch_run_dir("toy", str(tmp_path), restarted) is None  # not the older run's
     finally:
         logger.removeHandler(caplog.handler)
     assert "restart 1: no run directory of this launch (run id none)" in caplog.text
@@ -222,7 +222,7 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
     the error says that no rank answered, not that one failed (none said a word), and which."""
     from conftest import free_port
 
-    from nlptrain.distributed import is_peer_failure, timed_out
+    from nlptrain.distributed import peer_failure_in, timed_out
 
     for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
@@ -237,7 +237,7 @@ def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, cap
                         "cc:78] Timed out waiting 20000ms for recv operation to complete")
     closed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed "
                           "by peer [127.0.0.1]:41892")
-    assert timed_out(recv) and not timed_out(closed) and is_peer_failure(closed)
+    assert timed_out(recv) and not timed_out(closed) and peer_failure_in(closed) is not None
 
 
 def test_a_rank_at_a_store_no_job_claims_says_it_waited_in_vain(monkeypatch, capsys):
@@ -336,7 +336,7 @@ def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
     """Rank 1 killed, rank 0 with DataLoader workers: gloo's "reset by peer" is the context of
     "DataLoader worker ... is killed by signal: Terminated" (the workers end as rank 0 unwinds);
     it was printed as both tracebacks, not as the one line of a peer's failure."""
-    from nlptrain.distributed import PeerFailed, as_peer_failure, is_peer_failure
+    from nlptrain.distributed import PeerFailed, as_peer_failure, peer_failure_in
 
     try:
         try:
@@ -347,7 +347,7 @@ def test_a_peers_failure_under_a_dataloader_workers_end_is_one_line():
     except RuntimeError as error:
         outer = error
     said = as_peer_failure(outer, 0, 2)
-    assert isinstance(said, PeerFailed) and is_peer_failure(outer)
+    assert isinstance(said, PeerFailed) and peer_failure_in(outer) is not None
     assert str(said) == ("another rank failed (see its error); rank 0 stopped at step 2 ([../third"
                          "_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:5533:"
                          " Connection reset by peer)")

@@ -13,7 +13,7 @@ from conftest import REPO, child_env
 
 from nlptrain.checkpoint import list_checkpoints
 from nlptrain.cli import main
-from nlptrain.distributed import PeerFailed, as_peer_failure, is_peer_failure
+from nlptrain.distributed import PeerFailed, as_peer_failure, peer_failure_in
 from nlptrain.errors import NlptrainError, WorkerDied, dataloader_worker_death
 from nlptrain.runs import resume_said
 
@@ -31,7 +31,7 @@ def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
             raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")  # noqa: B904 (as torch raises it)
     except RuntimeError as error:
         outer = error
-    assert as_peer_failure(outer, 0, 15) is None and not is_peer_failure(outer)
+    assert as_peer_failure(outer, 0, 15) is None and peer_failure_in(outer) is None
     assert dataloader_worker_death(outer) == "DataLoader worker (pid 4242) is killed by signal: Killed."
     assert dataloader_worker_death(RuntimeError("a step failed")) is None
 
