@@ -113,26 +113,14 @@ class EMA(Callback):
         # Whole tensors: under FSDP2 each rank holds a shard of the average (gathered here, on
         # every rank), and rank 0 alone writes the callbacks' state.
         if self.average is not None:
-            from torch.distributed.tensor import DTensor  # here: a slow import, FSDP2's only
-
             self.update(trainer)
-            whole = {name: t.full_tensor() if isinstance(t, DTensor) else t
-                     for name, t in self.average.items()}
+            whole = {name: trainer.strategy.whole(t) for name, t in self.average.items()}
             state["ema"] = {"decay": self.decay, "step": self.step, "average": whole}
 
     def on_load_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
         saved = state.get("ema")
         if saved is not None:
             params = self.averaged(trainer)
-            self.average = {name: _shaped_like(t, params[name], trainer.device)
+            self.average = {name: trainer.strategy.held_like(t, params[name])
                             for name, t in saved["average"].items()}
             self.step = int(saved["step"])
-
-
-def _shaped_like(whole: torch.Tensor, param: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A saved whole tensor as `param` is held: this rank's shard of it under FSDP2."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(param, DTensor):
-        return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
-    return whole.to(device)

@@ -55,7 +55,7 @@ class FGM(Callback):
     def on_train_start(self, trainer: Trainer) -> None:
         # FSDP2 computes with gathered copies of the sharded embedding matrix: a hook on the
         # sharded parameter never fires, so FGM would silently add the clean gradient twice.
-        if trainer.strategy.name == "fsdp":
+        if trainer.strategy.shards_parameters:
             raise ConfigError("FGM moves rows of the whole word-embedding matrix, which FSDP2 "
                               "shards across the ranks: train with strategy = \"ddp\"")
         if len(trainer.callbacks.find(FGM)) > 1:  # each restores its rows: the later one's move

@@ -49,13 +49,16 @@ class CheckpointWeights:
 class Strategy(Protocol):
     name: str
     eval_needs_equal_steps: bool  # every evaluation forward is a collective: equal batch counts
+    shards_parameters: bool  # each rank holds a shard of every parameter, not the whole tensor
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def rewrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> contextlib.AbstractContextManager: ...
     def evaluating(self, model: torch.nn.Module) -> contextlib.AbstractContextManager: ...
-    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> float: ...
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor: ...
+    def whole(self, tensor: torch.Tensor) -> torch.Tensor: ...
+    def held_like(self, whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor: ...
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            folder: Path) -> CheckpointWeights: ...
     def load_checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -70,6 +73,7 @@ class SingleDevice:
 
     name = "single"
     eval_needs_equal_steps = False
+    shards_parameters = False
 
     def __init__(self, dist: Backend) -> None:
         self.dist = dist
@@ -96,6 +100,16 @@ class SingleDevice:
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         """Clip in place; the global norm before clipping, on the device (read it when needed)."""
         return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A tensor held as a parameter is (a callback's copy of it: EMA), whole; under
+        sharding a collective, made by every rank."""
+        return tensor
+
+    def held_like(self, whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """A whole tensor (a checkpoint's) held as `param` is: on its device, this rank's shard
+        of it under sharding."""
+        return whole.to(self.dist.device)
 
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                            folder: Path) -> CheckpointWeights:
@@ -228,6 +242,7 @@ class FSDP2(SingleDevice):
 
     name = "fsdp"
     eval_needs_equal_steps = True
+    shards_parameters = True
 
     def rewrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """Nothing to redo: FSDP2 copies each sharded parameter's `requires_grad` to the gathered
@@ -262,6 +277,18 @@ class FSDP2(SingleDevice):
 
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return model  # fully_shard works in place: the sharded model is the model
+
+    def whole(self, tensor: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor  # here: a slow import, FSDP2's only
+
+        return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+    def held_like(self, whole: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        if isinstance(param, DTensor):
+            return distribute_tensor(whole.to(param.device), param.device_mesh, param.placements)
+        return whole.to(self.dist.device)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module, skip_sync: bool) -> Iterator[None]:
