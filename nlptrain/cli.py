@@ -240,10 +240,10 @@ def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
     """`train --resume` without --nproc and without a launcher, of a run that last ran on N
     processes started by `--nproc N`: N again (the run goes on as it ran), said. None otherwise: a
     torchrun or SLURM job is launched again by its own launcher."""
-    from nlptrain.environments import Local, NlptrainLaunch, detect
+    from nlptrain.environments import NlptrainLaunch, detect
     from nlptrain.run_record import last_launch
 
-    if not args.output_dir or not isinstance(detect(), Local):
+    if not args.output_dir or not detect().started_alone:
         return None
     processes, launcher = last_launch(Path(args.output_dir))
     if processes < 2 or launcher != NlptrainLaunch.name:

@@ -116,6 +116,29 @@ class Environment:
     def master_port(self) -> int:
         return self._int("MASTER_PORT", DEFAULT_PORT)
 
+    @property
+    def started_alone(self) -> bool:
+        """One plain process: no launcher started it and no process group holds it."""
+        return False
+
+    @property
+    def is_nproc_worker(self) -> bool:
+        """A worker that nlptrain's own `--nproc N` (or `launch()`) started."""
+        return False
+
+    def _local_rank_or(self, fallback: int) -> int:
+        """$LOCAL_RANK, else `--local_rank=N`, else `fallback`."""
+        given = self.local_rank_argument
+        return self._int("LOCAL_RANK", given if given is not None else fallback)
+
+    def _nodes_of(self, per_node: int) -> int:
+        """The nodes the world fills at `per_node` ranks each (the last may hold fewer)."""
+        return max(1, -(-self.world_size // max(per_node, 1)))
+
+    def _port_or(self, derived: int) -> int:
+        """$MASTER_PORT where set, else a port derived from the job (two jobs on a host differ)."""
+        return self._int("MASTER_PORT") if self.environ.get("MASTER_PORT") else derived
+
     def tie_to_launcher(self) -> None:
         """Make this process end with the launcher that started it, where the launcher is its
         parent and does not end it by itself when killed (SIGKILL: no time to stop anyone)."""
@@ -158,6 +181,8 @@ class Local(Environment):
     """No launcher: one process. (`accelerate launch --cpu --num_processes N` without an MPI
     hostfile also starts one process: it is named, and the world size stays an honest 1.)"""
 
+    started_alone = True  # type: ignore[assignment]
+
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
         return True
@@ -189,8 +214,7 @@ class OwnProcessGroup(Environment):
 
     @property
     def local_rank(self) -> int:  # mp.spawn: one machine, its process index
-        fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
-        return self._int("LOCAL_RANK", fallback)
+        return self._local_rank_or(self.rank)
 
     def describe(self) -> str:
         return f"{self.world_size} rank(s) of your own init_process_group"
@@ -223,8 +247,7 @@ class TorchElastic(Environment):
 
     @property
     def local_rank(self) -> int:
-        fallback = self.local_rank_argument if self.local_rank_argument is not None else self.rank
-        return self._int("LOCAL_RANK", fallback)
+        return self._local_rank_or(self.rank)
 
     @property
     def has_agent(self) -> bool:
@@ -242,14 +265,14 @@ class TorchElastic(Environment):
     def nodes(self) -> int:
         if "GROUP_WORLD_SIZE" in self.environ:  # torchrun: the number of agents
             return self._int("GROUP_WORLD_SIZE")
-        per_node = self._int("LOCAL_WORLD_SIZE", self.world_size)
-        return max(1, -(-self.world_size // max(per_node, 1)))
+        return self._nodes_of(self._int("LOCAL_WORLD_SIZE", self.world_size))
 
 
 class NlptrainLaunch(TorchElastic):
     """A worker of `nlptrain ... --nproc N` or `nlptrain.launch.launch()` (torch's elastic agent)."""
 
     name = "nlptrain --nproc"  # type: ignore[assignment]
+    is_nproc_worker = True  # type: ignore[assignment]
 
     @staticmethod
     def detect(environ: Mapping[str, str]) -> bool:
@@ -296,10 +319,8 @@ class Slurm(Environment):
     @property
     def master_port(self) -> int:
         # As Lightning: the job id's last 4 digits + 15000, so two jobs sharing a node differ.
-        if self.environ.get("MASTER_PORT"):
-            return self._int("MASTER_PORT")
         job = self.environ.get("SLURM_JOB_ID", "")
-        return 15000 + int(job[-4:]) if job.isdigit() else 12910
+        return self._port_or(15000 + int(job[-4:]) if job.isdigit() else 12910)
 
 
 class OpenMPI(Environment):
@@ -321,15 +342,12 @@ class OpenMPI(Environment):
 
     @property
     def nodes(self) -> int:
-        per_node = self._int("OMPI_COMM_WORLD_LOCAL_SIZE", self.world_size)
-        return max(1, -(-self.world_size // max(per_node, 1)))
+        return self._nodes_of(self._int("OMPI_COMM_WORLD_LOCAL_SIZE", self.world_size))
 
     @property
     def master_port(self) -> int:
-        if self.environ.get("MASTER_PORT"):
-            return self._int("MASTER_PORT")
         job = self.environ.get("OMPI_MCA_ess_base_jobid") or self.environ.get("PMIX_NAMESPACE")
-        return 15000 + zlib.crc32(job.encode()) % 20000 if job else DEFAULT_PORT
+        return self._port_or(15000 + zlib.crc32(job.encode()) % 20000 if job else DEFAULT_PORT)
 
 
 # First match wins. torchrun before the others: torchrun inside an srun step or an mpirun sets

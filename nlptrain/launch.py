@@ -107,14 +107,14 @@ def start_workers(args: argparse.Namespace, argv: list[str], check_task: Callabl
     """`--nproc N`: start the workers and wait for them (the launcher's exit code), unless this
     process is one of them (then None: run the command). `check_task` checks what the command was
     given (a task, files), so that a mistake is reported once, before any worker starts."""
-    from nlptrain.environments import NlptrainLaunch, detect
+    from nlptrain.environments import detect
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
     if args.max_restarts < 0:
         raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 or more")
     environment = detect()
-    if isinstance(environment, NlptrainLaunch):
+    if environment.is_nproc_worker:
         return None
     if environment.world_size > 1:
         raise ConfigError(f"--nproc {args.nproc}: this process is already one of "
