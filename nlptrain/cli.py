@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     train = commands.add_parser("train", help="fine-tune a model on a task",
                                 description="Fine-tune a model on a task; the run directory "
-                                "gets config.json, metrics.jsonl, checkpoints/, best/, model/.",
+                                "gets config.json, metrics.jsonl, checkpoints/, model/ (and best/, with a "
+                                "validation set).",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_options(train)
     train.add_argument("--output-dir", help="run directory (default: runs/<task>-<time>)")

@@ -319,7 +319,8 @@ def add_command(commands: Any) -> None:
         "split", help="write one file per rank (plus manifest.json) for per-rank training",
         description="Split a training file into N per-rank files and a manifest, in constant "
         "memory. Train on them with --train-shards DIR (each rank reads only its own file).")
-    parser.add_argument("file", nargs="?", help="the file to split (else the task's train file)")
+    parser.add_argument("file", nargs="?", help="the file to split (else --task TASK's train "
+                        "file: give one of the two)")
     parser.add_argument("--world-size", type=int, required=True, metavar="N",
                         help="number of ranks (processes) of the jobs that will read the files")
     parser.add_argument("--out", metavar="DIR",
