@@ -3,9 +3,12 @@
 A kind owns the part of a task that depends on the shape of its target: how a label cell of a
 file becomes a target array, the model's head (`problem_type`, output size), the loss, how logits
 become outputs (probabilities or scores), the metrics, and which direction of each metric is
-better. Nothing else in nlptrain asks what kind a task is: the loop, evaluation, reports and plots
-call these methods. A text pair is not a kind: it is an input option of any kind (STS-B is a pair
-with a regression target, MRPC a pair with a single label).
+better; also its `[data]` settings, what it records in a transformers config, the checks of the
+targets a user gives, which `[train]` loss options it takes, R-Drop's consistency term and the
+model card's usage lines. Nothing else in nlptrain asks what kind a task is: the loop,
+evaluation, reports and plots call these methods, and the help texts and choices are built from
+`KINDS`. A text pair is not a kind: it is an input option of any kind (STS-B is a pair with a
+regression target, MRPC a pair with a single label).
 
 - `SingleLabel`: one class per row; softmax, cross-entropy; accuracy, macro-F1, Matthews
   correlation, binary F1 (GLUE's CoLA and MRPC metrics).
@@ -14,7 +17,8 @@ with a regression target, MRPC a pair with a single label).
 - `Regression`: one real score per row; MSE; Pearson, Spearman, MSE, MAE.
 
 Each kind is a class in a module of its own, following `base.TaskKind`; a new kind is a new
-module and an entry in `KINDS` (and `from_task`, `from_model_config` where it has settings).
+module and an entry in `KINDS`. (A setting of its own, a `[data]` key, is a field of
+`config.DataConfig` that it names in `settings`.)
 """
 
 from __future__ import annotations
@@ -27,55 +31,49 @@ from nlptrain.kinds.multi_label import MultiLabel
 from nlptrain.kinds.regression import Regression
 from nlptrain.kinds.single_label import SingleLabel
 
-__all__ = ["KINDS", "LOWER_IS_BETTER", "MultiLabel", "Regression", "SingleLabel", "TaskKind",
-           "from_model_config", "from_run_config", "from_task", "label_names_of", "record_kind"]
+__all__ = ["DEFAULT", "KINDS", "LOWER_IS_BETTER", "MultiLabel", "Regression", "SingleLabel",
+           "TaskKind", "from_model_config", "from_run_config", "from_task", "label_names_of",
+           "record_kind"]
 
-KINDS = {kind.name: kind for kind in (SingleLabel, MultiLabel, Regression)}
+# Name -> kind, in the order help texts list them. Read when used (never copied): a kind
+# registered later, e.g. by a test, is a choice of `[data] kind` too.
+KINDS: dict[str, type[TaskKind]] = {kind.name: kind for kind in (SingleLabel, MultiLabel, Regression)}
+DEFAULT = SingleLabel  # a run or a model that names no kind (older runs, a plain classifier)
 
 
 def from_task(task: Any) -> TaskKind:
-    """The kind a task file asks for (`[data] kind`, `label_separator`, `threshold`)."""
-    data = task.data
-    if data.kind == "multi_label":
-        return MultiLabel(data.label_separator, data.threshold)
-    return KINDS[data.kind]()
+    """The kind a task file asks for (`[data] kind`, and the settings it reads there)."""
+    return KINDS[task.data.kind].from_settings(vars(task.data))
 
 
 def from_run_config(config: dict[str, Any]) -> TaskKind:
     """The kind of a finished run, from its config.json (older runs: single-label)."""
     data = config.get("task", {}).get("data", {})
-    name = data.get("kind", "single_label")
-    if name == "multi_label":
-        return MultiLabel(data.get("label_separator", ","), data.get("threshold", 0.5))
-    return KINDS.get(name, SingleLabel)()
+    return KINDS.get(data.get("kind", DEFAULT.name), DEFAULT).from_settings(data)
 
 
 def from_model_config(config: Any) -> TaskKind:
-    """The kind a saved `transformers` model was trained for (its `problem_type`)."""
-    problem = getattr(config, "problem_type", None)
-    if problem == "multi_label_classification":
-        return MultiLabel(threshold=float(getattr(config, "nlptrain_threshold", 0.5)))
-    # No problem_type: transformers' own rule (a classifier's forward): one output is a regression.
-    if problem == "regression" or (problem is None and getattr(config, "num_labels", 2) == 1):
-        return Regression()
-    return SingleLabel()
+    """The kind a saved `transformers` model was trained for (its `problem_type`, and the name a
+    kind that shares one records)."""
+    for kind in KINDS.values():
+        found = kind.recorded_in(config)
+        if found is not None:
+            return found
+    return DEFAULT()
 
 
 def record_kind(config: Any, kind: TaskKind) -> None:
     """Write `kind` into a transformers config (`problem_type`, a multi-label threshold): the
     export then loads and predicts as the model trained, whatever the config said before."""
-    config.problem_type = kind.problem_type
-    if isinstance(kind, MultiLabel):
-        config.nlptrain_threshold = kind.threshold  # saved in config.json, for predict
-
+    kind.record_into(config)
 
 
 def label_names_of(model_config: Any, kind: TaskKind | None = None) -> list[str]:
-    """The label names of a transformers model's config (`id2label`), in id order; a regression
-    of a model without one has its one output, the score."""
+    """The label names of a transformers model's config (`id2label`), in id order; a kind whose
+    outputs have names of their own (a regression's score) has them without one."""
     if (model_config is None or not hasattr(model_config, "id2label")) \
-            and isinstance(kind, Regression):
-        return ["score"]
+            and kind is not None and kind.output_names:
+        return list(kind.output_names)
     if model_config is None or not hasattr(model_config, "id2label"):
         raise ConfigError("the model has no transformers config with id2label: pass "
                           "label_names=[...] (and kind=) to the trainer")

@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from nlptrain.errors import ConfigError
+from nlptrain.errors import ConfigError, DataError
 from nlptrain.scores import metric_label
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy and torch are imported where used: --help builds its texts from KINDS
+    import numpy as np
     import torch
 
 # Metrics where a smaller value is better; every other metric is better when larger, unless
 # [train] best_is says otherwise (a user's own error metric).
 LOWER_IS_BETTER = frozenset({"loss", "mse", "mae"})
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = 3.4028234663852886e+38  # float(np.finfo(np.float32).max)
 ADD_LABEL = "[data] labels in a task file, label_names= in Python"  # where the labels are named
 Where = Callable[[int], tuple[str, int]]  # row number -> (file, line), for error messages
+IGNORED_TARGET = -100  # cross-entropy's ignore_index: a row (a token) the loss leaves out
 
 
 class TaskKind:
@@ -30,9 +30,72 @@ class TaskKind:
     default_metric = ""
     metric_names: tuple[str, ...] = ()  # what `metrics` returns as scalars; metric_for_best picks one
     headline: tuple[str, ...] = ()      # the few metrics that logs, reports and plots show
-    has_classes = True                  # per-class table and label vocabulary
+    has_classes = True                  # per-class table and label vocabulary (False: one output, a score)
     empty_label_ok = False              # an empty label cell is a row's labels (none), not a gap
+    multi_hot = False                   # targets are 0/1 rows, a column a label (a dataset may give them so)
     decision_rule = ""                  # how outputs become predictions, where it is a setting
+    output_names: tuple[str, ...] = ()  # the outputs' names where the kind fixes them (a score)
+    # What help texts say of the kind: a target (`[data] kind`), its metrics (`eval --help`), and
+    # what `[train] class_weights` are to its loss.
+    described = ""
+    metrics_described = ""
+    class_weights_described = ""
+    metric_notes: Mapping[str, str] = {}  # a metric's condition, for metric_for_best's help
+    settings: tuple[str, ...] = ()      # the [data] keys it reads (from_settings); others' are refused
+    takes_class_weights = False         # [train] class_weights: a weight per class (or label)
+    takes_label_smoothing = False       # [train] label_smoothing
+    # transformers allows three problem_types: a kind sharing another's records its own name too.
+    names_itself = False
+
+    # -- settings, and what a model's config records ------------------------------------------
+    @classmethod
+    def from_settings(cls, data: Mapping[str, Any]) -> TaskKind:
+        """The kind with the settings of a task's [data] (or a run's config.json: its keys may be
+        missing, the defaults then)."""
+        return cls()
+
+    @classmethod
+    def recorded_in(cls, config: Any) -> TaskKind | None:
+        """This kind as `record_into` wrote it into a transformers config; None: not this kind."""
+        if getattr(config, "nlptrain_kind", cls.name) != cls.name:
+            return None
+        return cls() if getattr(config, "problem_type", None) == cls.problem_type else None
+
+    def record_into(self, config: Any) -> None:
+        """Write the kind into a transformers config: the export then loads and predicts as the
+        model trained, whatever the config said before."""
+        config.problem_type = self.problem_type
+        if self.names_itself:
+            config.nlptrain_kind = self.name
+        elif hasattr(config, "nlptrain_kind"):  # trained before as a kind that names itself
+            del config.nlptrain_kind
+
+    @classmethod
+    def check_fine_tuning(cls, class_weights: bool, label_smoothing: float, source: str = "") -> None:
+        """`[train] class_weights` (given: True) and `label_smoothing`, refused where this kind's
+        loss takes none (`takes_class_weights`, `takes_label_smoothing`)."""
+        from nlptrain.kinds import KINDS  # (the registry imports this module)
+
+        said = f"{source}: " if source else ""
+        if class_weights and not cls.takes_class_weights:
+            if not cls.has_classes:
+                raise ConfigError(f"{said}[train] class_weights is for classes; a {cls.name} task "
+                                  "has none")
+            takers = " or ".join(k.name for k in KINDS.values() if k.takes_class_weights)
+            raise ConfigError(f"{said}[train] class_weights is for {takers} tasks, not {cls.name}")
+        if label_smoothing and not cls.takes_label_smoothing:
+            takers = " or ".join(k.name for k in KINDS.values() if k.takes_label_smoothing)
+            raise ConfigError(f"{said}[train] label_smoothing is for {takers} tasks, not {cls.name}")
+
+    def cache_key(self) -> list[Any]:
+        """What of the kind a token cache's key holds: its targets are encoded by it. (The value
+        is part of existing caches' keys: [name, the multi-label separator or None].)"""
+        return [self.name, None]
+
+    def scoring_change(self, trained: TaskKind) -> str:
+        """What an evaluation should say where it scores with other settings than `trained`
+        (the model's kind, of the same name) had; "" where none."""
+        return ""
 
     @property
     def plotted(self) -> tuple[str, ...]:
@@ -51,6 +114,17 @@ class TaskKind:
     def output_size(self, label_names: Sequence[str]) -> int:
         return len(label_names)
 
+    def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
+        """Targets a user gave (a TokenizedDataset's, a list of rows'), as numbers and not empty:
+        of the kind's shape, refused now rather than as a torch error in the first step (none by
+        default)."""
+
+    def batch_targets_problem(self, targets: torch.Tensor, rows: torch.Tensor,
+                              label_names: Sequence[str]) -> str | None:
+        """What the loss would fail on, or train on wrongly, in a batch's finite `targets` (`rows`:
+        them, a row each) from a user's loader; None where nothing is."""
+        return None
+
     # -- training and evaluation --------------------------------------------------------------
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
@@ -58,8 +132,18 @@ class TaskKind:
         has them (`[train]` keys of those names), else a ConfigError."""
         raise NotImplementedError
 
+    def balanced_weights(self, targets: np.ndarray, label_names: Sequence[str]) -> np.ndarray:
+        """`[train] class_weights = "balanced"`: weights from the training targets that make every
+        class weigh the same (a kind that `takes_class_weights`)."""
+        raise NotImplementedError
+
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         """What evaluation keeps of the logits (float32, one row per example)."""
+        raise NotImplementedError
+
+    def consistency_loss(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """How far apart two forward passes' logits are (R-Drop's term): a symmetric divergence
+        between the outputs they mean, averaged over rows."""
         raise NotImplementedError
 
     def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
@@ -103,6 +187,11 @@ class TaskKind:
         """One row of `predict`'s output."""
         raise NotImplementedError
 
+    def usage(self, text: str, pairs: bool, label_names: Sequence[str]) -> list[str]:
+        """The model card's lines that call a transformers pipeline `classify` on `text` (a
+        Python literal: a string, or a dict of a pair), and say what it gives."""
+        raise NotImplementedError
+
 
 def per_class_scores(truth: np.ndarray, guess: np.ndarray, label_names: Sequence[str]) -> dict:
     """Precision, recall, F1 and support of each class, by name (the report's per-class table)."""
@@ -114,6 +203,46 @@ def per_class_scores(truth: np.ndarray, guess: np.ndarray, label_names: Sequence
     return {name: {"precision": float(p), "recall": float(r), "f1": float(f), "support": int(s)}
             for name, p, r, f, s in zip(label_names, precision, recall, f1, support, strict=True)}
 
+
+def unseen_labels_error(missing: Sequence[str]) -> ConfigError:
+    """class_weights = 'balanced' where a label has no training row (its weight would be inf)."""
+    return ConfigError(f"[train] class_weights = 'balanced': no training row has the label(s) "
+                       f"{list(missing)}; give the weights as a list instead")
+
+
+def check_class_targets(targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
+    """Class ids within the labels (a single-label row), or one column a label (multi-label)."""
+    count = len(label_names)
+    if targets.ndim == 2 and targets.shape[1] != count:
+        raise DataError(f"{where}: its rows have {targets.shape[1]} label columns, the model "
+                        f"{count} labels ({', '.join(map(str, label_names))})")
+    if targets.ndim == 1 and targets.size:
+        import numpy as np
+
+        bad = np.flatnonzero((targets < 0) | (targets >= count))
+        if bad.size:
+            raise DataError(f"{where}: row index {bad[0]} has class id {targets[bad[0]]}, but the "
+                            f"model has {count} labels ({', '.join(map(str, label_names))}): "
+                            f"ids 0 to {count - 1}")
+
+
+def symmetric_kl(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """(KL(p||q) + KL(q||p)) / 2 between two log-distributions over the last dimension (summed
+    over it and any other beyond the row's), averaged over rows."""
+    import torch.nn.functional as F
+
+    p_q = F.kl_div(second, first, log_target=True, reduction="none").sum(dim=-1)  # KL(p || q)
+    q_p = F.kl_div(first, second, log_target=True, reduction="none").sum(dim=-1)  # KL(q || p)
+    rows = (p_q + q_p) / 2
+    return rows.reshape(rows.shape[0], -1).sum(dim=-1).mean()
+
+
+def bernoulli_logs(logits: torch.Tensor) -> torch.Tensor:
+    """Each logit as a Bernoulli's log p and log (1 - p), on a last dimension of two."""
+    import torch
+    import torch.nn.functional as F
+
+    return torch.stack([F.logsigmoid(logits), F.logsigmoid(-logits)], dim=-1)
 
 
 def written_values(ids: dict[str, int]) -> list[str]:

@@ -2,31 +2,68 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from nlptrain.errors import ConfigError, DataError
-from nlptrain.kinds.base import TaskKind, Where, per_class_scores, unknown_label
+from nlptrain.kinds.base import (
+    TaskKind,
+    Where,
+    bernoulli_logs,
+    check_class_targets,
+    per_class_scores,
+    symmetric_kl,
+    unknown_label,
+    unseen_labels_error,
+)
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
-
 
 
 class MultiLabel(TaskKind):
     name = "multi_label"
     problem_type = "multi_label_classification"
     empty_label_ok = True  # a row may have none of the labels (e.g. a comment not toxic at all)
+    multi_hot = True
     default_metric = "micro_f1"
     metric_names = ("micro_f1", "macro_f1", "subset_accuracy")
     headline = ("micro_f1", "macro_f1", "subset_accuracy")
+    described = "any number of classes: a JSON list, or a string split on label_separator"
+    metrics_described = "micro/macro-F1 and per label"
+    class_weights_described = "BCE pos_weight"
+    settings = ("threshold", "label_separator")  # (in the order a task's are checked)
+    takes_class_weights = True
 
     def __init__(self, separator: str = ",", threshold: float = 0.5) -> None:
         self.separator, self.threshold = separator, threshold
         self.decision_rule = (f"a label is predicted where its probability is at least {threshold:g}"
                               " (`[data] threshold`); the metrics are at that threshold")
+
+    @classmethod
+    def from_settings(cls, data: Mapping[str, Any]) -> MultiLabel:
+        return cls(data.get("label_separator", ","), data.get("threshold", 0.5))
+
+    @classmethod
+    def recorded_in(cls, config: Any) -> MultiLabel | None:
+        if super().recorded_in(config) is None:
+            return None
+        return cls(threshold=float(getattr(config, "nlptrain_threshold", 0.5)))
+
+    def record_into(self, config: Any) -> None:
+        super().record_into(config)
+        config.nlptrain_threshold = self.threshold  # saved in config.json, for predict
+
+    def cache_key(self) -> list[Any]:
+        return [self.name, self.separator]
+
+    def scoring_change(self, trained: TaskKind) -> str:
+        was = getattr(trained, "threshold", None)
+        if was == self.threshold:
+            return ""
+        return (f"scoring at threshold {self.threshold:g}; the model was trained and tested at "
+                f"{was:g} (--threshold {was:g} scores as its run did)")
 
     def check_labels(self, label_names: Sequence[str], source: str) -> None:
         # A head of 0 outputs: its loss, a mean over nothing, is NaN at the first step.
@@ -41,6 +78,8 @@ class MultiLabel(TaskKind):
             else [cell.strip()]
 
     def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        import numpy as np
+
         out = np.zeros((len(cells), len(set(ids.values()))), dtype=np.float32)
         for i, cell in enumerate(cells):
             for value in self.label_values(cell):
@@ -51,19 +90,59 @@ class MultiLabel(TaskKind):
                 out[i, ids[value]] = 1.0
         return out
 
+    def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
+        import numpy as np
+
+        if targets.ndim != 2:
+            raise DataError(f"{where}: its targets are {targets.ndim}-D ({targets.shape}); a "
+                            "multi-label task takes a 0/1 row, one column a label")
+        if not np.isin(targets, (0, 1)).all():  # e.g. a -1/+1 encoding
+            row = int(np.flatnonzero(~np.isin(targets, (0, 1)).all(axis=1))[0])
+            raise DataError(f"{where}: row index {row} has the targets {targets[row].tolist()}; a "
+                            "multi-label task takes 0/1 rows (1: the row has that label)")
+        if label_names:
+            check_class_targets(targets, label_names, where)
+
+    def batch_targets_problem(self, targets: torch.Tensor, rows: torch.Tensor,
+                              label_names: Sequence[str]) -> str | None:
+        """Multi-hot rows (soft ones too): a column a label, each in [0, 1]."""
+        count = len(label_names)
+        if targets.ndim != 2 or targets.shape[1] != count:
+            return (f"its targets are of shape {tuple(targets.shape)}; the model has {count} "
+                    f"labels: one row of {count} a row")
+        values = rows.float()
+        bad = ((values < 0) | (values > 1)).any(dim=1).nonzero()
+        return None if not len(bad) else (
+            f"row index {int(bad[0])} has the targets {values[int(bad[0])].tolist()}; a multi-label "
+            "target is in [0, 1] (1: the row has that label)")
+
+    def balanced_weights(self, targets: np.ndarray, label_names: Sequence[str]) -> np.ndarray:
+        """Each label's negatives / positives: both then weigh the same (BCE's pos_weight)."""
+        import numpy as np
+
+        positives = targets.sum(axis=0)
+        missing = [label_names[i] for i in np.flatnonzero(positives == 0)]
+        if missing:
+            raise unseen_labels_error(missing)
+        return np.asarray((len(targets) - positives) / np.maximum(positives, 1), dtype=np.float32)
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
         """BCE; `class_weights` are BCE's `pos_weight`: the weight of each label's positives."""
         import torch.nn.functional as F
 
-        if label_smoothing:
-            raise ConfigError("[train] label_smoothing is for single_label tasks, not multi_label")
+        self.check_fine_tuning(class_weights is not None, label_smoothing)
         return F.binary_cross_entropy_with_logits(logits, targets.to(logits.dtype), pos_weight=class_weights)
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().sigmoid()
 
+    def consistency_loss(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """The symmetric KL divergence of each label's Bernoulli, summed over labels."""
+        return symmetric_kl(bernoulli_logs(first.float()), bernoulli_logs(second.float()))
+
     def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        import numpy as np
         from sklearn.metrics import accuracy_score, f1_score, multilabel_confusion_matrix
 
         truth = targets.astype(np.int64)
@@ -90,7 +169,15 @@ class MultiLabel(TaskKind):
         return found
 
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
+        import numpy as np
+
         chosen = [i for i in np.argsort(-output) if output[i] >= self.threshold]
         return {"labels": [label_names[i] for i in chosen],
                 "label_probabilities": [float(output[i]) for i in chosen]}
+
+    def usage(self, text: str, pairs: bool, label_names: Sequence[str]) -> list[str]:
+        # Independent labels: a sigmoid each, those over the threshold.
+        return [f'classify({text}, top_k=None, function_to_apply="sigmoid", truncation=True)',
+                "# [{'label': ..., 'score': ...}, ...] for every label; the predicted ones are "
+                f"those with score >= {self.threshold:g}"]
 

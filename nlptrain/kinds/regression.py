@@ -6,14 +6,12 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from nlptrain.errors import ConfigError, DataError
+from nlptrain.errors import DataError
 from nlptrain.kinds.base import FLOAT32_MAX, TaskKind, Where
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
-
 
 
 class Regression(TaskKind):
@@ -23,11 +21,26 @@ class Regression(TaskKind):
     metric_names = ("pearson", "spearman", "mse", "mae")
     headline = ("pearson", "spearman", "mse")
     has_classes = False
+    output_names = ("score",)
+    described = "a number"
+    metrics_described = "Pearson, Spearman, MSE, MAE"
+
+    @classmethod
+    def recorded_in(cls, config: Any) -> Regression | None:
+        if getattr(config, "nlptrain_kind", cls.name) != cls.name:
+            return None
+        problem = getattr(config, "problem_type", None)
+        # No problem_type: transformers' own rule (a classifier's forward): one output is a regression.
+        if problem == cls.problem_type or (problem is None and getattr(config, "num_labels", 2) == 1):
+            return cls()
+        return None
 
     def label_values(self, cell: str | list[str]) -> list[str]:
         return []
 
     def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        import numpy as np
+
         out = np.empty(len(cells), dtype=np.float32)
         for i, cell in enumerate(cells):
             try:
@@ -50,20 +63,34 @@ class Regression(TaskKind):
     def output_size(self, label_names: Sequence[str]) -> int:
         return 1
 
+    def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
+        import numpy as np
+
+        bad = np.flatnonzero(~np.isfinite(targets.astype(np.float64)).reshape(len(targets), -1)
+                             .all(axis=1))
+        if bad.size:
+            raise DataError(f"{where}: row index {bad[0]} has the score {targets[bad[0]]}, "
+                            "not a finite number; drop the row or give it its score")
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
 
-        if class_weights is not None or label_smoothing:
-            raise ConfigError("[train] class_weights and label_smoothing are for classes; a "
-                              "regression task has none")
+        self.check_fine_tuning(class_weights is not None, label_smoothing)
         # In float32: bf16 targets would train 3.8 as 3.796875 (autocast computes it in fp32).
         return F.mse_loss(logits.float().view(-1), targets.float().view(-1))
 
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().view(-1, 1)
 
+    def consistency_loss(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """The mean squared difference of the two scores."""
+        import torch.nn.functional as F
+
+        return F.mse_loss(first.float(), second.float())
+
     def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
+        import numpy as np
         from scipy.stats import pearsonr, spearmanr
         from sklearn.metrics import mean_absolute_error, mean_squared_error
 
@@ -84,4 +111,10 @@ class Regression(TaskKind):
 
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         return {"score": float(output[0])}
+
+    def usage(self, text: str, pairs: bool, label_names: Sequence[str]) -> list[str]:
+        # One output, the score itself; a pair (a dict) gives one dict, a text a list of one.
+        found = '{"label": "score", "score": 3.8}'
+        return [f'classify({text}, function_to_apply="none", truncation=True)   '
+                f'# {found if pairs else f"[{found}]"}']
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from nlptrain.errors import ConfigError, DataError
-from nlptrain.kinds.base import TaskKind, Where, per_class_scores, unknown_label
+from nlptrain.kinds.base import (
+    IGNORED_TARGET,
+    TaskKind,
+    Where,
+    check_class_targets,
+    per_class_scores,
+    symmetric_kl,
+    unknown_label,
+    unseen_labels_error,
+)
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
-
 
 
 class SingleLabel(TaskKind):
@@ -21,11 +28,19 @@ class SingleLabel(TaskKind):
     default_metric = "accuracy"
     metric_names = ("accuracy", "macro_f1", "mcc", "f1")
     headline = ("accuracy", "macro_f1")
+    described = "one class a row"
+    metrics_described = "accuracy, macro-F1, per-class precision/recall and the confusion matrix"
+    class_weights_described = "cross-entropy weights"
+    metric_notes = {"f1": "two labels"}
+    takes_class_weights = True
+    takes_label_smoothing = True
 
     def label_values(self, cell: str | list[str]) -> list[str]:
         return [cell] if isinstance(cell, str) else list(cell)
 
     def encode(self, cells: Sequence[str | list[str]], ids: dict[str, int], where: Where) -> np.ndarray:
+        import numpy as np
+
         out = np.empty(len(cells), dtype=np.int64)
         for i, cell in enumerate(cells):
             if isinstance(cell, list):  # a JSON list: "['neg'] is not one of ['neg', ...]" misleads
@@ -44,6 +59,44 @@ class SingleLabel(TaskKind):
             out[i] = ids[cell]
         return out
 
+    def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
+        if targets.ndim != 1:
+            raise DataError(f"{where}: its targets are {targets.ndim}-D ({targets.shape}); a "
+                            "single-label task takes one class id a row")
+        if targets.dtype.kind == "f":  # (cross-entropy takes ints)
+            raise DataError(f"{where}: its class ids are floats ({targets[0]}, ...); a "
+                            "single-label task takes ints 0 to n-1 (e.g. labels.astype(int))")
+        if label_names:
+            check_class_targets(targets, label_names, where)
+
+    def batch_targets_problem(self, targets: torch.Tensor, rows: torch.Tensor,
+                              label_names: Sequence[str]) -> str | None:
+        count = len(label_names)
+        if targets.is_floating_point():  # class probabilities: the loss's
+            return None
+        ids = rows.long()  # (uint8 would wrap a count of 256)
+        if len(ids) and (ids == IGNORED_TARGET).all():  # cross-entropy's mean over no rows: NaN
+            return f"every row's class id is {IGNORED_TARGET} (ignored): the loss has no row to learn from"
+        bad = ((ids >= count) | ((ids < 0) & (ids != IGNORED_TARGET))).any(dim=1).nonzero()
+        if not len(bad):
+            return None
+        row = int(bad[0])
+        value = next(int(v) for v in ids[row] if v >= count or (v < 0 and v != IGNORED_TARGET))
+        return (f"row index {row} has class id {value}, but the model has {count} labels "
+                f"({', '.join(map(str, label_names))}): ids 0 to {count - 1}")
+
+    def balanced_weights(self, targets: np.ndarray, label_names: Sequence[str]) -> np.ndarray:
+        """scikit-learn's compute_class_weight("balanced"): n_rows / (n_classes * rows of the class)."""
+        import numpy as np
+        from sklearn.utils.class_weight import compute_class_weight
+
+        classes = np.arange(len(label_names))
+        targets = targets[targets >= 0]  # -1: a row without a known label
+        missing = [label_names[i] for i in classes if not (targets == i).any()]
+        if missing:
+            raise unseen_labels_error(missing)
+        return np.asarray(compute_class_weight("balanced", classes=classes, y=targets), dtype=np.float32)
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
@@ -57,8 +110,13 @@ class SingleLabel(TaskKind):
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.float().softmax(dim=-1)
 
+    def consistency_loss(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """The symmetric KL divergence of the two softmaxes, summed over classes."""
+        return symmetric_kl(first.float().log_softmax(dim=-1), second.float().log_softmax(dim=-1))
+
     def metrics(self, outputs: np.ndarray, targets: np.ndarray, label_names: Sequence[str]) -> dict:
         # Imported here: scikit-learn costs ~1 s at start-up, before the first training step.
+        import numpy as np
         from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, matthews_corrcoef
 
         ids = list(range(len(label_names)))
@@ -99,4 +157,9 @@ class SingleLabel(TaskKind):
     def predicted(self, output: np.ndarray, label_names: Sequence[str]) -> dict[str, Any]:
         best = int(output.argmax())
         return {"label": label_names[best], "probability": float(output[best])}
+
+    def usage(self, text: str, pairs: bool, label_names: Sequence[str]) -> list[str]:
+        # A pair (a dict) gives one dict, a text a list of one.
+        found = f'{{"label": "{label_names[0] if label_names else "..."}", "score": ...}}'
+        return [f'classify({text}, truncation=True)   # {found if pairs else f"[{found}]"}']
 
