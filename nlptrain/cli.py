@@ -18,6 +18,7 @@ from typing import Any
 from nlptrain import command_end
 from nlptrain.command_end import flush_stdout
 from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+from nlptrain.kinds import KINDS
 from nlptrain.launch import add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
 from nlptrain.option_types import positive_seconds
@@ -55,6 +56,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--local_rank", "--local-rank", type=int, default=argparse.SUPPRESS,
                         help=argparse.SUPPRESS)
     add_launch_options(parser)
+
+
+def _kinds_metrics() -> str:
+    """'single-label: accuracy, ...; multi-label: ...': each kind's metrics, for eval's help."""
+    return "; ".join(f"{k.name.replace('_', '-')}: {k.metrics_described}" for k in KINDS.values())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,10 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = commands.add_parser("eval", help="score a saved model on a task's data",
                                    description="The task kind's metrics of a saved model "
-                                   "(single-label: accuracy, macro-F1, per-class precision/recall "
-                                   "and the confusion matrix; multi-label: micro/macro-F1 and per "
-                                   "label; regression: Pearson, Spearman, MSE, MAE); the same "
-                                   "numbers with 1 or N processes.")
+                                   f"({_kinds_metrics()}); the same numbers with 1 or N processes.")
     add_run_options(evaluate)
     evaluate.add_argument("--model", required=True, help="a saved model folder (run's model/)")
     evaluate.add_argument("--split", default="test", choices=["test", "valid", "train"],

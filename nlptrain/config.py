@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nlptrain.errors import ConfigError
+from nlptrain.kinds import DEFAULT, KINDS, LOWER_IS_BETTER
 
 
 def opt(default: Any, help: str, **extra: Any) -> Any:
@@ -37,6 +38,24 @@ class FileSpec:
     label_column: str | int = opt("label", "column (name, or 0-based index) holding the label")
 
 
+# What the help says of each kind, from the kinds themselves (nlptrain.kinds).
+def _kinds_taking(key: str) -> str:
+    """The kinds that read [data] `key`, or that take [train] `key` (`takes_<key>`)."""
+    return " | ".join(k.name for k in KINDS.values()
+                      if key in k.settings or getattr(k, f"takes_{key}", False))
+
+
+def _metrics_help() -> str:
+    per_kind = ", ".join(f"{k.name}: " + " | ".join(
+        f"{m} ({k.metric_notes[m]})" if m in k.metric_notes else m for m in k.metric_names)
+        for k in KINDS.values())
+    lower = [*dict.fromkeys(m for k in KINDS.values() for m in k.metric_names if m in LOWER_IS_BETTER),
+             "loss"]
+    return (f"metric that picks the best model ('': the kind's own: "
+            f"{', '.join(k.default_metric for k in KINDS.values())}); {per_kind}; any: loss. "
+            f"{', '.join(lower[:-1])} and {lower[-1]} are better lower")
+
+
 @dataclass
 class DataConfig:
     train: str | dict = opt("", "training file; for format 'lines' a path with {label}")
@@ -50,11 +69,11 @@ class DataConfig:
         "", "second text column of a sentence-pair task (name or index; '': one text a row); "
         "encoded as a real pair, with token_type_ids")
     label_column: str | int = opt("label", "default label column (name or 0-based index)")
-    kind: str = opt("single_label", "single_label (one class a row) | multi_label (any number of "
-                    "classes: a JSON list, or a string split on label_separator) | regression "
-                    "(a number)")
-    label_separator: str = opt(",", "multi_label: what separates the labels of a tsv/csv cell")
-    threshold: float = opt(0.5, "multi_label: a label is predicted when its probability reaches this")
+    kind: str = opt(DEFAULT.name, " | ".join(f"{k.name} ({k.described})" for k in KINDS.values()))
+    label_separator: str = opt(",", f"{_kinds_taking('label_separator')}: what separates the "
+                               "labels of a tsv/csv cell")
+    threshold: float = opt(0.5, f"{_kinds_taking('threshold')}: a label is predicted when its "
+                           "probability reaches this")
     labels: list | dict = opt(
         [], "label names in id order, or a table {value in file = name}; empty: from train data"
     )
@@ -135,11 +154,7 @@ class TrainConfig:
                           "batch_size (no effect under max_tokens: its batches are cut by tokens)")
     seed: int = opt(42, "seed for weights of new layers, shuffling and dropout")
     eval_every: int = opt(0, "also evaluate every N optimizer steps (always at each epoch end)")
-    metric_for_best: str = opt(
-        "", "metric that picks the best model ('': the kind's own: accuracy, micro_f1, pearson); "
-        "single_label: accuracy | macro_f1 | mcc | f1 (two labels), multi_label: micro_f1 | "
-        "macro_f1 | subset_accuracy, regression: pearson | spearman | mse | mae; any: loss. mse, "
-        "mae and loss are better lower")
+    metric_for_best: str = opt("", _metrics_help())
     best_is: str = opt("auto", "which way metric_for_best improves: higher | lower | auto (lower "
                        "for loss, mse and mae, higher for the rest; give lower for your own "
                        "error metric, e.g. rmse)")
@@ -164,9 +179,10 @@ class TrainConfig:
                                       "like ZeRO-2)")
     class_weights: str | list = opt(
         "", "weigh each class in the loss: 'balanced' (from the training targets) or one number "
-        "per label; single_label: cross-entropy weights, multi_label: BCE pos_weight ('': off)")
-    label_smoothing: float = opt(0.0, "single_label: spread this much of each target over all "
-                                 "classes (cross-entropy label smoothing; 0: off)")
+        "per label; " + ", ".join(f"{k.name}: {k.class_weights_described}" for k in KINDS.values()
+                                  if k.takes_class_weights) + " ('': off)")
+    label_smoothing: float = opt(0.0, f"{_kinds_taking('label_smoothing')}: spread this much of "
+                                 "each target over all classes (cross-entropy label smoothing; 0: off)")
     layer_lr_decay: float = opt(1.0, "layer-wise lr decay: the head at lr, each lower encoder layer "
                                 "times this, the embeddings last (1: off)")
     ema_decay: float = opt(0.0, "keep an exponential moving average of the weights with this decay "

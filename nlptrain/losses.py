@@ -1,10 +1,12 @@
 """The training loss a config asks for: the kind's loss with class weights and label smoothing.
 
+Which kinds take them is the kind's to say (`TaskKind.takes_class_weights`,
+`takes_label_smoothing`; `check_fine_tuning` refuses the rest), and so is what they mean to its loss.
 `[train] class_weights` weighs each class's examples in single-label cross-entropy, and is BCE's
 `pos_weight` (the weight of each label's positive examples) for multi-label tasks:
-- `"balanced"`: computed from the training targets. Single-label: scikit-learn's
-  `compute_class_weight("balanced")`, n_rows / (n_classes * rows of the class). Multi-label:
-  negatives / positives of each label, so that both weigh the same.
+- `"balanced"`: computed from the training targets by the kind (`balanced_weights`). Single-label:
+  scikit-learn's `compute_class_weight("balanced")`, n_rows / (n_classes * rows of the class).
+  Multi-label: negatives / positives of each label, so that both weigh the same.
 - `[w, ...]`: one weight per label, in the order of the task's labels.
 `[train] label_smoothing = x` (single-label only) spreads x of each target's mass over all classes.
 """
@@ -20,7 +22,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from nlptrain.errors import ConfigError, every_local_rank
-from nlptrain.kinds import MultiLabel, SingleLabel, TaskKind
+from nlptrain.kinds import TaskKind
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -36,21 +38,7 @@ def training_targets(data: Any) -> np.ndarray | None:
 
 def balanced_weights(kind: TaskKind, targets: np.ndarray, label_names: Sequence[str]) -> np.ndarray:
     """Class weights that make every class (or every label's positives) weigh the same."""
-    if isinstance(kind, MultiLabel):
-        positives = targets.sum(axis=0)
-        missing = [label_names[i] for i in np.flatnonzero(positives == 0)]
-        weights = (len(targets) - positives) / np.maximum(positives, 1)
-    else:
-        from sklearn.utils.class_weight import compute_class_weight
-
-        classes = np.arange(len(label_names))
-        targets = targets[targets >= 0]  # -1: a row without a known label
-        missing = [label_names[i] for i in classes if not (targets == i).any()]
-        weights = None if missing else compute_class_weight("balanced", classes=classes, y=targets)
-    if missing:
-        raise ConfigError(f"[train] class_weights = 'balanced': no training row has the label(s) "
-                          f"{missing}; give the weights as a list instead")
-    return np.asarray(weights, dtype=np.float32)
+    return kind.balanced_weights(targets, label_names)
 
 
 def class_weights(kind: TaskKind, spec: str | list, train_data: Any,
@@ -58,8 +46,7 @@ def class_weights(kind: TaskKind, spec: str | list, train_data: Any,
     """The weights `[train] class_weights` means for this kind and training set (None: off)."""
     if spec in ("", []):
         return None
-    if not isinstance(kind, SingleLabel | MultiLabel):
-        raise ConfigError(f"[train] class_weights is for classes; a {kind.name} task has none")
+    kind.check_fine_tuning(True, 0.0)
     if spec == "balanced":
         targets = training_targets(train_data)
         if targets is None:
@@ -93,8 +80,7 @@ def task_loss(kind: TaskKind, config: Any, train_data: Any, label_names: Sequenc
     """The trainer's default `loss_fn`: (logits, targets) -> loss, per `config`, refusing logits
     of another width than the kind's output size (a user's own model, built for another task)."""
     weights = class_weights(kind, config.class_weights, train_data, label_names)
-    if config.label_smoothing and not isinstance(kind, SingleLabel):
-        raise ConfigError(f"[train] label_smoothing is for single_label tasks, not {kind.name}")
+    kind.check_fine_tuning(False, config.label_smoothing)
     if weights is not None:
         loss = weighted_loss(kind, weights, config.label_smoothing)
     else:

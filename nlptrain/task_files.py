@@ -14,6 +14,7 @@ from typing import Any
 
 from nlptrain.config import FILES, SECTIONS, DataConfig, FileSpec, TaskConfig, TrainConfig, fill
 from nlptrain.errors import ConfigError
+from nlptrain.kinds import KINDS, TaskKind
 from nlptrain.option_types import MAX_WAIT_S
 
 
@@ -101,7 +102,7 @@ CHOICES = {
     ("train", "precision"): {"auto", "fp32", "bf16", "fp16"},
     ("train", "padding"): {"dynamic", "max_length"},
     ("train", "scheduler"): {"linear", "cosine", "constant", "constant_with_warmup"},
-    ("data", "kind"): {"single_label", "multi_label", "regression"},
+    ("data", "kind"): KINDS.keys(),  # (a view: a kind registered later is a choice too)
     ("train", "strategy"): {"auto", "ddp", "fsdp"},
     ("train", "best_is"): {"auto", "higher", "lower"},
 }
@@ -149,7 +150,7 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
     whole = set(sections) == set(SECTIONS)
     if "train" in sections:  # (the kinds they fit: only where the task's is known)
-        validate_finetuning(task.train, task.data.kind if whole else None, source)
+        validate_finetuning(task.train, KINDS[task.data.kind] if whole else None, source)
     if not whole:  # one section alone: nothing else to fit it to
         return
     if not task.name or task.name in (".", "..") or any(c in task.name for c in "/\\"):
@@ -163,16 +164,19 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
     if not 0 < task.data.threshold < 1:  # a probability: 0 predicts every label, 1 none
         raise ConfigError(f"{source}: [data] threshold {task.data.threshold:g} must be strictly "
                           "between 0 and 1 (a probability: 0 predicts every label, 1 none)")
-    for key in ("threshold", "label_separator"):  # set away from its default: meant to act
-        if task.data.kind != "multi_label" and getattr(task.data, key) != getattr(DataConfig, key):
-            raise ConfigError(f"{source}: [data] {key} is for multi_label tasks; this one is "
+    kind = KINDS[task.data.kind]
+    for key in dict.fromkeys(k for other in KINDS.values() for k in other.settings):
+        # Another kind's setting, set away from its default: meant to act, and would not.
+        if key not in kind.settings and getattr(task.data, key) != getattr(DataConfig, key):
+            owners = " or ".join(other.name for other in KINDS.values() if key in other.settings)
+            raise ConfigError(f"{source}: [data] {key} is for {owners} tasks; this one is "
                               f"{task.data.kind} ([data] kind)")
     if task.train.metric_for_best:
         from nlptrain.kinds import from_task
 
         from_task(task).check_metric(task.train.metric_for_best, source, task.data.labels or ())
-    if task.data.kind == "regression" and task.data.labels:  # else dropped without a word
-        raise ConfigError(f"{source}: [data] labels name classes; a regression task has none: "
+    if not kind.has_classes and task.data.labels:  # else dropped without a word
+        raise ConfigError(f"{source}: [data] labels name classes; a {kind.name} task has none: "
                           "leave them out (data.labels=[])")
     for which in FILES:  # a file's own table: its keys now, not when the file is read
         entry = getattr(task.data, which)
@@ -202,7 +206,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
             raise ConfigError(f"{source}: [data] {key} must be in [0, 1)")
 
 
-def validate_finetuning(train: TrainConfig, kind: str | None, source: str) -> None:
+def validate_finetuning(train: TrainConfig, kind: TaskKind | type[TaskKind] | None,
+                        source: str) -> None:
     """class_weights, label_smoothing, layer_lr_decay, ema_decay: values, and the kinds they fit
     where the kind is known (a Trainer checks it again with its own)."""
     weights = train.class_weights
@@ -221,10 +226,7 @@ def validate_finetuning(train: TrainConfig, kind: str | None, source: str) -> No
         raise ConfigError(f"{source}: [train] ema_decay must be in [0, 1) (0: off)")
     if kind is None:
         return
-    if weights not in ("", []) and kind == "regression":
-        raise ConfigError(f"{source}: [train] class_weights is for classes; a regression task has none")
-    if train.label_smoothing and kind != "single_label":
-        raise ConfigError(f"{source}: [train] label_smoothing is for single_label tasks, not {kind}")
+    kind.check_fine_tuning(weights not in ("", []), train.label_smoothing, source)
 
 
 def with_line(message: str, path: str, text: str) -> str:

@@ -93,7 +93,7 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         self.kind, self.label_names = task_of(model, kind, label_names)
         self.metric_fns = listed_metrics(metrics)  # a user's own, on the gathered predictions
         self.kind.check(self.label_names, "" if self.metric_fns else self.metric_for_best, "Trainer")
-        validate_finetuning(config, self.kind.name, "Trainer(config=...)")  # the kinds they fit
+        validate_finetuning(config, self.kind, "Trainer(config=...)")  # the kinds they fit
         self.tokenizer = tokenizer
         self._positions = models.usable_positions(model)  # no data set's row may be longer
         self.train_data = train_data = self._as_dataset(train_data, "train")
