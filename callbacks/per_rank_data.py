@@ -229,7 +229,7 @@ class PerRankData(Callback):
         # Each rank caches its own share: the next run maps it instead of tokenizing.
         key = cache_key([part], tokenizer, self.max_length,
                         {"per_rank": part.name, "labels": [labels.values, labels.names],
-                         "kind": [self.kind.name, getattr(self.kind, "separator", None)],
+                         "kind": self.kind.cache_key(),
                          "pairs": self.pairs})
         dataset = cached(self.cache_dir / key, build)[0]
         dataset.max_length, dataset.pairs = self.max_length, self.pairs  # a cache maps ids only

@@ -86,17 +86,7 @@ def model_card(run_dir: Path) -> str:
 def _usage(kind: Any, pairs: bool, labels: list[str]) -> list[str]:
     text = '{"text": "first sentence", "text_pair": "second sentence"}' if pairs \
         else '"a text to classify"'
-    if kind.name == "multi_label":  # independent labels: a sigmoid each, those over the threshold
-        return [f'classify({text}, top_k=None, function_to_apply="sigmoid", truncation=True)',
-                "# [{'label': ..., 'score': ...}, ...] for every label; the predicted ones are "
-                f"those with score >= {kind.threshold:g}"]
-    # A pair (a dict) gives one dict, a text a list of one.
-    if kind.name == "regression":  # one output, the score itself
-        found = '{"label": "score", "score": 3.8}'
-        return [f'classify({text}, function_to_apply="none", truncation=True)   '
-                f'# {found if pairs else f"[{found}]"}']
-    found = f'{{"label": "{labels[0] if labels else "..."}", "score": ...}}'
-    return [f'classify({text}, truncation=True)   # {found if pairs else f"[{found}]"}']
+    return kind.usage(text, pairs, labels)  # what the pipeline gives is the kind's
 
 
 def write_model_card(run_dir: str | Path) -> Path:

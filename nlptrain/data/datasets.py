@@ -197,7 +197,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         named = {**vars(spec), "path": spec.path if "{label}" in spec.path else ""}
         how = {"spec": named, "labels": vocab and [vocab.values, vocab.names],
                "format": format_of(spec) if "{label}" not in spec.path else "lines",
-               "kind": [kind.name, getattr(kind, "separator", None)]}
+               "kind": kind.cache_key()}
         key = cache_key(files, tokenizer, max_length, how)
         size = sum(path.stat().st_size for path in files)
         dataset, meta = cached_shared(Path(cache_dir) / key, read, what, share, size)

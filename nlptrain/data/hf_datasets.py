@@ -128,32 +128,14 @@ def _not_yet_a_dataset(data: Any) -> str:
 def check_targets(targets: np.ndarray, kind: TaskKind, label_names: Sequence[str],
                   where: str) -> None:
     """Targets of the kind's shape, checked now, not as a torch error in the first step: one
-    whole class id a row (single-label), a 0/1 row (multi-label), a finite score (regression)."""
+    whole class id a row (single-label), a 0/1 row (multi-label), a finite score (regression);
+    the kind's `check_targets` says which."""
     if not targets.size:
         return
     names = not_ids(targets)
     if names:
         raise DataError(f"{where}: {names}")
-    if not kind.has_classes:
-        bad = np.flatnonzero(~np.isfinite(targets.astype(np.float64)).reshape(len(targets), -1)
-                             .all(axis=1))
-        if bad.size:
-            raise DataError(f"{where}: row index {bad[0]} has the score {targets[bad[0]]}, "
-                            "not a finite number; drop the row or give it its score")
-        return
-    shape = "a 0/1 row, one column a label" if kind.empty_label_ok else "one class id a row"
-    if targets.ndim != (2 if kind.empty_label_ok else 1):
-        raise DataError(f"{where}: its targets are {targets.ndim}-D ({targets.shape}); a "
-                        f"{kind.name.replace('_', '-')} task takes {shape}")
-    if kind.empty_label_ok and not np.isin(targets, (0, 1)).all():  # e.g. a -1/+1 encoding
-        row = int(np.flatnonzero(~np.isin(targets, (0, 1)).all(axis=1))[0])
-        raise DataError(f"{where}: row index {row} has the targets {targets[row].tolist()}; a "
-                        "multi-label task takes 0/1 rows (1: the row has that label)")
-    if not kind.empty_label_ok and targets.dtype.kind == "f":  # (cross-entropy takes ints)
-        raise DataError(f"{where}: its class ids are floats ({targets[0]}, ...); a "
-                        "single-label task takes ints 0 to n-1 (e.g. labels.astype(int))")
-    if label_names:
-        check_class_targets(targets, label_names, where)
+    kind.check_targets(targets, label_names, where)
 
 
 class RowList(Dataset):
@@ -198,56 +180,16 @@ class RowList(Dataset):
         return row
 
 
-def check_class_targets(targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
-    """Class ids within the labels (a single-label row), or one column a label (multi-label)."""
-    count = len(label_names)
-    if targets.ndim == 2 and targets.shape[1] != count:
-        raise DataError(f"{where}: its rows have {targets.shape[1]} label columns, the model "
-                        f"{count} labels ({', '.join(map(str, label_names))})")
-    if targets.ndim == 1 and targets.size:
-        bad = np.flatnonzero((targets < 0) | (targets >= count))
-        if bad.size:
-            raise DataError(f"{where}: row index {bad[0]} has class id {targets[bad[0]]}, but the "
-                            f"model has {count} labels ({', '.join(map(str, label_names))}): "
-                            f"ids 0 to {count - 1}")
-
-
-IGNORED_TARGET = -100  # cross-entropy's ignore_index: a row (a token) the loss leaves out
-
-
 def batch_targets_problem(targets: Any, kind: TaskKind, label_names: Sequence[str]) -> str | None:
     """What the kind's loss would fail on, or train on wrongly, in a batch's targets (a tensor)
     from a loader of the user's; None where nothing is. Soft targets, ignored rows (-100) and
     scores of any float type are the loss's to take."""
-    count = len(label_names)
     rows = targets.detach().reshape(len(targets), -1) if targets.ndim else targets.detach().view(1, 1)
     if targets.is_floating_point() and not torch.isfinite(rows.float()).all():
         row = int((~torch.isfinite(rows.float())).any(dim=1).nonzero()[0])
         return (f"row index {row} has the target(s) {rows[row].float().tolist()}, not finite; drop "
                 "the row or give it its target")
-    if not kind.has_classes:
-        return None
-    if kind.empty_label_ok:  # multi-hot rows (soft ones too): a column a label, each in [0, 1]
-        if targets.ndim != 2 or targets.shape[1] != count:
-            return (f"its targets are of shape {tuple(targets.shape)}; the model has {count} "
-                    f"labels: one row of {count} a row")
-        values = rows.float()
-        bad = ((values < 0) | (values > 1)).any(dim=1).nonzero()
-        return None if not len(bad) else (
-            f"row index {int(bad[0])} has the targets {values[int(bad[0])].tolist()}; a multi-label "
-            "target is in [0, 1] (1: the row has that label)")
-    if targets.is_floating_point():  # class probabilities: the loss's
-        return None
-    ids = rows.long()  # (uint8 would wrap a count of 256)
-    if len(ids) and (ids == IGNORED_TARGET).all():  # cross-entropy's mean over no rows: NaN
-        return f"every row's class id is {IGNORED_TARGET} (ignored): the loss has no row to learn from"
-    bad = ((ids >= count) | ((ids < 0) & (ids != IGNORED_TARGET))).any(dim=1).nonzero()
-    if not len(bad):
-        return None
-    row = int(bad[0])
-    value = next(int(v) for v in ids[row] if v >= count or (v < 0 and v != IGNORED_TARGET))
-    return (f"row index {row} has class id {value}, but the model has {count} labels "
-            f"({', '.join(map(str, label_names))}): ids 0 to {count - 1}")
+    return kind.batch_targets_problem(targets, rows, label_names)
 
 
 def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
@@ -277,7 +219,7 @@ def from_hf_dataset(data: Any, tokenizer: Any, label_names: Sequence[str],
     feature = getattr(feature, "feature", feature)  # a list column's items
     class_names = getattr(feature, "names", None)  # a ClassLabel's
     names = [str(n) for n in label_names]
-    multi_hot = kind.empty_label_ok and not class_names and _is_multi_hot(data[label_column], names)
+    multi_hot = kind.multi_hot and not class_names and _is_multi_hot(data[label_column], names)
     examples = Examples()
     number = 0
     for batch in data.select_columns(list(roles.values())).iter(batch_size=4096):
