@@ -31,13 +31,12 @@ def evaluate(task: TaskConfig, model_dir: str, split: str, dist: distributed.Bac
     kind = kinds.from_task(task)
     try:  # facts of the model, the task and their files, alike on every rank: said once
         trained = kinds.from_model_config(model.config)
-        if kind.problem_type != trained.problem_type:
+        if kind.name != trained.name:
             raise ConfigError(f"{model_dir}: the model was trained for {trained.name}, the task is "
                               f"{kind.name}")
-        if getattr(kind, "threshold", None) != getattr(trained, "threshold", None) and dist.is_main:
-            log.warning("scoring at threshold %g; the model was trained and tested at %g "
-                        "(--threshold %g scores as its run did)", kind.threshold, trained.threshold,
-                        trained.threshold)
+        change = kind.scoring_change(trained)  # e.g. another multi-label threshold
+        if change and dist.is_main:
+            log.warning("%s", change)
         trained_length = getattr(model.config, "nlptrain_max_length", None)
         if trained_length and trained_length != task.model.max_length and dist.is_main:
             log.warning("scoring at max_length %d (task %s); the model was trained at %d (--set "

@@ -309,14 +309,18 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                                      f"F1 per label: {where} ({final['rows']} rows, micro-F1 "
                                      f"{_shown(final['micro_f1'])}, macro-F1 {_shown(final['macro_f1'])})"))
     saved = run_dir / PREDICTIONS_FILE
-    if not kind.has_classes and saved.is_file():  # regression
+    if not kind.has_classes and saved.is_file():  # a score a row (regression)
         import numpy as np
+
+        from nlptrain.scores import metric_label
 
         with np.load(saved) as arrays:
             truth, predicted = arrays["targets"], arrays["outputs"].reshape(-1)
+        score = kind.headline[0]  # (regression's: Pearson)
         written.append(plot_scatter(truth, predicted, out / "scatter.png",
                                     f"Predicted against true score: {where} ({len(truth)} rows, "
-                                    f"Pearson {_shown(final['pearson'])})" if final else "Scores"))
+                                    f"{metric_label(score)} {_shown(final.get(score))})"
+                                    if final else "Scores"))
     if not written:
         log.warning("%s: nothing to plot yet (metrics.jsonl holds no rows)", run_dir)
     return written

@@ -310,7 +310,8 @@ def write_outputs(run_dir: Path, results: dict[str, Any], task: TaskConfig, sets
 def log_sizes(task: TaskConfig, sets: Any, dist: distributed.Backend) -> None:
     sizes = ", ".join(f"{name} {sets.rows(name)}" for name in ("train", "valid", "test")
                       if sets.rows(name) is not None)
-    outputs = f"labels {sets.vocab.names}" if kinds.from_task(task).has_classes else "a score (regression)"
+    kind = kinds.from_task(task)
+    outputs = f"labels {sets.vocab.names}" if kind.has_classes else f"a score ({kind.name})"
     log.info("task %s: %s rows; %s", task.name, sizes, outputs)
     train = task.train
     accumulated = f" x {train.grad_accum} accumulated" if train.grad_accum > 1 else ""

@@ -9,6 +9,7 @@ from typing import Any
 
 from nlptrain.config import TaskConfig
 from nlptrain.durable import write_text
+from nlptrain.kinds import KINDS
 from nlptrain.task_files import task_from_dict
 
 CONFIG_FILE = "config.json"
@@ -44,10 +45,12 @@ def recorded_task(folder: Path) -> TaskConfig | None:
 
 
 def recorded_task_dict(saved: dict[str, Any]) -> dict[str, Any]:
-    """The task a run's config.json holds. A regression run recorded before labels on regression
-    were refused may hold the labels its training left out: left out here too, so it resumes."""
+    """The task a run's config.json holds. A regression run (a kind without classes) recorded
+    before labels on regression were refused may hold the labels its training left out: left
+    out here too, so it resumes."""
     data = saved["task"].get("data", {})
-    if data.get("kind") == "regression" and data.get("labels"):
+    kind = KINDS.get(data.get("kind"))
+    if kind is not None and not kind.has_classes and data.get("labels"):
         return {**saved["task"], "data": {**data, "labels": []}}
     return saved["task"]
 

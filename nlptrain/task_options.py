@@ -19,6 +19,7 @@ from typing import Any
 
 from nlptrain.config import SECTIONS, TaskConfig, file_spec
 from nlptrain.errors import ConfigError, every_local_rank
+from nlptrain.kinds import KINDS
 from nlptrain.task_files import apply_override, load_task, validate
 
 log = logging.getLogger("nlptrain")
@@ -177,9 +178,11 @@ def apply_overrides(task: TaskConfig, args: argparse.Namespace) -> TaskConfig:
             raise ConfigError(f"{twice[0]} and --set {item} both set {key}; give one")
         given.append((f"--set {item}", key))
         apply_override(task, dotted.strip(), parse_value(text.strip(), None), given[-1][0])
-    if task.data.kind == "regression" != kind_before and task.data.labels and \
-            "[data] labels" not in (key for _, key in given):  # the task's, for its classes
-        log.info("[data] labels of task %s left out: a regression task has none", task.name)
+    kind = KINDS.get(task.data.kind)  # (None: not a kind, which validate says)
+    if kind is not None and not kind.has_classes and task.data.kind != kind_before and \
+            task.data.labels and "[data] labels" not in (key for _, key in given):
+        # The task's labels, for its classes: the kind it now is has none.
+        log.info("[data] labels of task %s left out: a %s task has none", task.name, kind.name)
         task.data.labels = []
     if given:  # the task file alone was checked when it was read
         try:

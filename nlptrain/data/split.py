@@ -354,6 +354,7 @@ def add_command(commands: Any) -> None:
 
 def cmd_split(args: argparse.Namespace) -> int:
     from nlptrain.config import TaskConfig, file_spec
+    from nlptrain.kinds import DEFAULT, KINDS
     from nlptrain.logs import setup_logging
     from nlptrain.task_options import apply_overrides, resolve_task
 
@@ -374,10 +375,12 @@ def cmd_split(args: argparse.Namespace) -> int:
         manifest = split_task(task, out, args.world_size, args.by, args.shuffle, args.seed,
                               args.which, args.overwrite)
     except DataError as err:  # a file of another kind, read as single-label: say how to say so
-        if task.data.kind == "single_label" and any(
+        if task.data.kind == DEFAULT.name and any(
                 said in str(err) for said in ("the row has no label", "distinct labels")):
-            raise DataError(f"{err} (read as single-label: a multi-label or regression file needs "
-                            "--set data.kind=multi_label or =regression, or its --task)") from None
+            others = [name for name in KINDS if name != DEFAULT.name]
+            raise DataError(f"{err} (read as {DEFAULT.name.replace('_', '-')}: a "
+                            f"{' or '.join(name.replace('_', '-') for name in others)} file needs "
+                            f"--set data.kind={' or ='.join(others)}, or its --task)") from None
         raise
     rows = manifest.rows
     print(f"{sum(rows)} rows -> {len(rows)} files of {min(rows)}-{max(rows)} rows"
