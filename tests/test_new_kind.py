@@ -43,9 +43,8 @@ def rating_set(tokenizer, rows: int, seed: int):
 
 
 def test_a_kind_of_the_users_fits_and_evaluates_through_the_python_api(ordinal, tiny_model_dir):
-    from transformers import AutoTokenizer
-
     from nlptrain.callbacks import RDrop
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     model = tiny_bert(tokenizer, len(LEVELS))
