@@ -143,7 +143,7 @@ class TrainConfig:
                                   "back to the system")
     cpu_dropout: bool = opt(True, "CPU: draw dropout masks from 16 random bits an element (torch "
                             "draws a bernoulli for each) and run attention dropout outside SDPA's "
-                            "fp32 math path: 1.15x a bf16 MiniLM step; other masks than torch's "
+                            "fp32 math path: 1.16-1.43x a bf16 MiniLM step; other masks than torch's "
                             "for a seed, at the same rate; false: torch's own")
     sync_touched_rows: bool = opt(True, "ddp on a CPU over gloo's sockets: all-reduce only the "
                                   "word-embedding rows some rank's batch touched (the same "
