@@ -2,7 +2,7 @@
 
 The loop itself ends the run after step max_steps (`Trainer._train_batch`): every rank knows
 the step count, so no flag is agreed and no micro-batch is begun past it (a `should_stop` asked
-in a step event is read with the next step's flags: trainer.py, `_agree_on_step`). This callback
+in a step event is read with the next step's flags: step_agreement.py, `_agree_on_step`). This callback
 stops a run resumed at or past its budget, and says where the run ends. The epoch's end follows
 as after any stop: its evaluation, `on_epoch_end` (and its checkpoint). The lr schedule plans
 over at most max_steps (`LRSchedule.planned_total`), so it ends where the run does.

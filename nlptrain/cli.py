@@ -297,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     except NlptrainError as err:
         return command_end.said_error(err)
     except RuntimeError as err:  # a timeout or another rank's failure, said; else a traceback
-        return command_end.said_runtime_error(err)
+        code = command_end.said_runtime_error(err)
+        if code is None:
+            raise
+        return code
     except BrokenPipeError:  # `predict ... | head`: the reader has all it wanted; no traceback
         return command_end.said_closed_pipe()
     except SystemExit as ended:  # sys.exit(n) in a user's code: told, unless it was already

@@ -35,9 +35,10 @@ def said_error(error: NlptrainError) -> int:
     return error.exit_code
 
 
-def said_runtime_error(error: RuntimeError) -> int:
-    """A rank that gave up waiting, or one that saw another fail, in a line; any other error is
-    raised again (a traceback: a fault of nlptrain's, or of the user's code)."""
+def said_runtime_error(error: RuntimeError) -> int | None:
+    """A rank that gave up waiting, or one that saw another fail, in a line; None for any other
+    error, which the caller raises again (a traceback: a fault of nlptrain's, or of the user's
+    code, with no frame of this module in it)."""
     from nlptrain.distributed import PeerFailed, peer_failure_in, timeout_message
 
     message = timeout_message(error)  # no rank reported an error: this one is the first to know
@@ -48,7 +49,7 @@ def said_runtime_error(error: RuntimeError) -> int:
     peer = peer_failure_in(error)
     if peer is None:
         tell_launcher(None)
-        raise error
+        return None
     said = str(error) if isinstance(error, PeerFailed) else \
         f"another rank failed (see its error); {str(peer).splitlines()[0][:160]}"
     print(f"{_rank_prefix()}stopping: {said}", file=sys.stderr)

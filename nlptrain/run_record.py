@@ -49,7 +49,8 @@ def recorded_task_dict(saved: dict[str, Any]) -> dict[str, Any]:
     before labels on regression were refused may hold the labels its training left out: left
     out here too, so it resumes."""
     data = saved["task"].get("data", {})
-    kind = KINDS.get(data.get("kind"))
+    named = data.get("kind")
+    kind = KINDS.get(named) if isinstance(named, str) else None  # (a wrong type: task_from_dict says)
     if kind is not None and not kind.has_classes and data.get("labels"):
         return {**saved["task"], "data": {**data, "labels": []}}
     return saved["task"]

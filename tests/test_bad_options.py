@@ -273,3 +273,20 @@ def test_per_rank_files_start_without_the_train_file_they_were_split_from(toy_ta
         check(str(parts), "3")
     with pytest.raises(DataError, match=r"nope/manifest\.json: no manifest; make the per-rank files"):
         check(str(tmp_path / "nope"), "2")
+
+
+def test_an_unexpected_error_is_raised_as_it_was_with_no_frame_of_the_error_mapping(monkeypatch):
+    """A fault of a user's code (or of nlptrain's) keeps its traceback: cli.main raises it again,
+    with no frame of command_end.py (which says timeouts and other ranks' failures) in it."""
+    import traceback
+
+    import nlptrain.plots as plots
+
+    def broken(args):
+        raise RuntimeError("a fault of some callback")
+
+    monkeypatch.setattr(plots, "cmd_plot", broken)
+    with pytest.raises(RuntimeError, match="a fault of some callback") as raised:
+        main(["plot", "somewhere"])
+    files = [frame.filename for frame in traceback.extract_tb(raised.value.__traceback__)]
+    assert not any(name.endswith("command_end.py") for name in files), files

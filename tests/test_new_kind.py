@@ -122,3 +122,22 @@ def test_a_kind_of_the_users_runs_from_a_task_file(ordinal, tmp_path, tiny_model
                  "--format", "jsonl"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(rows) == 2 and all(row["label"] in LEVELS and "score" in row for row in rows)
+
+
+def test_a_model_of_a_kind_not_registered_here_is_refused_not_read_as_another():
+    """Its problem_type is another kind's (transformers has three): read as that one, predict
+    would have put a softmax on a head trained for another rule."""
+    from transformers import BertConfig
+
+    config = BertConfig(problem_type="multi_label_classification", nlptrain_kind="ordinal")
+    with pytest.raises(ConfigError, match="trained as a task of kind 'ordinal'.*not registered"):
+        from_model_config(config)
+
+
+def test_a_run_record_whose_kind_is_not_a_name_is_the_task_files_error(tmp_path):
+    from nlptrain.run_record import recorded_task
+
+    record = {"task": {"data": {"kind": ["regression"]}}, "world_size": 1}
+    (tmp_path / "config.json").write_text(json.dumps(record))
+    with pytest.raises(ConfigError, match=r"'kind' must be str, got list"):
+        recorded_task(tmp_path)

@@ -55,6 +55,11 @@ def from_run_config(config: dict[str, Any]) -> TaskKind:
 def from_model_config(config: Any) -> TaskKind:
     """The kind a saved `transformers` model was trained for (its `problem_type`, and the name a
     kind that shares one records)."""
+    named = getattr(config, "nlptrain_kind", None)
+    if named is not None and named not in KINDS:  # else read as another kind: a softmax on its head
+        raise ConfigError(f"the model was trained as a task of kind {named!r} (nlptrain_kind in "
+                          "its config.json), which is not registered here: add its class to "
+                          "nlptrain.kinds.KINDS before loading the model")
     for kind in KINDS.values():
         found = kind.recorded_in(config)
         if found is not None:
@@ -63,8 +68,9 @@ def from_model_config(config: Any) -> TaskKind:
 
 
 def record_kind(config: Any, kind: TaskKind) -> None:
-    """Write `kind` into a transformers config (`problem_type`, a multi-label threshold): the
-    export then loads and predicts as the model trained, whatever the config said before."""
+    """Write `kind` into a transformers config (`problem_type`, a multi-label threshold, the name
+    of a kind that shares its problem_type with another, `nlptrain_kind`): the export then loads
+    and predicts as the model trained, whatever the config said before."""
     kind.record_into(config)
 
 
