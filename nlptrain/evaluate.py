@@ -28,7 +28,7 @@ from nlptrain.distributed import Backend
 from nlptrain.errors import ConfigError, DataError, TrainingError, every_rank
 from nlptrain.kinds import SingleLabel, TaskKind
 from nlptrain.loaders import check_batch
-from nlptrain.precision import autocast
+from nlptrain.precision import autocast, logits_in_fp32
 from nlptrain.samplers import EvalBatches
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
     forward is a collective (FSDP2), so every rank takes as many batches as the longest share.
     """
     kind = kind or SingleLabel()
+    logits_in_fp32(model, getattr(getattr(model, "config", None), "num_labels", None))  # (a loaded one)
     was_training = model.training
     model.eval()
     batches = EvalBatches(len(dataset), dist.rank, dist.world_size, batch_size, dataset.lengths)

@@ -10,7 +10,8 @@ backward on a typical batch in both (`JobStep`) and picks bf16 unless it is slow
 needs a loss scaler) is never picked by itself. Under DDP every rank takes rank 0's measurement,
 so all ranks train in the same precision.
 
-`autocast(device, precision)` is the context of every forward, in training and evaluation.
+`autocast(device, precision)` is the context of every forward, in training and evaluation;
+`logits_in_fp32` keeps the model's last layer out of it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import contextlib
 import logging
 import os
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,6 +289,29 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
     kernels = attention_kernels() if device.type == "cuda" else contextlib.nullcontext()
     with torch.autocast(device_type=device.type, dtype=dtype), kernels:
         yield
+
+
+def logits_in_fp32(model: torch.nn.Module, outputs: int | None) -> None:
+    """Run the model's last layer, the one that gives its `outputs` logits, in fp32 under
+    autocast: in bf16 its logits would be rounded to 8 bits (a regression's scores in steps of
+    1/64 near 3, ties among them; classes' probabilities tied, argmax then taking the lower id).
+    The layer is a few outputs wide: fp32 costs nothing. In place, once; a model without such
+    a layer (a module of the user's that ends otherwise) is left as it is."""
+    if not outputs:
+        return
+    head = next((m for m in reversed(list(model.modules()))
+                 if isinstance(m, torch.nn.Linear) and m.out_features == outputs), None)
+    if head is not None and not getattr(head, "logits_in_fp32", False):
+        head.forward = types.MethodType(_fp32_linear, head)  # (a deepcopy rebinds it: EMA's)
+        head.logits_in_fp32 = True
+
+
+def _fp32_linear(self: torch.nn.Linear, features: torch.Tensor) -> torch.Tensor:
+    if not torch.is_autocast_enabled(features.device.type):  # fp32: as it was, no extra op
+        return torch.nn.functional.linear(features, self.weight, self.bias)
+    with torch.autocast(features.device.type, enabled=False):
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(features.float(), self.weight.float(), bias)
 
 
 def attention_kernels() -> contextlib.AbstractContextManager:

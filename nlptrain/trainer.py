@@ -111,6 +111,7 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         self.loss_fn: LossFn = losses.task_loss(self.kind, self.config, train_data, self.label_names)
         self.strategy = strategy or strategies.make_strategy(self.config, self.dist)
         models.record_how_rows_were_read(model, train_data)  # for the export's predict
+        precision.logits_in_fp32(model, self.kind.output_size(self.label_names))  # not bf16's
         models.prepare_for_training(model, self.config, self.device)  # dropout, checkpointing, compile
         self.model = self.strategy.wrap_model(model)  # the optimizer is made after: FSDP2 shards
         self.eval_data = eval_data

@@ -311,3 +311,42 @@ def test_scoring_keeps_the_models_precision_unless_this_cpu_runs_it_far_slower(
                 f"{speedup:.2f}x as fast as fp32's on this CPU; --precision {trained_in} scores "
                 "exactly as its run did)") in caplog.text
     assert for_scoring(trained_in, trained_in, torch.device("cpu")) == trained_in  # as asked
+
+
+def test_under_bf16_the_logits_are_not_rounded_to_bf16(tiny_model_dir, tmp_path):
+    """bf16 autocast rounded the classifier's logits to 8 bits: a regression's scores came in
+    steps of 1/64 near 3, tied (Spearman counted the ties), and classes' probabilities tied, argmax
+    taking the lower id. The last layer now runs in fp32, in training, in the trainer's
+    evaluation and in a loaded export's scoring; a trained step still moves its weights."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from nlptrain.data import TokenizedDataset
+    from nlptrain.data.tokenized import Collator
+    from nlptrain.distributed import SingleProcess
+    from nlptrain.evaluate import predict
+    from nlptrain.kinds import from_model_config
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    texts = [f"review number {i} of {'a fine' if i % 2 else 'a dull'} film" for i in range(48)]
+    scores = [float(i % 5) for i in range(48)]
+    data = TokenizedDataset.from_texts(texts, scores, tokenizer, 32)
+
+    def not_bf16(outputs):  # the share of outputs that bf16 cannot hold exactly
+        values = torch.as_tensor(outputs).float()
+        return (values != values.bfloat16().float()).float().mean().item()
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir), num_labels=1,
+                                                               ignore_mismatched_sizes=True)
+    trainer = Trainer(model, data, data, config=TrainConfig(precision="bf16", epochs=1, batch_size=16,
+                                                            lr=1e-3), kind="regression", progress=False)
+    head = trainer.unwrapped_model.classifier.weight.detach().clone()
+    trainer.fit()
+    assert not torch.equal(head, trainer.unwrapped_model.classifier.weight)
+    assert trainer.predictions is not None and not_bf16(trainer.predictions.outputs) > 0.9
+    trainer.unwrapped_model.save_pretrained(tmp_path / "export")
+
+    loaded = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "export"))
+    found = predict(loaded, data, SingleProcess(), Collator(tokenizer.pad_token_id, multiple=8), 16, "bf16",
+                    from_model_config(loaded.config))
+    assert not_bf16(found.outputs) > 0.9
+    assert found.outputs == pytest.approx(trainer.predictions.outputs, abs=1e-6)
