@@ -157,6 +157,7 @@ def check_files(args: argparse.Namespace) -> None:
 
 def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain import precision
+    from nlptrain.config import TrainConfig
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict
@@ -196,7 +197,10 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     model.to(dist.device)
     chosen = precision.for_scoring(args.precision, getattr(model.config, "nlptrain_precision", None),
                                    dist.device, dist)
-    found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0),
+    # Batches padded as the run's evaluation padded them: in bf16 another width rounds otherwise.
+    multiple = getattr(model.config, "nlptrain_pad_to_multiple_of", TrainConfig.pad_to_multiple_of)
+    found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0, multiple=multiple,
+                                                   limit=max_length),
                     args.batch_size, chosen, kind)
     dist.on_main(lambda: write_output(rows_of(texts, found.outputs, names, args.all_probs, kind),
                                       args.output, fmt, names, args.all_probs))

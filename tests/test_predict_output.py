@@ -137,3 +137,37 @@ def test_an_output_naming_a_descriptor_not_open_for_writing_is_refused_before_sc
     with pytest.raises(ConfigError, match=rf"/dev/fd/{read}: descriptor {read} is open for reading only"):
         check_output(f"/dev/fd/{read}")
     os.close(read)
+
+
+def test_predict_in_bf16_scores_each_row_as_the_runs_own_evaluation_did(toy_task, tmp_path, capsys,
+                                                                         monkeypatch):
+    """predict padded each batch to its longest row, the run's evaluation to a multiple of 8
+    (pad_to_multiple_of): in bf16 another padded width rounds differently, and an AG News row's
+    probabilities moved by 4e-3 (one prediction flipped). The export records the multiple, and
+    predict pads its batches to it (the tiny model here rounds alike either way)."""
+    import json
+
+    import nlptrain.evaluate as evaluate
+    from nlptrain.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+                 "--precision", "bf16", "--pad-to-multiple-of", "4"]) == 0
+    exported = json.loads((run / "model" / "config.json").read_text())
+    assert exported["nlptrain_pad_to_multiple_of"] == 4
+    with np.load(run / "predictions.npz") as saved:
+        expected = saved["outputs"]
+    scoring, widths = evaluate.predict, []
+
+    def spied(model, dataset, dist, collate, *args, **kwargs):
+        widths.extend(int(collate([dataset[i]])["input_ids"].shape[1]) for i in range(len(dataset)))
+        return scoring(model, dataset, dist, collate, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "predict", spied)
+    capsys.readouterr()
+    assert main(["predict", "--model", str(run / "model"), "--input", str(tmp_path / "test.tsv"),
+                 "--format", "jsonl", "--all-probs", "--precision", "bf16"]) == 0
+    assert widths and all(width % 4 == 0 for width in widths), widths
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    found = np.array([[row["probabilities"]["neg"], row["probabilities"]["pos"]] for row in rows])
+    assert np.array_equal(found.astype(np.float32), expected)  # (JSON: every digit)
