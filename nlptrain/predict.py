@@ -95,6 +95,7 @@ class InputLayout(NamedTuple):
     pair: str | int  # the pair's second text's, or "" for single texts
     header: bool  # tsv/csv: the first row names the columns
     quoted: bool  # tsv: a cell may be CSV-quoted
+    format: str  # --input-format, or the training file's where a model of pairs would read lines
 
 
 def input_layout(args: argparse.Namespace) -> InputLayout:
@@ -117,9 +118,15 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
                          given_or_trained(args.text_pair_column, "text_pair", "text_pair")
                          if args.text_pair_column is not None or pairs else "",
                          given_or_trained(args.header, "header", True),
-                         given_or_trained(args.quoted, "quoted", False))
+                         given_or_trained(args.quoted, "quoted", False), args.input_format)
     fmt = args.input_format if args.input_format != "auto" else \
         FORMATS_BY_SUFFIX.get(Path(args.input).suffix.lower())
+    if fmt is None and layout.pair != "" and trained.get("format") in ("tsv", "csv"):
+        # A file of lines holds no pairs: read as the training file was (MRPC's .txt is a TSV).
+        fmt = trained["format"]
+        layout = layout._replace(format=fmt)
+        log.info("%s: read as %s, as the model's training file was (a model of pairs reads "
+                 "columns; --input-format names another)", args.input, fmt)
     if fmt in ("jsonl", "parquet") and trained.get("header") is False:  # named columns: the
         # numbers of a training file without names (a TSV) do not carry over; a Parquet's do
         for given, key, name in ((args.text_column, "text", "text"),
@@ -174,7 +181,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
 
     def read() -> Any:
         with readable_input(args.input) as path:
-            return read_texts(path, args.input_format, layout.text, layout.pair,
+            return read_texts(path, layout.format, layout.text, layout.pair,
                               args.keep_columns, layout.header, layout.quoted)
 
     texts = dist.on_main(read)

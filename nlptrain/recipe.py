@@ -118,7 +118,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
     if train_file:  # `predict` reads the same columns unless told otherwise
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column,
-                                         "header": train_file.header, "quoted": train_file.quoted}
+                                         "header": train_file.header, "quoted": train_file.quoted,
+                                         "format": train_file.format}
     with open_run_dir(task, opts, dist) as (run_dir, has_run, refused), out_of_space_said(run_dir):
         log_sizes(task, sets, dist)
 

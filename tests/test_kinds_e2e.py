@@ -184,3 +184,24 @@ def test_a_run_says_its_labels_or_that_it_scores(tmp_path, tiny_model_dir, kind,
     with nlptrain_messages() as messages:
         log_sizes(task, sets, SingleProcess())
     assert any(said in message for message in messages), messages
+
+
+def test_a_pair_model_reads_a_txt_of_columns_as_its_training_file_was(trained, tmp_path, capsys):
+    """MRPC's test file is a TSV named .txt (its task says format = "tsv"): predict read it as one
+    text a line, and a model of pairs refused it ("pairs need columns"). Now such a file is read
+    in the training file's format, said; a single-text model still reads a .txt as lines."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(trained["pair"] / "run" / "model", model)
+    config = json.loads((model / "config.json").read_text())
+    assert config["nlptrain_columns"]["format"] == "auto"  # what the toy task's files said
+    config["nlptrain_columns"]["format"] = "tsv"  # as MRPC's task records it
+    (model / "config.json").write_text(json.dumps(config))
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n")
+    capsys.readouterr()
+    assert main(["predict", "--model", str(model), "--input", str(pairs), "--format", "jsonl"]) == 0
+    out, err = capsys.readouterr()
+    assert [json.loads(line)["text_pair"] for line in out.splitlines()] == ["it felt bad"]
+    assert "pairs.txt: read as tsv, as the model's training file was" in err
