@@ -1,5 +1,5 @@
 """Value types of command-line options that argparse checks itself (its usage line names the
-option, exit code 2): counts and durations that must be positive."""
+option, exit code 2): counts and durations that must be positive, probabilities."""
 
 from __future__ import annotations
 
@@ -18,6 +18,17 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number strictly between 0 and 1 (a threshold: 0 would predict every label, 1 none)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability strictly between 0 and 1")
     return value
 
 

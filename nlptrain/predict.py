@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import sys
 import tempfile
@@ -22,11 +23,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nlptrain.errors import ConfigError, NlptrainError
-from nlptrain.kinds import from_model_config
+from nlptrain.kinds import TaskKind, from_model_config
 from nlptrain.launch import add_launch_options
 from nlptrain.logs import add_log_level
 from nlptrain.models import usable_positions
-from nlptrain.option_types import positive_int, positive_seconds
+from nlptrain.option_types import positive_int, positive_seconds, probability
 from nlptrain.predict_output import check_output, check_reaches_workers, output_format, rows_of, write_output
 from nlptrain.startup import import_libraries
 
@@ -74,6 +75,20 @@ def readable_input(name: str) -> Iterator[Path]:
         except NlptrainError as err:  # name what the user gave, not a copy gone once we exit
             err.args = (str(err).replace(str(copy), "stdin" if name == "-" else name),)
             raise
+
+
+def at_threshold(trained: TaskKind, threshold: float | None, model: str) -> TaskKind:
+    """The model's kind, at `--threshold` where given (a kind that has one: multi-label)."""
+    if threshold is None:
+        return trained
+    if "threshold" not in trained.settings:
+        raise ConfigError(f"--threshold {threshold:g}: {model} is a {trained.name} model, which "
+                          "predicts without a threshold (a multi_label model has one)")
+    kind = type(trained).from_settings({"threshold": threshold})
+    if kind.scoring_change(trained):  # (said where it differs from the model's)
+        log.info("predicting at threshold %g; the model was trained and tested at %g", threshold,
+                 getattr(trained, "threshold", math.nan))
+    return kind
 
 
 def check_inputs_fit(config: Any, args: argparse.Namespace, given_pairs: bool) -> None:
@@ -187,7 +202,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     texts = dist.on_main(read)
     tokenizer = load_tokenizer(args.model)
     model = load_saved_model(args.model)
-    kind = from_model_config(model.config)
+    kind = at_threshold(from_model_config(model.config), args.threshold, args.model)
     check_inputs_fit(model.config, args, texts.pairs is not None)
     if args.all_probs and not kind.has_classes:
         log.warning("--all-probs: a %s model has no label probabilities; its score is written",
@@ -284,6 +299,9 @@ def add_command(commands: Any) -> None:
                         "output column (label, text, ...) is written as input_<name>")
     parser.add_argument("--all-probs", action="store_true",
                         help="also write the probability of every label")
+    parser.add_argument("--threshold", type=probability, metavar="FLOAT",
+                        help="multi-label: predict the labels whose probability reaches this "
+                        "(default: the threshold the model was trained and tested at)")
     parser.add_argument("--max-length", type=positive_int, default=0,
                         help="truncate texts to this many tokens (default: the run's max_length)")
     parser.add_argument("--batch-size", type=positive_int, default=64,

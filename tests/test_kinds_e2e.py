@@ -205,3 +205,27 @@ def test_a_pair_model_reads_a_txt_of_columns_as_its_training_file_was(trained, t
     out, err = capsys.readouterr()
     assert [json.loads(line)["text_pair"] for line in out.splitlines()] == ["it felt bad"]
     assert "pairs.txt: read as tsv, as the model's training file was" in err
+
+
+def test_predict_at_another_threshold_than_the_models(trained, capsys):
+    """eval took --threshold, predict had none: a multi-label model predicted at its own alone."""
+    multi = trained["multi_label"]
+    (multi / "posts.txt").write_text("post about pizza and guitar\n")
+    args = ["predict", "--model", str(multi / "run" / "model"), "--input", str(multi / "posts.txt"),
+            "--format", "jsonl"]
+    capsys.readouterr()
+    assert main([*args, "--threshold", "0.001"]) == 0
+    out, err = capsys.readouterr()
+    assert sorted(json.loads(out)["labels"]) == ["food", "music", "sport"]  # every one reaches it
+    assert "predicting at threshold 0.001; the model was trained and tested at 0.5" in err
+    assert main([*args, "--threshold", "0.999"]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"] == []
+    pairs = trained["pair"] / "pairs.tsv"
+    pairs.write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n")
+    assert main(["predict", "--model", str(trained["pair"] / "run" / "model"), "--input",
+                 str(pairs), "--threshold", "0.3"]) == 1
+    assert "is a single_label model, which predicts without a threshold" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as ended:
+        main([*args, "--threshold", "1"])
+    assert ended.value.code == 2 and "not a probability strictly between 0 and 1" in \
+        capsys.readouterr().err
