@@ -20,7 +20,6 @@ import contextlib
 import logging
 import os
 import time
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,26 +291,29 @@ def autocast(device: torch.device, precision: str) -> Iterator[None]:
 
 
 def logits_in_fp32(model: torch.nn.Module, outputs: int | None) -> None:
-    """Run the model's last layer, the one that gives its `outputs` logits, in fp32 under
-    autocast: in bf16 its logits would be rounded to 8 bits (a regression's scores in steps of
-    1/64 near 3, ties among them; classes' probabilities tied, argmax then taking the lower id).
-    The layer is a few outputs wide: fp32 costs nothing. In place, once; a model without such
-    a layer (a module of the user's that ends otherwise) is left as it is."""
+    """Run the model's last layer, its last plain `nn.Linear` that gives `outputs` logits, in fp32
+    under autocast: in bf16 its logits would be rounded to 8 bits (a regression's scores in steps
+    of 1/64 near 3, ties among them; classes' probabilities tied, argmax then taking the lower
+    id). The layer is a few outputs wide: fp32 costs nothing. In place (its class becomes
+    `LogitsLinear`, which pickles and deep-copies as a Linear does; the weights keep their names);
+    a model without such a layer (a module of the user's that ends otherwise) is left as it is."""
     if not outputs:
         return
     head = next((m for m in reversed(list(model.modules()))
-                 if isinstance(m, torch.nn.Linear) and m.out_features == outputs), None)
-    if head is not None and not getattr(head, "logits_in_fp32", False):
-        head.forward = types.MethodType(_fp32_linear, head)  # (a deepcopy rebinds it: EMA's)
-        head.logits_in_fp32 = True
+                 if type(m) in (torch.nn.Linear, LogitsLinear) and m.out_features == outputs), None)
+    if head is not None:
+        head.__class__ = LogitsLinear
 
 
-def _fp32_linear(self: torch.nn.Linear, features: torch.Tensor) -> torch.Tensor:
-    if not torch.is_autocast_enabled(features.device.type):  # fp32: as it was, no extra op
-        return torch.nn.functional.linear(features, self.weight, self.bias)
-    with torch.autocast(features.device.type, enabled=False):
-        bias = None if self.bias is None else self.bias.float()
-        return torch.nn.functional.linear(features.float(), self.weight.float(), bias)
+class LogitsLinear(torch.nn.Linear):
+    """A Linear that computes in fp32 under autocast, as it is without it (`logits_in_fp32`)."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(features.device.type):  # fp32: as a Linear, no extra op
+            return super().forward(features)
+        with torch.autocast(features.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return torch.nn.functional.linear(features.float(), self.weight.float(), bias)
 
 
 def attention_kernels() -> contextlib.AbstractContextManager:

@@ -350,3 +350,26 @@ def test_under_bf16_the_logits_are_not_rounded_to_bf16(tiny_model_dir, tmp_path)
                     from_model_config(loaded.config))
     assert not_bf16(found.outputs) > 0.9
     assert found.outputs == pytest.approx(trainer.predictions.outputs, abs=1e-6)
+
+
+def test_only_a_plain_linear_is_made_to_give_fp32_logits_and_the_model_still_pickles():
+    """A Linear of the user's own class keeps its forward (a cosine head's would be replaced by
+    a plain one, in fp32 too); a whole model saved with torch.save loads back."""
+    import io
+
+    from nlptrain.precision import LogitsLinear, logits_in_fp32
+
+    class ScaledHead(torch.nn.Linear):
+        def forward(self, features):
+            return super().forward(features) * 2
+
+    own = torch.nn.Sequential(torch.nn.Linear(4, 4), ScaledHead(4, 2))
+    logits_in_fp32(own, 2)
+    assert type(own[1]) is ScaledHead
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.Tanh(), torch.nn.Linear(2, 2))
+    logits_in_fp32(plain, 2)
+    assert type(plain[0]) is torch.nn.Linear and type(plain[2]) is LogitsLinear  # the last one
+    saved = io.BytesIO()
+    torch.save(plain, saved)
+    saved.seek(0)
+    assert type(torch.load(saved, weights_only=False)[2]) is LogitsLinear
