@@ -142,6 +142,17 @@ def record_how_rows_were_read(model: Any, train_data: Any) -> None:
         model_config.nlptrain_text_pair = bool(train_data.pairs)
 
 
+def eval_batches_record(collate: Any, config: Any) -> dict[str, Any]:
+    """How the trainer's evaluation batches are made (rows a batch; the Collator's padding), for
+    the export: `predict` then batches as the run's own evaluation did, since in bf16 another
+    padded width rounds otherwise (a collate of the user's: the config's settings)."""
+    record = {"batch_size": config.eval_batch_size, "pad_to": None,
+              "multiple": config.pad_to_multiple_of, "limit": None}
+    if all(hasattr(collate, key) for key in ("pad_to", "multiple", "limit")):  # a Collator
+        record.update(pad_to=collate.pad_to, multiple=collate.multiple, limit=collate.limit)
+    return record
+
+
 def prepare_for_training(model: Any, config: Any, device: Any) -> None:
     """What `config` ([train]) asks of the model before it is wrapped, in place (the weights keep
     their names, for checkpoints and export): the CPU's dropout, activation checkpointing, then

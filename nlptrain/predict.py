@@ -20,6 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from nlptrain.errors import ConfigError, NlptrainError
@@ -77,7 +78,20 @@ def readable_input(name: str) -> Iterator[Path]:
             raise
 
 
-def at_threshold(trained: TaskKind, threshold: float | None, model: str) -> TaskKind:
+def check_threshold(args: argparse.Namespace) -> None:
+    """`--threshold` for a model whose kind has none, refused from its config.json before any
+    input is read or worker started (one error, not one a rank)."""
+    if args.threshold is None:
+        return
+    try:
+        config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # (said where the model is loaded)
+        return
+    at_threshold(from_model_config(SimpleNamespace(**config)), args.threshold, args.model, say=False)
+
+
+def at_threshold(trained: TaskKind, threshold: float | None, model: str, say: bool = True
+                 ) -> TaskKind:
     """The model's kind, at `--threshold` where given (a kind that has one: multi-label)."""
     if threshold is None:
         return trained
@@ -85,6 +99,8 @@ def at_threshold(trained: TaskKind, threshold: float | None, model: str) -> Task
         raise ConfigError(f"--threshold {threshold:g}: {model} is a {trained.name} model, which "
                           "predicts without a threshold (a multi_label model has one)")
     kind = type(trained).from_settings({"threshold": threshold})
+    if not say:
+        return kind
     if kind.scoring_change(trained):  # (said where it differs from the model's)
         log.info("predicting at threshold %g; the model was trained and tested at %g", threshold,
                  getattr(trained, "threshold", math.nan))
@@ -173,6 +189,7 @@ def check_files(args: argparse.Namespace) -> None:
     open_checked(path, "input")
     if not (Path(args.model) / "config.json").is_file():
         raise ConfigError(f"{args.model}: no config.json; give a saved model folder (a run's model/)")
+    check_threshold(args)
     check_output(args.output, args.input)  # (a descriptor: open, for writing, in this process)
     check_reaches_workers(args.output, "the --nproc workers", ", or drop --nproc")
 
@@ -185,6 +202,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.evaluate import predict
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
+    check_threshold(args)
     fmt = output_format(args.output, args.format)
     environment = dist.environment  # (a worker of an agent, or of srun or mpirun: not the shell's child)
     if environment.has_agent or dist.world_size > 1:
@@ -219,11 +237,13 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     model.to(dist.device)
     chosen = precision.for_scoring(args.precision, getattr(model.config, "nlptrain_precision", None),
                                    dist.device, dist)
-    # Batches padded as the run's evaluation padded them: in bf16 another width rounds otherwise.
-    multiple = getattr(model.config, "nlptrain_pad_to_multiple_of", TrainConfig.pad_to_multiple_of)
-    found = predict(model, dataset, dist, Collator(tokenizer.pad_token_id or 0, multiple=multiple,
-                                                   limit=max_length),
-                    args.batch_size, chosen, kind)
+    # Batches as the run's evaluation made them: in bf16 another padded width rounds otherwise.
+    made = getattr(model.config, "nlptrain_eval_batches", None) or {}
+    collate = Collator(tokenizer.pad_token_id or 0, made.get("pad_to"),
+                       made.get("multiple", TrainConfig.pad_to_multiple_of),
+                       made.get("limit") or max_length)
+    batch_size = args.batch_size or made.get("batch_size", TrainConfig.eval_batch_size)
+    found = predict(model, dataset, dist, collate, batch_size, chosen, kind)
     dist.on_main(lambda: write_output(rows_of(texts, found.outputs, names, args.all_probs, kind),
                                       args.output, fmt, names, args.all_probs))
 
@@ -304,8 +324,9 @@ def add_command(commands: Any) -> None:
                         "(default: the threshold the model was trained and tested at)")
     parser.add_argument("--max-length", type=positive_int, default=0,
                         help="truncate texts to this many tokens (default: the run's max_length)")
-    parser.add_argument("--batch-size", type=positive_int, default=64,
-                        help="texts per batch per process (default: 64)")
+    parser.add_argument("--batch-size", type=positive_int, default=None,
+                        help="texts per batch per process (default: the run's eval_batch_size, "
+                        "as its evaluation scored them; else 64)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"],
                         help="auto | fp32 | bf16 | fp16 (autocast; default: auto, the precision "
                         "the model was trained and tested in, else the faster one here)")

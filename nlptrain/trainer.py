@@ -105,7 +105,7 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         self.config = replace(config, precision=self.precision.precision)
         if getattr(model, "config", None) is not None:  # an export then scores as it trained
             model.config.nlptrain_precision = self.precision.precision  # (eval, predict: "auto")
-            model.config.nlptrain_pad_to_multiple_of = config.pad_to_multiple_of  # (predict's)
+            model.config.nlptrain_eval_batches = models.eval_batches_record(self.collate, config)
         if self.device.type == "cpu" and config.keep_freed_memory:  # no page faults each step
             host_memory.keep_freed_memory()
         # (logits, targets) -> loss; callbacks may replace it. Class weights come from train_data.

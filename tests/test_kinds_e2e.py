@@ -62,7 +62,7 @@ def test_a_run_of_each_kind_reports_its_own_metrics(trained, kind):
         assert config["id2label"] == {"0": "score"} and "confusion_matrix" not in results["test"]
     if kind == "pair":  # how `predict` reads its input by default: as the run read its train file
         assert config["nlptrain_columns"] == {"text": "premise", "text_pair": "hypothesis",
-                                              "header": True, "quoted": False}
+                                              "header": True, "quoted": False, "format": "tsv"}
     # Multi-label: the threshold is a setting the scores were computed at, said as such, never a
     # metric (the model card's table and the terminal's line list scores only).
     card = (run / "model" / "README.md").read_text()
@@ -187,17 +187,10 @@ def test_a_run_says_its_labels_or_that_it_scores(tmp_path, tiny_model_dir, kind,
 
 
 def test_a_pair_model_reads_a_txt_of_columns_as_its_training_file_was(trained, tmp_path, capsys):
-    """MRPC's test file is a TSV named .txt (its task says format = "tsv"): predict read it as one
-    text a line, and a model of pairs refused it ("pairs need columns"). Now such a file is read
-    in the training file's format, said; a single-text model still reads a .txt as lines."""
-    import shutil
-
-    model = tmp_path / "model"
-    shutil.copytree(trained["pair"] / "run" / "model", model)
-    config = json.loads((model / "config.json").read_text())
-    assert config["nlptrain_columns"]["format"] == "auto"  # what the toy task's files said
-    config["nlptrain_columns"]["format"] = "tsv"  # as MRPC's task records it
-    (model / "config.json").write_text(json.dumps(config))
+    """MRPC's test file is a TSV named .txt: predict read it as one text a line, and a model of
+    pairs refused it ("pairs need columns"). Now such a file is read in the training file's
+    format (its task's, or its suffix's), said; a single-text model still reads a .txt as lines."""
+    model = trained["pair"] / "run" / "model"
     pairs = tmp_path / "pairs.txt"
     pairs.write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n")
     capsys.readouterr()
@@ -220,10 +213,9 @@ def test_predict_at_another_threshold_than_the_models(trained, capsys):
     assert "predicting at threshold 0.001; the model was trained and tested at 0.5" in err
     assert main([*args, "--threshold", "0.999"]) == 0
     assert json.loads(capsys.readouterr().out)["labels"] == []
-    pairs = trained["pair"] / "pairs.tsv"
-    pairs.write_text("premise\thypothesis\nrow 1 was good\tit felt bad\n")
+    # Refused from the model's config.json, before its input is read (or --nproc's workers start)
     assert main(["predict", "--model", str(trained["pair"] / "run" / "model"), "--input",
-                 str(pairs), "--threshold", "0.3"]) == 1
+                 str(multi / "not-written-yet.tsv"), "--threshold", "0.3"]) == 1
     assert "is a single_label model, which predicts without a threshold" in capsys.readouterr().err
     with pytest.raises(SystemExit) as ended:
         main([*args, "--threshold", "1"])

@@ -139,12 +139,18 @@ def test_an_output_naming_a_descriptor_not_open_for_writing_is_refused_before_sc
     os.close(read)
 
 
+@pytest.mark.parametrize("options, record", [
+    (["--pad-to-multiple-of", "4", "--eval-batch-size", "8"],
+     {"batch_size": 8, "pad_to": None, "multiple": 4, "limit": 32}),
+    (["--padding", "max_length"], {"batch_size": 64, "pad_to": 32, "multiple": 8, "limit": 32}),
+])
 def test_predict_in_bf16_scores_each_row_as_the_runs_own_evaluation_did(toy_task, tmp_path, capsys,
-                                                                         monkeypatch):
-    """predict padded each batch to its longest row, the run's evaluation to a multiple of 8
-    (pad_to_multiple_of): in bf16 another padded width rounds differently, and an AG News row's
-    probabilities moved by 4e-3 (one prediction flipped). The export records the multiple, and
-    predict pads its batches to it (the tiny model here rounds alike either way)."""
+                                                                         monkeypatch, options, record):
+    """predict padded each batch to its longest row, 64 rows a batch; the run's evaluation padded
+    to a multiple of 8 (or to max_length), eval_batch_size rows a batch: in bf16 another padded
+    width rounds otherwise, and an AG News row's probabilities moved by 4e-3 (one prediction
+    flipped). The export records how its evaluation made batches, and predict makes them so
+    (the tiny model here happens to round alike either way: the batches are checked too)."""
     import json
 
     import nlptrain.evaluate as evaluate
@@ -152,22 +158,26 @@ def test_predict_in_bf16_scores_each_row_as_the_runs_own_evaluation_did(toy_task
 
     run = tmp_path / "run"
     assert main(["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
-                 "--precision", "bf16", "--pad-to-multiple-of", "4"]) == 0
+                 "--precision", "bf16", *options]) == 0
     exported = json.loads((run / "model" / "config.json").read_text())
-    assert exported["nlptrain_pad_to_multiple_of"] == 4
+    assert exported["nlptrain_eval_batches"] == record
     with np.load(run / "predictions.npz") as saved:
         expected = saved["outputs"]
-    scoring, widths = evaluate.predict, []
+    scoring, made = evaluate.predict, []
 
-    def spied(model, dataset, dist, collate, *args, **kwargs):
-        widths.extend(int(collate([dataset[i]])["input_ids"].shape[1]) for i in range(len(dataset)))
-        return scoring(model, dataset, dist, collate, *args, **kwargs)
+    def spied(model, dataset, dist, collate, batch_size, *args, **kwargs):
+        made.append((batch_size, {int(collate([dataset[i]])["input_ids"].shape[1])
+                                  for i in range(len(dataset))}))
+        return scoring(model, dataset, dist, collate, batch_size, *args, **kwargs)
 
     monkeypatch.setattr(evaluate, "predict", spied)
     capsys.readouterr()
     assert main(["predict", "--model", str(run / "model"), "--input", str(tmp_path / "test.tsv"),
                  "--format", "jsonl", "--all-probs", "--precision", "bf16"]) == 0
-    assert widths and all(width % 4 == 0 for width in widths), widths
+    [(batch_size, widths)] = made
+    assert batch_size == record["batch_size"]
+    assert all(width % record["multiple"] == 0 or width == 32 for width in widths), widths
+    assert record["pad_to"] is None or widths == {32}
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     found = np.array([[row["probabilities"]["neg"], row["probabilities"]["pos"]] for row in rows])
     assert np.array_equal(found.astype(np.float32), expected)  # (JSON: every digit)
