@@ -39,6 +39,7 @@ from nlptrain.trainer_arguments import (
     listed_metrics,
     task_of,
     warn_if_nothing_to_train,
+    warn_if_the_lr_is_zero,
 )
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,8 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         self.eval_data = eval_data
         self.optimizer = optim.make_optimizer(self.unwrapped_model, self.config, self.dist.world_size,
                                               param_groups, optimizer)
+        if self.is_main:
+            warn_if_the_lr_is_zero(self.optimizer)
         self.scheduler: Any = None  # made by the LRSchedule callback once steps are known
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.config.precision == "fp16")
         from nlptrain.callbacks import with_config_callbacks  # a package of callbacks: imported late

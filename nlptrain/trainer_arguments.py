@@ -2,7 +2,7 @@
 message about something else: a task kind's class for an instance, one function for a list of
 metrics, a string for a list of label names (a list of its characters); and the defaults that
 depend on the model: its kind and labels, its collate, the step that "auto" precision times;
-and a fit() again that has nothing to train."""
+and a fit() again, or an lr, that trains nothing."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nlptrain import kinds
+from nlptrain import kinds, optim
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
@@ -82,6 +82,15 @@ def job_step_of(model: Any, train_data: Any, collate: Any, batch_size: int
         forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
         return None if batch is None else JobStep(model, batch, forward)
     return job_step
+
+
+def warn_if_the_lr_is_zero(optimizer: Any) -> None:
+    """An lr of 0 (`--lr 0`, or an optimizer of the user's made so) changes no weight: a run that
+    goes on for hours and ends where it began, unsaid, reads as a model that learned nothing."""
+    if optim.logged_lr(optimizer) == 0:
+        log.warning("lr 0: the optimizer's every parameter group has lr 0, so no weight will "
+                    "change; to score a model without training it, use `nlptrain eval` (from "
+                    "Python: Trainer.evaluate)")
 
 
 def warn_if_nothing_to_train(progress: Progress, epochs: int, stopped: bool) -> None:

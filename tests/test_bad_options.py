@@ -290,3 +290,19 @@ def test_an_unexpected_error_is_raised_as_it_was_with_no_frame_of_the_error_mapp
         main(["plot", "somewhere"])
     files = [frame.filename for frame in traceback.extract_tb(raised.value.__traceback__)]
     assert not any(name.endswith("command_end.py") for name in files), files
+
+
+def test_an_lr_of_zero_is_said_as_training_nothing(tiny_model_dir, caplog):
+    """--lr 0 passed every check (not negative) and ran a whole training that changed nothing."""
+    from transformers import AutoModelForSequenceClassification
+
+    from nlptrain import TrainConfig, Trainer
+
+    model = AutoModelForSequenceClassification.from_pretrained(str(tiny_model_dir))
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        Trainer(model, config=TrainConfig(lr=0.0), progress=False)
+        assert "lr 0: the optimizer's every parameter group has lr 0, so no weight will change" \
+            in caplog.text
+        caplog.clear()
+        Trainer(model, config=TrainConfig(lr=1e-5), progress=False)
+    assert "lr 0" not in caplog.text
