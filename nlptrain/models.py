@@ -150,7 +150,8 @@ def eval_batches_record(collate: Any, config: Any) -> dict[str, Any]:
               "multiple": config.pad_to_multiple_of, "limit": None}
     if all(hasattr(collate, key) for key in ("pad_to", "multiple", "limit")):  # a Collator
         record.update(pad_to=collate.pad_to, multiple=collate.multiple, limit=collate.limit)
-    return record
+    # Plain ints (a numpy one, e.g. lengths.max(), would fail save_pretrained's JSON at the end)
+    return {key: None if value is None else int(value) for key, value in record.items()}
 
 
 def prepare_for_training(model: Any, config: Any, device: Any) -> None:

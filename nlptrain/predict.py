@@ -87,7 +87,12 @@ def check_threshold(args: argparse.Namespace) -> None:
         config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):  # (said where the model is loaded)
         return
-    at_threshold(from_model_config(SimpleNamespace(**config)), args.threshold, args.model, say=False)
+    if not isinstance(config, dict):  # (likewise)
+        return
+    # transformers' num_labels is id2label's length (one output, no problem_type: a regression)
+    outputs = len(config.get("id2label") or {}) or 2
+    read = SimpleNamespace(**{"num_labels": outputs, **config})
+    at_threshold(from_model_config(read), args.threshold, args.model, say=False)
 
 
 def at_threshold(trained: TaskKind, threshold: float | None, model: str, say: bool = True

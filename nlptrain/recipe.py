@@ -21,7 +21,7 @@ from nlptrain import distributed, kinds, losses, models
 from nlptrain.callbacks import EMA, Checkpointer, MetricLogger, ProgressBar, SaveBestModel
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
-from nlptrain.data.readers import format_of
+from nlptrain.data.readers import read_format
 from nlptrain.durable import clear_leftovers, open_durably, write_text
 from nlptrain.environments import Environment
 from nlptrain.errors import ConfigError
@@ -120,7 +120,7 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column,
                                          "header": train_file.header, "quoted": train_file.quoted,
-                                         "format": format_of(train_file)}  # (auto: by suffix)
+                                         "format": read_format(train_file)}  # (auto: resolved)
     with open_run_dir(task, opts, dist) as (run_dir, has_run, refused), out_of_space_said(run_dir):
         log_sizes(task, sets, dist)
 

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from nlptrain import kinds, optim
+from nlptrain import kinds
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
@@ -87,7 +87,8 @@ def job_step_of(model: Any, train_data: Any, collate: Any, batch_size: int
 def warn_if_the_lr_is_zero(optimizer: Any) -> None:
     """An lr of 0 (`--lr 0`, or an optimizer of the user's made so) changes no weight: a run that
     goes on for hours and ends where it began, unsaid, reads as a model that learned nothing."""
-    if optim.logged_lr(optimizer) == 0:
+    peaks = [group.get("initial_lr", group.get("lr")) for group in optimizer.param_groups]
+    if all(isinstance(lr, int | float) and lr == 0 for lr in peaks):  # (Adafactor's may be None)
         log.warning("lr 0: the optimizer's every parameter group has lr 0, so no weight will "
                     "change; to score a model without training it, use `nlptrain eval` (from "
                     "Python: Trainer.evaluate)")

@@ -306,3 +306,17 @@ def test_an_lr_of_zero_is_said_as_training_nothing(tiny_model_dir, caplog):
         caplog.clear()
         Trainer(model, config=TrainConfig(lr=1e-5), progress=False)
     assert "lr 0" not in caplog.text
+
+
+def test_the_lr_check_takes_an_optimizer_whose_lr_is_not_a_number():
+    """Adafactor's groups may hold lr None (a relative step): the check raised a TypeError
+    when the trainer was built."""
+    import torch
+
+    from nlptrain.trainer_arguments import warn_if_the_lr_is_zero
+
+    groups = [{"params": [torch.nn.Parameter(torch.zeros(2))]} for _ in range(2)]  # (max() of 2)
+    optimizer = torch.optim.SGD(groups, lr=0.1)
+    for group in optimizer.param_groups:
+        group["lr"] = None
+    warn_if_the_lr_is_zero(optimizer)  # no error, nothing said

@@ -166,3 +166,32 @@ def test_a_quoted_cell_over_two_lines_of_an_unquoted_tsv_is_refused_where_only_t
     short = "text\tlabel\nfine\tpos\nno label\nShe said \"no\"\n\"Jaws\" is a classic\nMy TV: 55\"\n"
     assert read_texts(_written(tmp_path / "short.tsv", short)).texts == \
         ["fine", "no label", 'She said "no"', '"Jaws" is a classic', 'My TV: 55"']  # (reviews 100-1)
+
+
+def test_a_label_path_without_a_format_trains_and_its_export_says_lines(tmp_path, tiny_model_dir):
+    """The export's record of the training file's format took `{label}.txt` by its suffix and
+    refused it ("cannot tell the format from '.txt'") after the data was read: a run that failed."""
+    import json
+
+    from nlptrain.cli import main
+
+    for label in ("neg", "pos"):
+        (tmp_path / f"{label}.txt").write_text("".join(f"{label} row {i}\n" for i in range(12)))
+    task = tmp_path / "lines.toml"
+    task.write_text(f"""
+name = "lines"
+data_dir = "."
+[data]
+train = "{{label}}.txt"
+labels = ["neg", "pos"]
+test_size = 0.25
+[model]
+name = "{tiny_model_dir}"
+max_length = 16
+[train]
+epochs = 1
+batch_size = 8
+""")
+    assert main(["train", "--task", str(task), "--output-dir", str(tmp_path / "run")]) == 0
+    exported = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert exported["nlptrain_columns"]["format"] == "lines"

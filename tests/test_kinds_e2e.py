@@ -221,3 +221,16 @@ def test_predict_at_another_threshold_than_the_models(trained, capsys):
         main([*args, "--threshold", "1"])
     assert ended.value.code == 2 and "not a probability strictly between 0 and 1" in \
         capsys.readouterr().err
+
+
+def test_the_threshold_check_reads_a_config_json_without_problem_type_as_transformers_does(
+        tmp_path, capsys):
+    """One output and no problem_type is a regression (transformers' rule); read without
+    num_labels, the check took it for single-label and said so."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"id2label": {"0": "score"}}))
+    (tmp_path / "in.txt").write_text("a text\n")
+    assert main(["predict", "--model", str(model), "--input", str(tmp_path / "in.txt"),
+                 "--threshold", "0.3"]) == 1
+    assert "is a regression model, which predicts without a threshold" in capsys.readouterr().err

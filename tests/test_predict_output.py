@@ -181,3 +181,18 @@ def test_predict_in_bf16_scores_each_row_as_the_runs_own_evaluation_did(toy_task
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     found = np.array([[row["probabilities"]["neg"], row["probabilities"]["pos"]] for row in rows])
     assert np.array_equal(found.astype(np.float32), expected)  # (JSON: every digit)
+
+
+def test_the_eval_batches_record_is_plain_json_whatever_numbers_a_collate_holds():
+    """A Collator of the user's made with numpy ints (pad_to=lengths.max()) failed the export's
+    save_pretrained at the end of the run (int64 is not JSON)."""
+    import json
+
+    from nlptrain import TrainConfig
+    from nlptrain.data import Collator
+    from nlptrain.models import eval_batches_record
+
+    record = eval_batches_record(Collator(0, pad_to=np.int64(32), limit=np.int64(40)), TrainConfig())
+    assert json.loads(json.dumps(record)) == {"batch_size": 64, "pad_to": 32, "multiple": 1,
+                                              "limit": 40}
+    assert eval_batches_record(lambda rows: rows, TrainConfig(pad_to_multiple_of=4))["multiple"] == 4

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, format_of, read_examples, source_files
+from nlptrain.data.readers import Examples, read_examples, read_format, source_files
 from nlptrain.data.rows import label_text
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.text_files import open_checked
@@ -196,7 +196,7 @@ def load_file(spec: FileSpec, data_dir: Path, vocab: LabelVocab | None, tokenize
         # absolute path as --train-file gives it, tokenized it twice); a label template stays.
         named = {**vars(spec), "path": spec.path if "{label}" in spec.path else ""}
         how = {"spec": named, "labels": vocab and [vocab.values, vocab.names],
-               "format": format_of(spec) if "{label}" not in spec.path else "lines",
+               "format": read_format(spec),
                "kind": kind.cache_key()}
         key = cache_key(files, tokenizer, max_length, how)
         size = sum(path.stat().st_size for path in files)

@@ -31,6 +31,12 @@ FORMATS_BY_SUFFIX = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "
                      ".parquet": "parquet"}
 
 
+def read_format(spec: FileSpec) -> str:
+    """The format a [data] entry is read in: a path with {label} is one file per label, one text
+    a line; else its own (`format_of`)."""
+    return "lines" if "{label}" in spec.path else format_of(spec)
+
+
 def format_of(spec: FileSpec) -> str:
     if spec.format != "auto":
         formats = CHOICES[("data", "format")]  # a per-file table's is not checked with [data]'s
@@ -244,7 +250,7 @@ def iter_rows(spec: FileSpec, data_dir: str | Path, label_values: Sequence[str] 
     For format 'lines' (a path with {label}), one file per label value, one text a line.
     `empty_label_ok`: an empty label cell lists no labels (a multi-label task's row). `keep`:
     other columns each row carries as they are (`Row.kept`)."""
-    fmt = "lines" if "{label}" in spec.path else format_of(spec)
+    fmt = read_format(spec)
     files = source_files(spec, data_dir, list(label_values), what)
     empty = True
     if fmt == "lines":
