@@ -78,11 +78,10 @@ def readable_input(name: str) -> Iterator[Path]:
             raise
 
 
-def check_threshold(args: argparse.Namespace) -> None:
-    """`--threshold` for a model whose kind has none, refused from its config.json before any
-    input is read or worker started (one error, not one a rank)."""
-    if args.threshold is None:
-        return
+def check_model_kind(args: argparse.Namespace) -> None:
+    """The model's kind (one not registered here), and `--threshold` for a kind that has none,
+    refused from its config.json before any input is read or worker started (one error, not
+    one a rank)."""
     try:
         config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):  # (said where the model is loaded)
@@ -92,7 +91,7 @@ def check_threshold(args: argparse.Namespace) -> None:
     # transformers' num_labels is id2label's length (one output, no problem_type: a regression)
     outputs = len(config.get("id2label") or {}) or 2
     read = SimpleNamespace(**{"num_labels": outputs, **config})
-    at_threshold(from_model_config(read), args.threshold, args.model, say=False)
+    at_threshold(from_model_config(read), args.threshold, args.model, say=False)  # (None: as is)
 
 
 def at_threshold(trained: TaskKind, threshold: float | None, model: str, say: bool = True
@@ -194,7 +193,7 @@ def check_files(args: argparse.Namespace) -> None:
     open_checked(path, "input")
     if not (Path(args.model) / "config.json").is_file():
         raise ConfigError(f"{args.model}: no config.json; give a saved model folder (a run's model/)")
-    check_threshold(args)
+    check_model_kind(args)
     check_output(args.output, args.input)  # (a descriptor: open, for writing, in this process)
     check_reaches_workers(args.output, "the --nproc workers", ", or drop --nproc")
 
@@ -207,7 +206,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.evaluate import predict
     from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
 
-    check_threshold(args)
+    check_model_kind(args)
     fmt = output_format(args.output, args.format)
     environment = dist.environment  # (a worker of an agent, or of srun or mpirun: not the shell's child)
     if environment.has_agent or dist.world_size > 1:

@@ -234,3 +234,16 @@ def test_the_threshold_check_reads_a_config_json_without_problem_type_as_transfo
     assert main(["predict", "--model", str(model), "--input", str(tmp_path / "in.txt"),
                  "--threshold", "0.3"]) == 1
     assert "is a regression model, which predicts without a threshold" in capsys.readouterr().err
+
+
+def test_a_model_of_a_kind_not_registered_here_is_one_error_before_nprocs_workers(tmp_path, capsys):
+    """Said by every rank before (each loaded the model), then 'rank 1 of 2 failed'."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"id2label": {"0": "a", "1": "b"}, "nlptrain_kind":
+                                                   "ordinal", "problem_type": "multi_label_classification"}))
+    (tmp_path / "in.txt").write_text("a text\n")
+    assert main(["predict", "--model", str(model), "--input", str(tmp_path / "in.txt"),
+                 "--nproc", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("trained as a task of kind 'ordinal'") == 1 and "[rank" not in err, err
