@@ -78,33 +78,36 @@ def readable_input(name: str) -> Iterator[Path]:
             raise
 
 
+def saved_model_config(model: str) -> dict[str, Any]:
+    """The model folder's config.json as saved ({} where it cannot be read: the model's loading
+    says why)."""
+    try:
+        config = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def check_model_kind(args: argparse.Namespace) -> None:
     """The model's kind (one not registered here), and `--threshold` for a kind that has none,
     refused from its config.json before any input is read or worker started (one error, not
     one a rank)."""
-    try:
-        config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # (said where the model is loaded)
-        return
-    if not isinstance(config, dict):  # (likewise)
+    config = saved_model_config(args.model)
+    if not config:
         return
     # transformers' num_labels is id2label's length (one output, no problem_type: a regression)
     outputs = len(config.get("id2label") or {}) or 2
-    read = SimpleNamespace(**{"num_labels": outputs, **config})
-    at_threshold(from_model_config(read), args.threshold, args.model, say=False)  # (None: as is)
+    kind = from_model_config(SimpleNamespace(**{"num_labels": outputs, **config}))
+    if args.threshold is not None and "threshold" not in kind.settings:
+        raise ConfigError(f"--threshold {args.threshold:g}: {args.model} is a {kind.name} model, "
+                          "which predicts without a threshold (a multi_label model has one)")
 
 
-def at_threshold(trained: TaskKind, threshold: float | None, model: str, say: bool = True
-                 ) -> TaskKind:
-    """The model's kind, at `--threshold` where given (a kind that has one: multi-label)."""
+def at_threshold(trained: TaskKind, threshold: float | None) -> TaskKind:
+    """The model's kind, at `--threshold` where given (a kind that has one: `check_model_kind`)."""
     if threshold is None:
         return trained
-    if "threshold" not in trained.settings:
-        raise ConfigError(f"--threshold {threshold:g}: {model} is a {trained.name} model, which "
-                          "predicts without a threshold (a multi_label model has one)")
     kind = type(trained).from_settings({"threshold": threshold})
-    if not say:
-        return kind
     if kind.scoring_change(trained):  # (said where it differs from the model's)
         log.info("predicting at threshold %g; the model was trained and tested at %g", threshold,
                  getattr(trained, "threshold", math.nan))
@@ -139,10 +142,7 @@ def input_layout(args: argparse.Namespace) -> InputLayout:
     header row, no quoting."""
     from nlptrain.data.readers import FORMATS_BY_SUFFIX
 
-    try:
-        config = json.loads((Path(args.model) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        config = {}
+    config = saved_model_config(args.model)
     trained = config.get("nlptrain_columns") or {}
 
     def given_or_trained(value: Any, key: str, default: Any) -> Any:
@@ -224,7 +224,7 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     texts = dist.on_main(read)
     tokenizer = load_tokenizer(args.model)
     model = load_saved_model(args.model)
-    kind = at_threshold(from_model_config(model.config), args.threshold, args.model)
+    kind = at_threshold(from_model_config(model.config), args.threshold)
     check_inputs_fit(model.config, args, texts.pairs is not None)
     if args.all_probs and not kind.has_classes:
         log.warning("--all-probs: a %s model has no label probabilities; its score is written",
