@@ -27,6 +27,7 @@ class Checkpointer(Callback):
     # sooner, it would miss them, and a resume from it would never run that evaluation again.
     # (A callback's stop rides the step's flags, which fused AdamW reads a step late: read first.)
     runs_last = True
+    saves_on_stop = True  # (on_exception of Interrupted): a signal's stop says how to resume
 
     def __init__(self, folder: str | Path, every: int = 0, keep: int = 2, every_minutes: float = 0.0,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -58,6 +58,7 @@ class Callback:
 
     main_process_only: bool = False
     runs_last: bool = False  # after the other callbacks at every event, whatever the list order
+    saves_on_stop: bool = False  # writes a checkpoint when a signal stops the run (Checkpointer)
 
     def on_train_start(self, trainer: Trainer) -> None:
         """Before the first epoch. The train data may be replaced here."""

@@ -60,10 +60,8 @@ class StepAgreement:
         stop, interrupted = self.dist.all_sum([self.should_stop, self.interrupted])
         self.should_stop = bool(stop)
         if interrupted and interrupt:
-            from nlptrain.callbacks import Checkpointer  # a package of callbacks: imported late
-
-            step = self.progress.global_step
-            raise Interrupted(stopped_message(step, bool(self.callbacks.find(Checkpointer))), step)
+            saved = any(getattr(c, "saves_on_stop", False) for c in self.callbacks.callbacks)
+            raise Interrupted(stopped_message(self.progress.global_step, saved), self.progress.global_step)
         return self.should_stop
 
     def _agree_on_step(self) -> bool:

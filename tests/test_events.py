@@ -159,6 +159,20 @@ def test_a_signal_in_an_epochs_last_step_still_ends_that_epoch(tmp_path, tiny_mo
     assert trainer.metrics["step"] == 3 and trainer.epoch == 1
 
 
+def test_a_stop_says_how_to_resume_where_a_callback_of_ones_own_saves_on_it(tmp_path, tiny_model_dir):
+    """`saves_on_stop`: the stop's message asks the callbacks, not for the Checkpointer class."""
+    class OwnSaver(Callback):
+        saves_on_stop = True
+
+        def on_batch_start(self, trainer, batch):
+            if trainer.global_step == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [OwnSaver()])
+    with pytest.raises(Interrupted, match=r"after step 2; continue with resume_from="):
+        trainer.fit()
+
+
 def test_a_signal_the_process_ignores_stays_ignored(tmp_path, tiny_model_dir):
     """nohup ignores SIGHUP: a closed terminal stopped the run once SIGHUP stopped runs."""
     class HangUp(Callback):
@@ -317,3 +331,28 @@ def test_lightnings_state_methods_on_a_callback_are_warned_of(tmp_path, tiny_mod
     assert said == [f"callback Counted.{name} is never called: a checkpoint keeps a callback's "
                     "state through on_save_checkpoint / on_load_checkpoint (trainer, state)"
                     for name in ("state_dict", "load_state_dict")], said
+
+
+@pytest.mark.parametrize("ending", ["stop", "error"])
+def test_on_train_end_sees_the_epochs_run_or_the_one_an_error_stopped(tmp_path, tiny_model_dir, ending):
+    """As the README's event table says: a stop in epoch 1 (from 0) ends that epoch, so two
+    epochs were run; an error there leaves the counters where it struck (epoch 1, batch 2)."""
+    seen: dict[str, int] = {}
+
+    class EndAtStepFive(Callback):  # mid-epoch: epoch 1 has steps 4, 5 and 6
+        def on_step_end(self, trainer):
+            if trainer.global_step == 5 and ending == "error":
+                raise RuntimeError("at step 5")
+            trainer.should_stop |= trainer.global_step == 4  # rides step 5's flags: ends there
+
+        def on_train_end(self, trainer):
+            seen.update(epoch=trainer.epoch, batch=trainer.batch_in_epoch, step=trainer.global_step)
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [EndAtStepFive()], epochs=3)  # 3 steps an epoch
+    if ending == "error":
+        with pytest.raises(RuntimeError, match="at step 5"):
+            trainer.fit()
+        assert seen == {"epoch": 1, "batch": 2, "step": 5}
+    else:
+        trainer.fit()
+        assert seen == {"epoch": 2, "batch": 0, "step": 5}
