@@ -216,7 +216,16 @@ def test_csv_row_with_more_cells_than_the_header_is_refused_not_shifted(tmp_path
     ex = read(tmp_path, "b.csv", "text,label\nfine,pos,\nok,neg, \n")  # empty extra cells: fine
     assert ex.texts == ["fine", "ok"] and ex.labels == ["pos", "neg"]
     ex = read(tmp_path, "c.csv", "3,t,x,y\n", header=False, text_column=1, label_column=0)
-    assert ex.texts == ["t"]  # no header: nothing to count the cells against
+    assert ex.texts == ["t"]  # no header: the first row's cells are the count
+    # Without a header, a text that holds a separator was cut at it ("great"), unsaid.
+    with pytest.raises(DataError, match=r"d\.csv:3: 3 columns, but the file's first row \(line 1\) "
+                                        r"has 2; a text holding a separator\? Quote the cell"):
+        read(tmp_path, "d.csv", "pos,good\nneg,bad\npos,great, fun\n", header=False,
+             text_column=1, label_column=0)
+    with pytest.raises(DataError, match=r"e\.tsv:2: 3 columns, but the file's first row \(line 1\) "
+                                        r"has 2; a text holding a tab\?"):
+        read(tmp_path, "e.tsv", "pos\tgood\npos\tgreat\tfun\n", header=False,
+             text_column=1, label_column=0)
 
 
 def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):

@@ -107,7 +107,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
     columns: dict[str, int] = {}  # role -> column
-    line = 0
+    first_width: int | None = None  # without a header: the first row's cells, at line first_line
+    line = first_line = 0
     try:
         for row in rows:
             # csv reads no further than this row: the lines since the last clear are its lines.
@@ -145,11 +146,17 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                     any(cell.startswith('"') and cell.count('"') % 2 for cell in row):
                 raise DataError(f"{path}:{line}: {len(row)} column(s), but the header has "
                                 f"{len(header)}; {quoted_cells_hint(row, quoting)}")
-            # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
-            # shifted the cells, so the label column would read a piece of the text.
-            if header is not None and any(cell.strip() for cell in row[len(header):]):
-                raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
-                                f"{len(header)}; {quoted_cells_hint(row, quoting) or extra_cells_fix}")
+            # More cells than the header names (without one, than the first row has): a tab
+            # (TSV) or comma (CSV) inside a text has shifted the cells, so a column reads a piece
+            # of the text, or the text stops at the separator.
+            width = len(header) if header is not None else first_width
+            if width is None:
+                width, first_width, first_line = len(row), len(row), line
+            if any(cell.strip() for cell in row[width:]):
+                than = "the header has" if header is not None else \
+                    f"the file's first row (line {first_line}) has"
+                raise DataError(f"{path}:{line}: {len(row)} columns, but {than} {width}; "
+                                f"{quoted_cells_hint(row, quoting) or extra_cells_fix}")
             yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
                               empty_label_ok)
     except csv.Error as err:
