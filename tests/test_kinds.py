@@ -66,6 +66,25 @@ def test_multi_label_targets_from_a_json_list_and_a_separated_cell(tmp_path):
         vocab.encode(bad, kind)
 
 
+@pytest.mark.parametrize(("cell", "said"), [
+    ("music,,food", r"the labels 'music,,food' hold an empty one \(a separator ',' at an end or "
+                    r"twice in a row\); list the row's labels as 'a,b', or leave the cell empty"),
+    ("music,", r"the labels 'music,' hold an empty one"),
+    (",", r"the labels ',' hold an empty one"),  # read as none of the labels
+    ("food,food", r"the labels 'food,food' name 'food' twice"),
+    ("food,0", r"the labels 'food,0' name 'food' and '0', one label, twice"),
+])
+def test_a_multi_label_cell_that_drops_or_repeats_a_label_names_its_line(tmp_path, cell, said):
+    """Each of these read as fewer labels, or none, without a word (a JSON list named twice was
+    refused already)."""
+    (tmp_path / "m.tsv").write_text(f"text\ttags\na\tmusic\nb\t{cell}\nc\t\n")
+    rows = read_examples(FileSpec(path="m.tsv", label_column="tags"), tmp_path, [],
+                         empty_label_ok=True)
+    vocab = LabelVocab.from_config({"0": "food", "1": "music"})
+    with pytest.raises(DataError, match=r"m\.tsv:3: " + said):
+        vocab.encode(rows, MultiLabel())
+
+
 def test_a_label_list_in_a_single_label_task_says_so(tmp_path):
     (tmp_path / "l.jsonl").write_text('{"text": "a", "label": "neg"}\n'
                                       '{"text": "b", "label": ["neg"]}\n')

@@ -228,6 +228,13 @@ def test_csv_row_with_more_cells_than_the_header_is_refused_not_shifted(tmp_path
              text_column=1, label_column=0)
 
 
+def test_a_nan_label_is_a_missing_one_not_a_class_named_nan(tmp_path):
+    """JSON's NaN (and Parquet's float NaN, as Spark and polars write a missing value) made a
+    class 'nan', trained without a word."""
+    with pytest.raises(DataError, match=r"n\.jsonl:2: the row has no label \(NaN: a missing value\)"):
+        read(tmp_path, "n.jsonl", '{"text": "a", "label": 0.0}\n{"text": "b", "label": NaN}\n')
+
+
 def test_a_quote_never_closed_names_the_line_it_opens(tmp_path):
     content = 'text,label\nfine,pos\n"unclosed,neg\nok,pos\nalso ok,neg\n'  # csv reads to the end
     with pytest.raises(DataError, match=r"a\.csv:3: a quoted cell that starts in this row is never "

@@ -4,6 +4,7 @@ The readers (TSV, CSV, JSONL, Parquet, 🤗 datasets) differ only in how they fi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -68,7 +69,9 @@ def _checked_row(cells: dict[str, object], path: Path, line: int, empty_label_ok
                             f"({str(label)[:60]}); list the row's labels by name "
                             "([\"joy\", \"fear\"]), not a 0/1 column per label")
         return Row(str(text), names, str(path), line, pair)
-    if label is None or not str(label).strip():
+    if isinstance(label, float) and math.isnan(label):  # a missing value (Spark's, polars'), as
+        raise DataError(f"{path}:{line}: the row has no label (NaN: a missing value)")  # null is:
+    if label is None or not str(label).strip():  # not a class "nan", nor a score
         if empty_label_ok and label is not None:  # null is a value left out, not "no label"
             return Row(str(text), [], str(path), line, pair)
         raise DataError(f"{path}:{line}: the row has no label" + (

@@ -82,13 +82,34 @@ class MultiLabel(TaskKind):
 
         out = np.zeros((len(cells), len(set(ids.values()))), dtype=np.float32)
         for i, cell in enumerate(cells):
+            self._check_pieces(cell, where, i)
+            named: dict[int, str] = {}  # label id -> how this cell named it
             for value in self.label_values(cell):
                 if value not in ids:
                     path, line = where(i)
                     not_one_of, cure = unknown_label(ids)
                     raise DataError(f"{path}:{line}: label {value!r} (in {cell!r}) {not_one_of}; {cure}")
+                if ids[value] in named:  # "2,2", or a name and its value ("joy,0"): a typo, unsaid
+                    path, line = where(i)
+                    again = repr(value) if named[ids[value]] == value else \
+                        f"{named[ids[value]]!r} and {value!r}, one label,"
+                    raise DataError(f"{path}:{line}: the labels {cell!r} name {again} twice; "
+                                    "name each of the row's labels once")
+                named[ids[value]] = value
                 out[i, ids[value]] = 1.0
         return out
+
+    def _check_pieces(self, cell: str | list[str], where: Where, row: int) -> None:
+        """"0,,2", "0," or ",": a label left out between separators (or the cell's separators
+        alone) reads as fewer labels, or none, without a word. A wholly empty cell is a row with
+        none of the labels."""
+        if isinstance(cell, list) or not self.separator or not cell.strip():
+            return
+        if any(not piece.strip() for piece in cell.split(self.separator)):
+            path, line = where(row)
+            raise DataError(f"{path}:{line}: the labels {cell!r} hold an empty one (a separator "
+                            f"{self.separator!r} at an end or twice in a row); list the row's "
+                            f"labels as 'a{self.separator}b', or leave the cell empty for none")
 
     def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
         import numpy as np
