@@ -230,6 +230,19 @@ def test_a_regression_files_bad_score_is_refused_by_split_at_its_source_line(tmp
 
 
 
+def test_a_label_the_task_does_not_name_is_refused_by_split_at_its_source_line(tmp_path, capsys):
+    """A misspelt label was split without a word; the run then refused the manifest, naming no
+    row of the source."""
+    from nlptrain.cli import main
+
+    (tmp_path / "l.tsv").write_text("text\tlabel\na\tpos\nb\tneg\nc\tpostive\nd\tneg\n")
+    args = ["split", str(tmp_path / "l.tsv"), "--world-size", "2", "--set",
+            "data.labels=['neg', 'pos']", "--out", str(tmp_path / "parts")]
+    assert main(args) == 1
+    assert "l.tsv:4: label 'postive' is not one of the task's labels" in capsys.readouterr().err
+    assert not (tmp_path / "parts").exists()
+
+
 def test_a_jsonl_files_lists_of_labels_split_without_a_task_are_kept_as_lists(tmp_path, capsys):
     """`split FILE` reads one label a row unless told the kind; a JSON list of labels is a
     multi-label row (a multi_label task trains on the parts), kept, not refused."""

@@ -155,9 +155,11 @@ class _Parts:
 
 def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "rows",
                shuffle: bool = False, seed: int = 0, input_bytes: int = 0,
-               bucket_bytes: int = BUCKET_BYTES, kind: Any = None) -> Manifest:
+               bucket_bytes: int = BUCKET_BYTES, kind: Any = None,
+               label_ids: dict[str, int] | None = None) -> Manifest:
     """Write rows (rows.Row) to the part files in `folder`; memory stays flat. `kind` (a
-    task kind) says which label values a row names: a multi-label row names several."""
+    task kind) says which label values a row names: a multi-label row names several.
+    `label_ids`: the task's labels, where it names them (each row's is checked against them)."""
     from nlptrain.data import LabelVocab
     from nlptrain.data.tokenized import file_digest
     from nlptrain.kinds import SingleLabel
@@ -176,8 +178,9 @@ def split_rows(rows: Iterable[Any], folder: Path, world_size: int, by: str = "ro
         for row in rows:
             sources.setdefault(row.path)
             labels.update(kind.label_values(row.label))
-            if not kind.has_classes:  # a score read as training will: said at its source line
-                kind.encode([row.label], {}, lambda _, row=row: (row.path, row.line))
+            if label_ids or not kind.has_classes:  # a label or score read as training will:
+                kind.encode([row.label], label_ids or {},  # said at its source line, not later
+                            lambda _, row=row: (row.path, row.line))  # by the run, of the manifest
             if len(labels) > MAX_LABELS:
                 raise DataError(f"{row.path}:{row.line}: over {MAX_LABELS} distinct labels; "
                                 "is label_column the right column?")
@@ -257,7 +260,8 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
     files = entry_files(task, which)
     if spec is None or files is None:
         raise ConfigError(f"task '{task.name}' has no [data] {which} file to split")
-    values = LabelVocab.from_config(task.data.labels).values if task.data.labels else []
+    vocab = LabelVocab.from_config(task.data.labels) if task.data.labels else None
+    values = vocab.values if vocab else []
     _check_out(out, overwrite)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -269,7 +273,8 @@ def split_task(task: Any, out: Path, world_size: int, by: str = "rows", shuffle:
         kind = from_task(task)
         rows = iter_rows(spec, task.data_dir, values, which, empty_label_ok=kind.empty_label_ok)
         manifest = split_rows(rows, staging, world_size, by, shuffle, seed,
-                              sum(f.stat().st_size for f in files), kind=kind)
+                              sum(f.stat().st_size for f in files), kind=kind,
+                              label_ids=vocab.ids() if vocab else None)
         manifest.source = {"files": [str(f) for f in files], "format": spec.format,
                            "bytes": sum(f.stat().st_size for f in files),
                            "checksum": file_digest(files)}
