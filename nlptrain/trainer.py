@@ -188,7 +188,8 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             # in its export, say): the scores of the weights it ended with, as its own fit returned
             self.metrics = {**self.evaluate(self.eval_data), "epoch": self.epoch,
                             "step": self.global_step}
-        return self.metrics or {"epoch": self.epoch, "step": self.global_step, "train_loss": self.last_loss}
+        return self.metrics or {"epoch": self.epoch + bool(self.batch_in_epoch), "step": self.global_step,
+                                "train_loss": self.last_loss}  # (epochs begun)
 
     def _train_epochs(self) -> None:
         while not self._agree_on_stop() and self.epoch < self.config.epochs:
@@ -205,7 +206,8 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             if self.metrics.get("step") != self.global_step:
                 self.validate()  # at each epoch end, unless eval_every just did
             self.callbacks.fire("on_epoch_end", self)
-            self.progress.next_epoch()
+            if self.progress.ended_epoch() or not self.should_stop:  # a stop mid-epoch leaves the
+                self.progress.next_epoch()  # counters where it stopped, as its checkpoint does
 
     def _check_before_training(self) -> None:
         """An optimizer put in place of the one a checkpoint loaded into (before fit, or in
@@ -215,6 +217,9 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             warn_if_nothing_to_train(self.progress, self.config.epochs, self.should_stop)
         if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
             check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
+        if self._fits and self.progress.batch_in_epoch and not self._failed:  # the last fit's
+            # stop ended it mid-epoch: this one trains the rest, as a resume from there would
+            self.train_batches.resume_samples = self.progress.samples_in_epoch
         self._fits += 1
         loaded, self._loaded_optimizer = self._loaded_optimizer, None
         if loaded not in (None, self.optimizer):

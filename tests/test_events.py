@@ -334,9 +334,10 @@ def test_lightnings_state_methods_on_a_callback_are_warned_of(tmp_path, tiny_mod
 
 
 @pytest.mark.parametrize("ending", ["stop", "error"])
-def test_on_train_end_sees_the_epochs_run_or_the_one_an_error_stopped(tmp_path, tiny_model_dir, ending):
-    """As the README's event table says: a stop in epoch 1 (from 0) ends that epoch, so two
-    epochs were run; an error there leaves the counters where it struck (epoch 1, batch 2)."""
+def test_on_train_end_sees_the_counters_where_a_stop_or_error_left_them(tmp_path, tiny_model_dir, ending):
+    """As the README's event table says, and as the checkpoint written at a stop holds them: a
+    stop or an error in epoch 1 (from 0) leaves it at batch 2. A stop used to move the counters
+    to the next epoch's start, and a later fit() skipped the rest of the stopped epoch."""
     seen: dict[str, int] = {}
 
     class EndAtStepFive(Callback):  # mid-epoch: epoch 1 has steps 4, 5 and 6
@@ -355,4 +356,4 @@ def test_on_train_end_sees_the_epochs_run_or_the_one_an_error_stopped(tmp_path, 
         assert seen == {"epoch": 1, "batch": 2, "step": 5}
     else:
         trainer.fit()
-        assert seen == {"epoch": 2, "batch": 0, "step": 5}
+        assert seen == {"epoch": 1, "batch": 2, "step": 5}

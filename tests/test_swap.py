@@ -188,16 +188,23 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
         def on_step_end(self, trainer) -> None:
             trainer.should_stop = trainer.should_stop or trainer.global_step == 2
 
-    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo()], epochs=3, batch_size=8)
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo()], epochs=3, batch_size=4)
     trainer.fit()
     stopped = trainer.global_step
     with caplog.at_level("WARNING", logger="nlptrain"):
         trainer.fit()
     assert trainer.global_step == stopped
     assert f"this trainer's run was stopped at step {stopped} (should_stop)" in caplog.text
-    trainer.should_stop = False  # trains on: the epochs left (the stopped one ended at its stop)
-    trainer.fit()  # (ran its epochs empty: the last fit's agreed stop ended every batch)
-    assert (trainer.epoch, trainer.global_step) == (3, stopped + 2 * trainer.steps_per_epoch)
+    assert (trainer.epoch, trainer.batch_in_epoch) == (0, stopped)  # where it stopped
+    trainer.should_stop = False  # trains on: the rest of the stopped epoch, then the others, as a
+    trainer.fit()  # resume from there would (the rest of epoch 1 used to be skipped)
+    assert (trainer.epoch, trainer.global_step) == (3, 3 * trainer.steps_per_epoch)
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [], epochs=3, batch_size=4)
+    whole.fit()
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in trainer.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
 
 
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
