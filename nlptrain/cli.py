@@ -17,7 +17,7 @@ from typing import Any
 
 from nlptrain import command_end
 from nlptrain.command_end import flush_stdout
-from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError
+from nlptrain.errors import ConfigError, NlptrainError, RemoteRankError, every_local_rank
 from nlptrain.kinds import KINDS
 from nlptrain.launch import add_launch_options, tell_exit
 from nlptrain.logs import add_log_level
@@ -184,10 +184,14 @@ def check_data_files(task: Any, which: tuple[str, ...]) -> None:
 def run_options(args: argparse.Namespace) -> Any:
     """The `train` options that are not part of the task, with the `--callback`s made."""
     from nlptrain import recipe
+    try:  # each rank loads them: a file of this machine, the same mistake on each rank, said once
+        callbacks = [make_callback(spec) for spec in args.callback]  # checked
+    except ConfigError as err:
+        raise every_local_rank(err) from None
     return recipe.RunOptions(output_dir=args.output_dir or "", resume=args.resume,
                              overwrite=args.overwrite, use_cache=not args.no_cache,
                              tensorboard=args.tensorboard, progress_every_s=args.progress_every,
-                             callbacks=[make_callback(spec) for spec in args.callback],  # checked
+                             callbacks=callbacks,
                              callback_specs=[absolute_spec(spec) for spec in args.callback])
 
 

@@ -17,10 +17,16 @@ from nlptrain.errors import ConfigError
 
 
 def check_file(spec: str) -> None:
-    """Before `--nproc` starts workers (each loads the file): that a FILE.py spec's file exists."""
+    """Before `--nproc` starts workers (each loads the file): that a FILE.py spec's file exists
+    and compiles (run, it would import torch in the launcher: the workers run it)."""
     where = spec.rpartition(":")[0]
     if where.endswith(".py") and not Path(where).is_file():
         raise ConfigError(f"--callback {spec}: file {where} not found")
+    if where.endswith(".py"):
+        try:
+            compile(Path(where).read_bytes(), where, "exec")
+        except (SyntaxError, ValueError) as err:
+            raise _said_at_its_line(err, where, spec) from None
 
 
 def make_callback(spec: str) -> Any:
@@ -74,11 +80,15 @@ def load_object(spec: str) -> Any:
             raise ConfigError(f"--callback {spec}: {where} defines no {name!r}")
         return getattr(module, name)
     except (SyntaxError, ValueError) as err:  # the user's file: its line, not our traceback
-        place = f"{getattr(err, 'filename', None) or where}" + \
-            (f":{err.lineno}" if getattr(err, "lineno", None) else "")  # (a NUL byte has no line)
-        raise ConfigError(f"{place}: {getattr(err, 'msg', err)} (--callback {spec})") from None
+        raise _said_at_its_line(err, where, spec) from None
     except (ImportError, AttributeError) as err:
         raise ConfigError(f"--callback {spec}: cannot load it ({err})") from None
+
+
+def _said_at_its_line(err: SyntaxError | ValueError, where: str, spec: str) -> ConfigError:
+    place = f"{getattr(err, 'filename', None) or where}" + \
+        (f":{err.lineno}" if getattr(err, "lineno", None) else "")  # (a NUL byte has no line)
+    return ConfigError(f"{place}: {getattr(err, 'msg', err)} (--callback {spec})")
 
 
 def _run_file(path: Path, spec: str) -> Any:

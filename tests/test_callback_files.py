@@ -18,6 +18,27 @@ def test_a_missing_callback_file_is_one_error_before_any_worker_starts(capsys, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.distributed
+def test_a_callback_file_that_fails_to_load_on_every_rank_is_one_error(capsys, toy_task, tmp_path):
+    """Under --nproc, a syntax error is said before any worker starts; an error of the file's own
+    code (at import) by local rank 0 alone. Each rank used to say it, and the launcher blamed
+    whichever rank failed first."""
+    from conftest import run_cli
+
+    mine = tmp_path / "mine.py"
+    mine.write_text("from nlptrain import Callback\n\nclass Notify(Callback)\n    pass\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--nproc", "2", "--callback",
+                      f"{mine}:Notify")
+    assert code == 1 and err.count("error:") == 1 and "launched by" not in err, err
+    assert f"error: {mine}:3: expected ':' (--callback {mine}:Notify)" in err
+    mine.write_text("from nlptrain import Callback\n\nraise KeyError('HOOK_URL')\n")
+    done = run_cli(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                    "--nproc", "2", "--callback", f"{mine}:Notify"], cwd=tmp_path)
+    said = f"{mine}:3: KeyError: 'HOOK_URL' (--callback {mine}:Notify)"
+    assert done.returncode == 1 and done.stderr.count(said) == 1, done.stderr
+    assert "[rank 1]" not in done.stderr and "rank 0 of 2 failed" in done.stderr
+
+
 def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(capsys, toy_task,
                                                                              tmp_path):
     mine = tmp_path / "mine.py"
