@@ -145,8 +145,19 @@ def check_callback(callback: Any) -> Callback:
             continue
         except TypeError:
             raise ConfigError(f"callback {name}.{event}{inspect.signature(method)} cannot take the "
-                              f"event's arguments ({', '.join(arguments)})") from None
+                              f"event's arguments ({', '.join(arguments)}){defined_at(method)}"
+                              ) from None
     return callback
+
+
+def defined_at(function: Any) -> str:
+    """"; at FILE:LINE" where `function`'s source is found (a user's callback, from Python)."""
+    try:
+        file = inspect.getsourcefile(function)
+        line = inspect.getsourcelines(function)[1]
+    except (OSError, TypeError):  # a builtin, a class made by exec without a file
+        return ""
+    return f"; at {file}:{line}" if file else ""
 
 
 def unknown_events(callback: Callback) -> list[str]:
@@ -195,9 +206,10 @@ class CallbackList:
             for name in unknown_events(callback) if is_main else ():
                 near = [known] if (known := event_named_elsewhere(name)) else \
                     difflib.get_close_matches(name, EVENTS, n=1)
-                log.warning("callback %s.%s is no event, so it is never called%s",
+                log.warning("callback %s.%s is no event, so it is never called%s%s",
                             type(callback).__name__, name,
-                            f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}")
+                            f" (did you mean {near[0]}?)" if near else f"; the events: {', '.join(EVENTS)}",
+                            defined_at(getattr(type(callback), name)))
             for name in unread_state_methods(callback) if is_main else ():
                 log.warning("callback %s.%s is never called: a checkpoint keeps a callback's state "
                             "through on_save_checkpoint / on_load_checkpoint (trainer, state)",

@@ -260,7 +260,7 @@ class NotACallback:
 
 @pytest.mark.parametrize("wrong, message", [
     (WrongArgs(), r"WrongArgs\.on_valid_end\(trainer\) cannot take the event's arguments "
-                  r"\(trainer, metrics, is_best\)"),
+                  r"\(trainer, metrics, is_best\); at .*test_events\.py:252$"),
     (NotACallback(), r"NotACallback is not a Callback: subclass nlptrain\.Callback"),
     (Recorder, r"Recorder is a Callback class: pass an instance, Recorder\(\)")])
 def test_a_wrong_callback_is_refused_before_training_naming_it(tmp_path, tiny_model_dir, wrong,
@@ -289,8 +289,9 @@ def test_a_misspelt_event_is_warned_of_with_the_event_it_is_near(tmp_path, tiny_
 
     with caplog.at_level("WARNING", logger="nlptrain"):
         make_trainer(tmp_path, tiny_model_dir, [Typo()]).fit()
+    line = Typo.on_epoch_ended.__code__.co_firstlineno
     assert "callback Typo.on_epoch_ended is no event, so it is never called (did you mean " \
-           "on_epoch_end?)" in caplog.text
+           f"on_epoch_end?); at {__file__}:{line}" in caplog.text
 
 
 @pytest.mark.parametrize("name, meant", [
