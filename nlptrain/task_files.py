@@ -254,13 +254,17 @@ def with_line(message: str, path: str, text: str) -> str:
 
 
 def _line_of(text: str, table: str, key: str) -> int | None:
-    """The line (from 1) where `key = ...` stands in `[table]`; None where it is not found once
-    (a line of a multi-line string's text is no TOML line)."""
+    """The line (from 1) where `key = ...` stands in `[table]`, or a table `[table.key]` (a
+    misspelt `[dta]`) begins; None where it is not found once (a line of a multi-line string's
+    text is no TOML line)."""
     current, found = "", []
+    whole = f"{table}.{key}" if table else key
     for number, line in _lines_outside_strings(text):
         header = re.match(r"\s*\[\s*([\w.]+)\s*\]", line)
         if header:
             current = header.group(1)
+            if current == whole:
+                found.append(number)
         elif current == table and re.match(rf"\s*{re.escape(key)}\s*=", line):
             found.append(number)
     return found[0] if len(found) == 1 else None

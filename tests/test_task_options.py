@@ -163,6 +163,7 @@ def test_a_task_file_saved_with_a_byte_order_mark_is_read(toy_task):
     ("lr = -1.0", 9, ": [train] lr must be at least 0"),
     ('test = {path = "t.tsv", headr = true}', 5, " [data] test: unknown key 'headr'"),
     ("colour = 1", 2, ": unknown key 'colour'"),
+    ("[dta]\nx = 1", 2, ": unknown key 'dta'"),  # a misspelt table: its header's line
     ('test = {path = "t.tsv", format = "xml"}', 5, ": [data] test.format = 'xml'; choose one of"),
     ('labels = { neg = ["x"], pos = "p" }', 5, ": [data] labels: ['x'] is not a label's name"),
 ])
