@@ -166,6 +166,18 @@ def test_split_a_task_file_from_the_cli(tmp_path, toy_task, capsys):
     assert "give a FILE or --task" in capsys.readouterr().err
 
 
+def test_split_of_a_file_with_a_shipped_tasks_settings_needs_no_data_dir(tmp_path, capsys,
+                                                                         monkeypatch):
+    """The FILE is what is read: 'task sst2 needs its data folder' asked for a folder unused."""
+    from nlptrain.cli import main
+
+    monkeypatch.delenv("NLPTRAIN_DATA_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.tsv").write_text("sentence\tlabel\ngood\t1\nbad\t0\nfine\t1\nmeh\t0\n")
+    assert main(["split", "mine.tsv", "--task", "sst2", "--world-size", "2", "--out", "parts"]) == 0
+    assert sum(Manifest.load(tmp_path / "parts").rows) == 4, capsys.readouterr().err
+
+
 def test_a_multi_label_file_split_as_single_label_trains_its_labels_not_their_combinations(
         tmp_path, capsys):
     """`split FILE` reads one label a row: the manifest then listed 'joy,fear' as a label, and

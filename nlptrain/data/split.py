@@ -364,6 +364,8 @@ def cmd_split(args: argparse.Namespace) -> int:
     from nlptrain.task_options import apply_overrides, resolve_task
 
     setup_logging(0, args.log_level)
+    if args.task and args.file and not args.data_dir:  # FILE is what is read: the task's data
+        args.data_dir = os.environ.get("NLPTRAIN_DATA_DIR") or os.getcwd()  # folder is not needed
     if args.task:
         task = resolve_task(args)
     elif args.file:
