@@ -54,6 +54,17 @@ def test_bad_data_is_one_clear_error_and_no_run_dir(capsys, toy_task, tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+def test_a_test_files_wrong_header_is_said_before_the_train_file_is_read(capsys, toy_task, tmp_path):
+    """Its header was read after the train file was read and tokenized (minutes, for a large one):
+    here the train file's own fault, at its last line, stands in for that time."""
+    data = toy_task.parent
+    train_text = (data / "train.tsv").read_text()
+    (data / "train.tsv").write_text(train_text + "no label here\n")
+    (data / "test.tsv").write_text("sentence\tlabel\nfine\tpos\n")
+    code, err = train(capsys, toy_task, tmp_path / "run")
+    assert code == 1 and "test.tsv:1: no text column 'text' in the header" in err, err
+
+
 def test_unknown_task_key_lists_the_valid_ones(capsys, toy_task, tmp_path):
     edit(toy_task, "epochs = 2", "epochs = 2\nlearning_rate = 1e-3")
     code, err = train(capsys, toy_task, tmp_path / "run")

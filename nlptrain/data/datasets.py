@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from nlptrain.config import FileSpec, TaskConfig, file_spec
-from nlptrain.data.readers import Examples, read_examples, read_format, source_files
+from nlptrain.data.readers import Examples, iter_rows, read_examples, read_format, source_files
 from nlptrain.data.rows import label_text
 from nlptrain.data.shared_tokenize import ALONE, Share, cached_shared
 from nlptrain.data.text_files import open_checked
@@ -247,7 +247,9 @@ def build_datasets(task: TaskConfig, tokenizer: Any, dist: Backend | None = None
     for which in ("valid", "test") if only is None else (only,) if only != "train" else ():
         spec = specs[which]  # there, before train is read (minutes, for a large one)
         if not alone and spec is not None and ("{label}" not in spec.path or vocab is not None):
-            source_files(spec, data_dir, vocab.values if vocab else [], which)
+            # Its header and first row too: a wrong column is said now, not after train is read
+            next(iter_rows(spec, data_dir, vocab.values if vocab else [], which,
+                           empty_label_ok=kind.empty_label_ok), None)
     anchor = specs[only] if alone else specs["train"]
     anchor_files = _files(anchor, data_dir, vocab) if anchor else []
     cache_dir = None
