@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -216,16 +217,34 @@ def test_csv_row_with_more_cells_than_the_header_is_refused_not_shifted(tmp_path
     ex = read(tmp_path, "b.csv", "text,label\nfine,pos,\nok,neg, \n")  # empty extra cells: fine
     assert ex.texts == ["fine", "ok"] and ex.labels == ["pos", "neg"]
     ex = read(tmp_path, "c.csv", "3,t,x,y\n", header=False, text_column=1, label_column=0)
-    assert ex.texts == ["t"]  # no header: the first row's cells are the count
-    # Without a header, a text that holds a separator was cut at it ("great"), unsaid.
-    with pytest.raises(DataError, match=r"d\.csv:3: 3 columns, but the file's first row \(line 1\) "
-                                        r"has 2; a text holding a separator\? Quote the cell"):
-        read(tmp_path, "d.csv", "pos,good\nneg,bad\npos,great, fun\n", header=False,
-             text_column=1, label_column=0)
-    with pytest.raises(DataError, match=r"e\.tsv:2: 3 columns, but the file's first row \(line 1\) "
-                                        r"has 2; a text holding a tab\?"):
-        read(tmp_path, "e.tsv", "pos\tgood\npos\tgreat\tfun\n", header=False,
-             text_column=1, label_column=0)
+    assert ex.texts == ["t"]  # no header: nothing to count the cells against
+
+
+@pytest.mark.parametrize("content", ["pos,good\nneg,bad\npos,great, fun\n",
+                                     "pos,great, fun\nneg,bad\npos,good\n"])
+def test_header_less_rows_that_differ_past_the_columns_read_are_said(tmp_path, caplog, content):
+    """Without a header a text holding the separator was cut there, unsaid (the first row's too).
+    Columns that only some rows have read the same (the raw STS-B test file), so it is said."""
+    with caplog.at_level("WARNING", logger="nlptrain"):
+        ex = read(tmp_path, "d.csv", content, header=False, text_column=1, label_column=0)
+    cut = content.splitlines().index("pos,great, fun") + 1
+    assert "great" in ex.texts and re.search(
+        r"d\.csv: its rows differ in the cells past column 2, the last read: 2 row\(s\) have 0 "
+        rf"\(the first at line \d\); 1 row\(s\) have 1 \(the first at line {cut}\)\. A text that "
+        r"holds the separator is cut there \(quote such a cell", caplog.text), caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nlptrain"):  # the same cells past them: nothing said
+        read(tmp_path, "e.tsv", "pos\tgood\tx\npos\tgreat\ty\n", header=False, text_column=1,
+             label_column=0)
+    assert caplog.text == ""
+
+
+@needs_shared_data
+def test_the_raw_sts_benchmark_test_files_extra_source_columns_are_read():
+    """284 of its 1,379 rows carry two source columns more (the data README): read, and said."""
+    ex = read_examples(FileSpec(path="glue-stsb/sts-test.tsv", header=False, text_column=5,
+                                text_pair_column=6, label_column=4), SHARED_DATA, [])
+    assert len(ex) == 1379
 
 
 def test_a_nan_label_is_a_missing_one_not_a_class_named_nan(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nlptrain.config import FileSpec
 from nlptrain.data.parquet import parquet_rows  # (pyarrow is imported only when asked)
+from nlptrain.data.ragged_rows import RaggedRows
 from nlptrain.data.rows import TASK_FIX, Roles, Row, checked_row, column_fix, role_text, roles_of
 from nlptrain.data.text_files import PACKED_SUFFIXES, decoded_lines, open_checked, packed
 from nlptrain.errors import DataError
@@ -107,8 +108,8 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
     rows = csv.reader(lines(), delimiter=delimiter, quoting=quoting, strict=True)
     header: list[str] | None = None
     columns: dict[str, int] = {}  # role -> column
-    first_width: int | None = None  # without a header: the first row's cells, at line first_line
-    line = first_line = 0
+    ragged = RaggedRows()
+    line = 0
     try:
         for row in rows:
             # csv reads no further than this row: the lines since the last clear are its lines.
@@ -146,19 +147,19 @@ def _table_rows(path: Path, spec: FileSpec, delimiter: str, roles: Roles, fix: s
                     any(cell.startswith('"') and cell.count('"') % 2 for cell in row):
                 raise DataError(f"{path}:{line}: {len(row)} column(s), but the header has "
                                 f"{len(header)}; {quoted_cells_hint(row, quoting)}")
-            # More cells than the header names (without one, than the first row has): a tab
-            # (TSV) or comma (CSV) inside a text has shifted the cells, so a column reads a piece
-            # of the text, or the text stops at the separator.
-            width = len(header) if header is not None else first_width
-            if width is None:
-                width, first_width, first_line = len(row), len(row), line
-            if any(cell.strip() for cell in row[width:]):
-                than = "the header has" if header is not None else \
-                    f"the file's first row (line {first_line}) has"
-                raise DataError(f"{path}:{line}: {len(row)} columns, but {than} {width}; "
-                                f"{quoted_cells_hint(row, quoting) or extra_cells_fix}")
+            # More cells than the header names: a tab (TSV) or comma (CSV) inside a text has
+            # shifted the cells, so the label column would read a piece of the text. Without a
+            # header, cells past the columns read that differ from row to row are said at the end.
+            if header is not None and any(cell.strip() for cell in row[len(header):]):
+                raise DataError(f"{path}:{line}: {len(row)} columns, but the header has "
+                                f"{len(header)}; {quoted_cells_hint(row, quoting) or extra_cells_fix}")
+            if header is None:
+                ragged.add(row, max(columns.values()), line)
             yield checked_row({role: row[c] for role, c in columns.items()}, path, line,
                               empty_label_ok)
+        if columns:
+            ragged.say(path, max(columns.values()), "TSV has no quoting: replace such a tab by a "
+                       "space" if quoting == csv.QUOTE_NONE else 'quote such a cell ("...")')
     except csv.Error as err:
         if "unexpected end of data" in str(err) and line_of_row:
             # A quote never closed: csv read to the end of the file; the culprit is where it opened.
