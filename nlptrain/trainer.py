@@ -163,8 +163,13 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
 
     def fit(self) -> dict[str, Any]:
         """Train for `config.epochs` (or until a callback stops it); returns the latest
-        evaluation's metrics, or without eval data the epochs run, the steps and the last loss."""
+        evaluation's metrics, or without eval data the epochs run, the steps and the last loss.
+        Called again, it goes on from the last whole step (after a callback's stop, once
+        `should_stop` is set back to False), the rest of a stopped epoch first."""
         started_at = self.global_step
+        if self.interrupted:  # a signal's stop ended the last fit, not the run: fit() again goes on
+            self.should_stop = False
+        self._failed = self.interrupted = False  # how the last fit ended is not this one's
         with stop_on_signals(self._request_stop, say=self.is_main):
             try:
                 self.callbacks.fire("on_train_start", self)
@@ -217,8 +222,13 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             warn_if_nothing_to_train(self.progress, self.config.epochs, self.should_stop)
         if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
             check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
-        if self._fits and self.progress.batch_in_epoch and not self._failed:  # the last fit's
-            # stop ended it mid-epoch: this one trains the rest, as a resume from there would
+        if self._fits and self.progress.batch_in_epoch:  # the last fit ended inside an epoch (a
+            # stop, a signal, an error): this one trains the rest from its last whole step, as a
+            # resume from there would; a step an error cut short is undone, its rows counted.
+            if self.window.micro_batches:
+                self.progress.batch_in_epoch = self.window.undo()
+                self.optimizer.zero_grad(set_to_none=True)
+            self.settle()
             self.train_batches.resume_samples = self.progress.samples_in_epoch
         self._fits += 1
         loaded, self._loaded_optimizer = self._loaded_optimizer, None

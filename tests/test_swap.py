@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
 
 import pytest
 import torch
@@ -205,6 +207,34 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
     expected = whole.unwrapped_model.state_dict()
     for name, value in trainer.unwrapped_model.state_dict().items():
         assert torch.equal(value, expected[name]), name
+
+
+def test_fit_again_after_an_error_or_a_signal_trains_each_row_of_the_epoch_once(tmp_path,
+                                                                                tiny_model_dir):
+    """After a failed fit the next went on unaware of where the epoch stood (22 steps for 18, an
+    epoch of 8 batches for 6); after a signal's stop the next fit raised the signal's Interrupted
+    again, with no signal sent."""
+    from nlptrain.errors import Interrupted
+
+    class Ending(Callback):
+        at: dict[int, str] = {2: "error", 9: "signal"}
+
+        def on_batch_start(self, trainer, batch) -> None:  # inside a step: one cut short
+            if self.at.get(trainer.global_step) == "error" and trainer.batch_in_epoch == 2:
+                del self.at[trainer.global_step]
+                raise RuntimeError("mid-step")
+            if self.at.get(trainer.global_step) == "signal":
+                del self.at[trainer.global_step]
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [Ending()], epochs=3, batch_size=4)  # 6 a epoch
+    with pytest.raises(RuntimeError, match="mid-step"):
+        trainer.fit()
+    with pytest.raises(Interrupted):
+        trainer.fit()
+    assert trainer.global_step == 10
+    trainer.fit()
+    assert (trainer.epoch, trainer.global_step, trainer.batches_per_epoch) == (3, 18, 6)
 
 
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
