@@ -78,11 +78,14 @@ def test_a_multi_label_cell_that_drops_or_repeats_a_label_names_its_line(tmp_pat
     """Each of these read as fewer labels, or none, without a word (a JSON list named twice was
     refused already)."""
     (tmp_path / "m.tsv").write_text(f"text\ttags\na\tmusic\nb\t{cell}\nc\t\n")
+    (tmp_path / "s.tsv").write_text("text\ttags\na\tmusic  food\n")
     rows = read_examples(FileSpec(path="m.tsv", label_column="tags"), tmp_path, [],
                          empty_label_ok=True)
     vocab = LabelVocab.from_config({"0": "food", "1": "music"})
     with pytest.raises(DataError, match=r"m\.tsv:3: " + said):
         vocab.encode(rows, MultiLabel())
+    spaced = read_examples(FileSpec(path="s.tsv", label_column="tags"), tmp_path, [])  # a run of
+    assert vocab.encode(spaced, MultiLabel(" ")).tolist() == [[1, 1]]  # the separator is one
 
 
 def test_a_label_list_in_a_single_label_task_says_so(tmp_path):

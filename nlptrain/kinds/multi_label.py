@@ -103,8 +103,8 @@ class MultiLabel(TaskKind):
         """"0,,2", "0," or ",": a label left out between separators (or the cell's separators
         alone) reads as fewer labels, or none, without a word. A wholly empty cell is a row with
         none of the labels."""
-        if isinstance(cell, list) or not self.separator or not cell.strip():
-            return
+        if isinstance(cell, list) or not self.separator.strip() or not cell.strip():
+            return  # (with a space for separator, a run of spaces is one)
         if any(not piece.strip() for piece in cell.split(self.separator)):
             path, line = where(row)
             raise DataError(f"{path}:{line}: the labels {cell!r} hold an empty one (a separator "
