@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from nlptrain.errors import NlptrainError, RemoteRankError
-from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, tell_launcher
+from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, await_local_report, tell_launcher
 
 log = logging.getLogger("nlptrain")
 
@@ -27,6 +27,8 @@ def said_error(error: NlptrainError) -> int:
     """A mistake the user can act on, in one line; said once where every rank raised it."""
     rank, local_rank = _ranks()
     if (error.raised_on_every_rank and rank) or (error.raised_on_every_local_rank and local_rank):
+        if local_rank:  # the rank that says it is on this machine: it speaks, and is dated, first
+            await_local_report()
         tell_launcher(f"stopped with {'rank 0' if error.raised_on_every_rank else 'local rank 0'} "
                       "(see the root cause)", follows=True)
     else:

@@ -325,6 +325,22 @@ def tell_launcher(message: str | None, follows: bool = False) -> None:
 _told = False  # a record was written (an early one: a closed pipe, sys.exit)
 
 
+def await_local_report(timeout_s: float = 30.0) -> None:
+    """A rank that leaves an error to local rank 0 to say waits (up to `timeout_s`) for that
+    rank's record, written once it has said it: exiting first, it had the launcher stop local
+    rank 0 before it spoke (no error shown at all). Under torchrun and --nproc alone: the ranks'
+    records are files side by side (`ATTEMPT_DIR/LOCAL_RANK/error.json`)."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    import time
+
+    reporter = Path(path).parent.parent / "0" / "error.json"
+    deadline = time.monotonic() + timeout_s
+    while not reporter.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def tell_stopped_by_launcher(stop: BaseException, signum: int) -> int:
     """A worker of torch's agent stopped by its SIGTERM (`StoppedBySignal.by_launcher`), its
     cleanup done: the exit code, and a record where it wrote none. A rank unwinding from an

@@ -56,6 +56,12 @@ def make_callback(spec: str) -> Any:
         return check_callback(made())
     except ConfigError as err:
         raise ConfigError(f"--callback {spec}: {err}") from None
+    except Exception as err:  # its __init__ failed (a setting read from the environment, say)
+        try:
+            file = inspect.getsourcefile(made) or where
+        except TypeError:
+            file = where
+        raise _failed_in(err, Path(file), spec) from err
 
 
 def _what(found: Any) -> str:
@@ -112,14 +118,18 @@ def _run_file(path: Path, spec: str) -> Any:
         exec(code, module.__dict__)
     except Exception as err:  # the user's code failed: its line, as for a syntax error
         del sys.modules[module_name]
-        lines = [f":{f.lineno}" for f in traceback.extract_tb(err.__traceback__)
-                 if f.filename == str(path)] or [""]
-        raise ConfigError(f"{path}{lines[-1]}: {type(err).__name__}: {err} (--callback {spec})"
-                          ) from err
+        raise _failed_in(err, path, spec) from err
     except BaseException:
         del sys.modules[module_name]
         raise
     return module
+
+
+def _failed_in(err: Exception, path: Path, spec: str) -> ConfigError:
+    """An error of the user's code, at its line in `path` (the deepest there), in one line."""
+    lines = [f":{f.lineno}" for f in traceback.extract_tb(err.__traceback__)
+             if Path(f.filename).resolve() == path.resolve()] or [""]
+    return ConfigError(f"{path}{lines[-1]}: {type(err).__name__}: {err} (--callback {spec})")
 
 
 def _import_beside(path: Path) -> None:

@@ -31,7 +31,10 @@ def test_a_callback_file_that_fails_to_load_on_every_rank_is_one_error(capsys, t
                       f"{mine}:Notify")
     assert code == 1 and err.count("error:") == 1 and "launched by" not in err, err
     assert f"error: {mine}:3: expected ':' (--callback {mine}:Notify)" in err
-    mine.write_text("from nlptrain import Callback\n\nraise KeyError('HOOK_URL')\n")
+    # Local rank 0, slower here (a busy machine), says it: rank 1 used to exit first, and the
+    # launcher stopped rank 0 before it spoke (no error shown at all).
+    mine.write_text("import os, time\nif os.environ['LOCAL_RANK'] == '0': time.sleep(3)\n"
+                    "raise KeyError('HOOK_URL')\n")
     done = run_cli(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
                     "--nproc", "2", "--callback", f"{mine}:Notify"], cwd=tmp_path)
     said = f"{mine}:3: KeyError: 'HOOK_URL' (--callback {mine}:Notify)"
@@ -59,6 +62,16 @@ def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(caps
     code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
     assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
     assert f"error: {mine}:3: expected ':' (--callback {mine}:Notify)" in err, err
+
+
+def test_a_callbacks_init_that_raises_is_one_line_at_its_line(capsys, toy_task, tmp_path):
+    """It was a traceback (on each rank, under --nproc)."""
+    mine = tmp_path / "mine.py"
+    mine.write_text("import os\nfrom nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def __init__(self):\n        self.url = os.environ['HOOK_URL_UNSET']\n")
+    code, err = train(capsys, toy_task, tmp_path / "run", "--callback", f"{mine}:Notify")
+    assert code == 1 and "Traceback" not in err and not (tmp_path / "run").exists()
+    assert f"error: {mine}:6: KeyError: 'HOOK_URL_UNSET' (--callback {mine}:Notify)" in err, err
 
 
 @pytest.mark.parametrize(("spec", "said"), [
