@@ -245,9 +245,10 @@ def launch_environment(args: argparse.Namespace) -> Any:
 
 
 def _processes_to_resume_with(args: argparse.Namespace) -> int | None:
-    """`train --resume` without --nproc and without a launcher, of a run that last ran on N
-    processes started by `--nproc N`: N again (the run goes on as it ran), said. None otherwise: a
-    torchrun or SLURM job is launched again by its own launcher."""
+    """`train --resume` without --nproc, in one process (no launcher, or a one-task srun step as
+    an interactive shell has), of a run that last ran on N processes started by `--nproc N`: N
+    again (the run goes on as it ran), said. None otherwise: a torchrun or SLURM job of several
+    ranks is launched again by its own launcher."""
     from nlptrain.environments import NlptrainLaunch, detect
     from nlptrain.run_record import last_launch
 

@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Mapping
 
 from nlptrain.errors import ConfigError
-from nlptrain.slurm_nodes import first_host
+from nlptrain.slurm_nodes import first_host, slurm_job_id
 
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
@@ -118,7 +118,8 @@ class Environment:
 
     @property
     def started_alone(self) -> bool:
-        """One plain process: no launcher started it and no process group holds it."""
+        """One plain process: no launcher of several started it (none, or a one-task srun step,
+        as an interactive shell in an allocation has) and no process group holds it."""
         return False
 
     @property
@@ -152,7 +153,10 @@ class Environment:
                    if not 0 <= rank < world else
                    f"local rank {local} (it must be 0 or more)" if local < 0 else
                    f"a rendezvous port of {self.master_port} (it must be 1 to 65535; MASTER_PORT)"
-                   if world > 1 and not 0 < self.master_port < 65536 else None)
+                   if world > 1 and not 0 < self.master_port < 65536 else  # each machine's ranks
+                   f"{self.nodes} machines and no address to meet at (set MASTER_ADDR to rank 0's "
+                   "host, for every rank)" if self.nodes > 1 and self.master_addr == "127.0.0.1"
+                   else None)  # would meet apart, and wait for the others until the timeout
         if problem:
             told = ", ".join(f"${k}={self.environ[k]}" for k in self.variables if k in self.environ)
             raise ConfigError(f"{self.name}: {problem}"
@@ -235,11 +239,22 @@ class TorchElastic(Environment):
 
     rank = property(lambda self: self._int("RANK"))
     world_size = property(lambda self: self._int("WORLD_SIZE"))
-    restart_count = property(lambda self: self._int("TORCHELASTIC_RESTART_COUNT", 0))
     uses_agent_store = property(lambda self: self.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
     @property
+    def restart_count(self) -> int:
+        # torchrun (or --nproc) in a SLURM job (`srun torchrun ...`): a requeued job starts it
+        # anew, at attempt 0, and is a restart all the same.
+        return self._int("TORCHELASTIC_RESTART_COUNT", 0) + self._int("SLURM_RESTART_COUNT", 0)
+
+    @property
     def run_id(self) -> str | None:
+        # In a SLURM job, the job's id: the same for torchrun's restarts and the job's requeues
+        # (--standalone's id is new at each launch).
+        return slurm_job_id(self.environ) or self.rendezvous_id
+
+    @property
+    def rendezvous_id(self) -> str | None:
         # torchrun's default --rdzv-id, "none", also under a static rendezvous (--master-port), is
         # the same for every launch: it names none of them.
         value = self.environ.get("TORCHELASTIC_RUN_ID")
@@ -297,11 +312,8 @@ class Slurm(Environment):
     # A requeued job (scontrol requeue, --requeue after a node failure) keeps its job id.
     restart_count = property(lambda self: self._int("SLURM_RESTART_COUNT", 0))
 
-    @property
-    def run_id(self) -> str | None:
-        job = self.environ.get("SLURM_ARRAY_JOB_ID") or self.environ.get("SLURM_JOB_ID")
-        task = self.environ.get("SLURM_ARRAY_TASK_ID")
-        return f"slurm-{job}" + (f"_{task}" if task else "") if job else None
+    run_id = property(lambda self: slurm_job_id(self.environ))
+    started_alone = property(lambda self: self.world_size == 1)
 
     @property
     def rendezvous_id(self) -> str | None:
@@ -338,7 +350,9 @@ class OpenMPI(Environment):
     rank = property(lambda self: self._int("OMPI_COMM_WORLD_RANK"))
     world_size = property(lambda self: self._int("OMPI_COMM_WORLD_SIZE"))
     local_rank = property(lambda self: self._int("OMPI_COMM_WORLD_LOCAL_RANK", 0))
-    run_id = property(lambda self: self.environ.get("OMPI_MCA_ess_base_jobid"))
+    # Open MPI 4's job id; Open MPI 5 (PRRTE) names the job by its PMIx namespace.
+    run_id = property(lambda self: self.environ.get("OMPI_MCA_ess_base_jobid") or
+                      self.environ.get("PMIX_NAMESPACE"))
 
     @property
     def nodes(self) -> int:
@@ -346,7 +360,7 @@ class OpenMPI(Environment):
 
     @property
     def master_port(self) -> int:
-        job = self.environ.get("OMPI_MCA_ess_base_jobid") or self.environ.get("PMIX_NAMESPACE")
+        job = self.run_id
         return self._port_or(15000 + zlib.crc32(job.encode()) % 20000 if job else DEFAULT_PORT)
 
 

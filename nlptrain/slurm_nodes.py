@@ -1,12 +1,20 @@
-"""SLURM's node lists (`node[01-04,07],gpu5`): the host a job's ranks meet on."""
+"""SLURM's node lists (`node[01-04,07],gpu5`: the host a job's ranks meet on), and its job id."""
 
 from __future__ import annotations
 
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 
 from nlptrain.errors import ConfigError
+
+
+def slurm_job_id(environ: Mapping[str, str]) -> str | None:
+    """The SLURM job's id (an array task's own), kept by a requeued job."""
+    job = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
+    task = environ.get("SLURM_ARRAY_TASK_ID")
+    return f"slurm-{job}" + (f"_{task}" if task else "") if job else None
 
 
 def first_host(nodelist: str) -> str:

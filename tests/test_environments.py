@@ -3,9 +3,8 @@ mpirun, sbatch and torchrun runs): no processes needed."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
+from launch_environs import MPIRUN, SRUN, TORCHRUN
 
 from nlptrain import cli
 from nlptrain.environments import (
@@ -18,22 +17,6 @@ from nlptrain.environments import (
 )
 from nlptrain.errors import ConfigError
 from nlptrain.slurm_nodes import _parse_first_host, first_host
-
-# `srun -n 2 env` on the one-node SLURM of .ci/start-slurm, task 1.
-SRUN = {"SLURM_JOB_ID": "2", "SLURM_JOB_NAME": "env", "SLURM_LOCALID": "1", "SLURM_NNODES": "1",
-        "SLURM_NODELIST": "localhost", "SLURM_NTASKS": "2", "SLURM_PROCID": "1",
-        "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "localhost", "SLURM_STEP_NUM_NODES": "1",
-        "SLURM_STEP_NUM_TASKS": "2"}
-# `mpirun --allow-run-as-root --oversubscribe -n 2 env`, rank 1.
-MPIRUN = {"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-          "OMPI_COMM_WORLD_NODE_RANK": "1", "OMPI_COMM_WORLD_RANK": "1",
-          "OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_ess_base_jobid": "1953169409",
-          "PMIX_NAMESPACE": "1953169409", "PMIX_RANK": "1"}
-# `torchrun --nproc_per_node 2` worker 1, second attempt.
-TORCHRUN = {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-            "GROUP_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511",
-            "TORCHELASTIC_RUN_ID": "abc", "TORCHELASTIC_RESTART_COUNT": "1",
-            "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def test_srun_tasks_are_ranks_of_one_job():
@@ -186,35 +169,31 @@ def test_nproc_inside_another_launcher_is_refused(monkeypatch, capsys):
     assert "already one of 2 ranks (torchrun); drop --nproc" in capsys.readouterr().err
 
 
-def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
-    from nlptrain.runs import launch_run_dir, prepare_run_dir
-
-    first = detect({**SRUN, "SLURM_JOB_ID": "77"})
-    folder = tmp_path / "toy-20250101-000000"
-    prepare_run_dir(folder, {"name": "toy"}, 2, resume=False, overwrite=False, launch=first)
-    requeued = detect({**SRUN, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"})
-    assert launch_run_dir("toy", str(tmp_path), requeued) == folder
-    assert launch_run_dir("toy", str(tmp_path), first) is None  # a new job: a new folder
+def test_open_mpi_5s_ranks_tell_their_job_by_its_pmix_namespace():
+    """Open MPI 5 sets no ess_base_jobid: a rank of one mpirun joined another's rendezvous (the
+    same MASTER_PORT) and trained in it, unsaid."""
+    five = {k: v for k, v in MPIRUN.items() if k != "OMPI_MCA_ess_base_jobid"}
+    assert detect({**five, "PMIX_NAMESPACE": "prterun-vm-81@1"}).rendezvous_id == "prterun-vm-81@1"
+    assert detect({**five, "PMIX_NAMESPACE": "prterun-vm-81@1"}).rendezvous_id != \
+        detect({**five, "PMIX_NAMESPACE": "prterun-vm-92@1"}).rendezvous_id
 
 
-def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
-    """torchrun's static rendezvous (--master-port, or no --rdzv-id) gives every launch the run id
-    'none': a restart whose first attempt wrote no run directory starts one, never taking an
-    older run's for its own."""
-    from nlptrain.runs import launch_run_dir, prepare_run_dir
+def test_ranks_on_several_machines_with_no_address_to_meet_at_are_refused():
+    """Open MPI on 2 machines without MASTER_ADDR met each on its own localhost, and waited out
+    the timeout blaming rank 0."""
+    apart = {**MPIRUN, "OMPI_COMM_WORLD_LOCAL_SIZE": "1"}
+    with pytest.raises(ConfigError, match=r"^Open MPI: 2 machines and no address to meet at \(set "
+                                          r"MASTER_ADDR to rank 0's host, for every rank\)"):
+        detect(apart)
+    assert detect({**apart, "MASTER_ADDR": "host0"}).master_addr == "host0"
 
-    static = {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0"}
-    older = tmp_path / "toy-20250101-000000"
-    prepare_run_dir(older, {"name": "toy"}, 2, resume=False, overwrite=False, launch=detect(static))
-    restarted = detect({**static, "TORCHELASTIC_RESTART_COUNT": "1"})
-    assert restarted.run_id is None and detect({**static, "TORCHELASTIC_RUN_ID": ""}).run_id is None
-    logger = logging.getLogger("nlptrain.runs")
-    logger.addHandler(caplog.handler)  # "nlptrain" may not propagate (setup_logging)
-    try:
-        assert launch_run_dir("toy", str(tmp_path), restarted) is None  # not the older run's
-    finally:
-        logger.removeHandler(caplog.handler)
-    assert "restart 1: no run directory of this launch (run id none)" in caplog.text
+
+def test_one_task_of_an_srun_step_is_a_process_alone():
+    """An interactive shell in an allocation (`srun --pty bash`) is such a step: `--resume` of an
+    `--nproc 2` run went on in one process there, with half the batch."""
+    one = {**SRUN, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1",
+           "SLURM_STEP_NUM_TASKS": "1"}
+    assert detect(one).started_alone and not detect(SRUN).started_alone
 
 
 def test_a_rank_left_waiting_for_the_others_says_so_in_one_line(monkeypatch, capsys):
@@ -254,37 +233,6 @@ def test_a_rank_at_a_store_no_job_claims_says_it_waited_in_vain(monkeypatch, cap
     err = capsys.readouterr().err
     assert "error: no answer from the other rank(s) in time (wait timeout after 1000ms" in err, err
     del store
-
-
-def test_a_restart_resumes_only_a_run_its_own_launch_began_or_resumed(tmp_path):
-    """`--max-restarts` on a folder holding an older job's run: the first attempt refuses it
-    ("already holds a run"), and the restart must refuse again, not resume and overwrite it."""
-    from nlptrain.runs import began_in_this_launch, prepare_run_dir
-
-    def launch(run_id: str, restart: int = 0):
-        return detect({**TORCHRUN, "TORCHELASTIC_RUN_ID": run_id,
-                       "TORCHELASTIC_RESTART_COUNT": str(restart)})
-
-    folder, task = tmp_path / "run", {"name": "toy", "data": {}, "model": {}, "train": {}}
-    prepare_run_dir(folder, task, 2, resume=False, overwrite=False, launch=launch("a"))
-    assert began_in_this_launch(folder, launch("a", 1))
-    assert not began_in_this_launch(folder, launch("b", 1))  # an older job's run
-    prepare_run_dir(folder, task, 2, resume=True, overwrite=False, launch=launch("b"))
-    assert began_in_this_launch(folder, launch("b", 1))  # resumed by "b": its restart goes on
-    assert began_in_this_launch(folder, launch("none", 1))  # no id to tell by: as before
-    assert began_in_this_launch(tmp_path / "empty", launch("c", 1))
-
-
-def test_a_folder_holding_a_run_is_refused_before_nproc_starts_workers(toy_task, tmp_path, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.json").write_text('{"task": {}, "world_size": 1}')  # a run's record
-    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--nproc", "2",
-            "--max-restarts", "1"]
-    assert cli.main(args) == 1
-    err = capsys.readouterr().err
-    assert f"{run}: already holds a run; use --resume" in err and "launched by" not in err
-    assert (run / "config.json").read_text() == '{"task": {}, "world_size": 1}'
 
 
 @pytest.mark.parametrize("launcher", ["env://", "SLURM"])
