@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from nlptrain.errors import NlptrainError, RemoteRankError
+from nlptrain.errors import Interrupted, NlptrainError, RemoteRankError
 from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, await_local_report, tell_launcher
 
 log = logging.getLogger("nlptrain")
@@ -31,8 +31,9 @@ def said_error(error: NlptrainError) -> int:
             await_local_report()
         tell_launcher(f"stopped with {'rank 0' if error.raised_on_every_rank else 'local rank 0'} "
                       "(see the root cause)", follows=True)
-    else:
-        print(f"{_rank_prefix()}error: {error}", file=sys.stderr)
+    else:  # (a signal's agreed stop is what was asked for: no error)
+        label = "" if isinstance(error, Interrupted) else "error: "
+        print(f"{_rank_prefix()}{label}{error}", file=sys.stderr)
         tell_launcher(f"{ERROR}{error}")
     return error.exit_code
 

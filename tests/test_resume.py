@@ -67,8 +67,8 @@ def test_sigterm_checkpoints_exits_nonzero_and_resumes_exactly(toy_task, tmp_pat
     assert main([*args, "--callback", f"{SCAFFOLD}:SigtermRank0"]) == 130
     # Sent after step 7: step 8's flags carry the stop (read a step late), the run ends after it.
     # The command line's cure names the folder: --resume alone would start a new run elsewhere.
-    assert (f"stopped by a signal after step 8; continue with --resume --output-dir {run}"
-            in capsys.readouterr().err)
+    err = capsys.readouterr().err  # (asked for: no "error:")
+    assert f"\nstopped by a signal after step 8; continue with --resume --output-dir {run}\n" in err
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000008"
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
     assert main([*args, "--resume"]) == 0
