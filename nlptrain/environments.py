@@ -1,18 +1,11 @@
 """Where a process learns its place in a job: rank, world size, local rank, master address and
 port, restart count, run id. One class per launcher behind one interface (as Lightning's
 `ClusterEnvironment`), detected in one place, `detect()`; nothing else in nlptrain reads these
-variables.
-
-- `TorchElastic`: torchrun, `torch.distributed.launch`, the deepspeed launcher, `accelerate
-  launch --multi_gpu`, or any launcher that sets `RANK`/`WORLD_SIZE` (+ `MASTER_ADDR`/`_PORT`).
-- `NlptrainLaunch`: `--nproc N` / `nlptrain.launch.launch()`: torch's elastic agent, so TorchElastic's
-  variables, with nlptrain's mark on them.
-- `Slurm`: a task of an `srun` step (`SLURM_PROCID`, `SLURM_NTASKS`, `SLURM_LOCALID`, ...).
-- `OpenMPI`: a rank started by Open MPI's `mpirun` (`OMPI_COMM_WORLD_*`).
-- `OwnProcessGroup`: none of them, but a process group the user made (an `mp.spawn` script).
-- `Local`: none of them: one process.
-
-Each reads a mapping (`os.environ` by default), so tests can hand it exactly what a launcher sets.
+variables. `TorchElastic`: torchrun and any launcher of its `env://` convention (RANK,
+WORLD_SIZE); `NlptrainLaunch`: `--nproc N` / `launch()`, torch's elastic agent with nlptrain's
+mark; `Slurm`: a task of an `srun` step; `OpenMPI`: an `mpirun` rank; `OwnProcessGroup`: a
+process group the user made (an `mp.spawn` script); `Local`: none of them, one process. Each
+reads a mapping (`os.environ` by default), so tests can hand it exactly what a launcher sets.
 """
 
 from __future__ import annotations
@@ -86,6 +79,11 @@ class Environment:
     def run_id(self) -> str | None:
         """The launch's id: a restarted job has the same one."""
         return None
+
+    # The scheduler's job the launch runs in (SLURM's), which a requeued job keeps: what tells its
+    # run after a requeue where the launch's own id is new.
+    job_id: str | None = None
+    requeued = property(lambda self: self.job_id is not None and self._int("SLURM_RESTART_COUNT", 0) > 0)
 
     @property
     def rendezvous_id(self) -> str | None:
@@ -241,20 +239,16 @@ class TorchElastic(Environment):
     world_size = property(lambda self: self._int("WORLD_SIZE"))
     uses_agent_store = property(lambda self: self.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
 
+    job_id = property(lambda self: slurm_job_id(self.environ))  # `srun torchrun ...`'s job
+
     @property
     def restart_count(self) -> int:
-        # torchrun (or --nproc) in a SLURM job (`srun torchrun ...`): a requeued job starts it
-        # anew, at attempt 0, and is a restart all the same.
+        # torchrun (or --nproc) in a SLURM job: a requeued job starts it anew, at attempt 0 (and
+        # with a new run id: its job id tells the run it began), a restart all the same.
         return self._int("TORCHELASTIC_RESTART_COUNT", 0) + self._int("SLURM_RESTART_COUNT", 0)
 
     @property
     def run_id(self) -> str | None:
-        # In a SLURM job, the job's id: the same for torchrun's restarts and the job's requeues
-        # (--standalone's id is new at each launch).
-        return slurm_job_id(self.environ) or self.rendezvous_id
-
-    @property
-    def rendezvous_id(self) -> str | None:
         # torchrun's default --rdzv-id, "none", also under a static rendezvous (--master-port), is
         # the same for every launch: it names none of them.
         value = self.environ.get("TORCHELASTIC_RUN_ID")
@@ -312,7 +306,7 @@ class Slurm(Environment):
     # A requeued job (scontrol requeue, --requeue after a node failure) keeps its job id.
     restart_count = property(lambda self: self._int("SLURM_RESTART_COUNT", 0))
 
-    run_id = property(lambda self: slurm_job_id(self.environ))
+    run_id = job_id = property(lambda self: slurm_job_id(self.environ))
     started_alone = property(lambda self: self.world_size == 1)
 
     @property

@@ -149,10 +149,10 @@ def launch_run_dir(task_name: str, root: str = "runs", launch: Environment | Non
     folder an earlier attempt of the same launch made, if any."""
     if launch is None or launch.restart_count == 0:
         return None
-    if launch.run_id:
+    if launch.run_id or launch.requeued:
         for folder in sorted(Path(root).glob(f"{task_name}-*"), reverse=True):
             saved = read_config(folder)
-            if saved and saved.get("launcher_run_id") == launch.run_id:
+            if saved and written_by(launch, saved):
                 return folder
     # Said, as a restart that starts over loses the first attempt's steps.
     log.warning("restart %d: no run directory of this launch (run id %s) in %s/: a new run starts; "
@@ -204,7 +204,8 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
         saved.setdefault("resumes", []).append({
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "world_size": world_size,
             "launcher": launch.name if launch else None, "changed": changed,
-            "epochs_before": saved_epochs, "launcher_run_id": launch.run_id if launch else None})
+            "epochs_before": saved_epochs, "launcher_run_id": launch.run_id if launch else None,
+            "launcher_job_id": launch.job_id if launch else None})
         write_text(folder / CONFIG_FILE, json.dumps(saved, indent=2))
         return True
     contents = _contents(folder)
@@ -218,6 +219,7 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
     record = {"task": task, "world_size": world_size, "versions": versions(),
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "launcher_run_id": launch.run_id if launch else None,
+              "launcher_job_id": launch.job_id if launch else None,
               "launch": launch.record() if launch else None, "callbacks": callbacks}
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
@@ -266,10 +268,18 @@ def began_in_this_launch(folder: Path, launch: Environment) -> bool:
     launcher's restart resumes. A folder an earlier job left (which the first attempt refused to
     touch) is not; where the launch has no id of its own, it cannot be told, and counts."""
     saved = read_config(folder)
-    if launch.run_id is None or saved is None:
+    if (launch.run_id is None and not launch.requeued) or saved is None:
         return True
-    return launch.run_id in [saved.get("launcher_run_id"),
-                             *(r.get("launcher_run_id") for r in saved.get("resumes", []))]
+    return written_by(launch, saved)
+
+
+def written_by(launch: Environment, saved: dict[str, Any]) -> bool:
+    """Whether a run's record was written (begun or resumed) by this launch: by its run id, or,
+    in a job the scheduler requeued, by the job's id (torchrun in it starts with a new run id).
+    Another launch in the same allocation has the job's id but not the run's."""
+    records = [saved, *saved.get("resumes", [])]
+    return (launch.run_id is not None and launch.run_id in [r.get("launcher_run_id") for r in records]) \
+        or (launch.requeued and launch.job_id in [r.get("launcher_job_id") for r in records])
 
 
 def disk_use_line(folder: Path) -> str:

@@ -22,21 +22,24 @@ def test_a_requeued_slurm_job_finds_its_own_run_directory(tmp_path):
     assert launch_run_dir("toy", str(tmp_path), first) is None  # a new job: a new folder
 
 
-def test_torchrun_in_a_requeued_slurm_job_resumes_its_run(tmp_path):
+def test_torchrun_in_a_requeued_slurm_job_resumes_its_run_and_no_other_launchs(tmp_path):
     """`srun torchrun --standalone ...` (or `srun nlptrain --nproc N`), the README's launch: a
     requeue starts torchrun anew, at attempt 0 with a new run id, so its run directory was
-    refused as "already holds a run"."""
-    from nlptrain.runs import began_in_this_launch, prepare_run_dir
+    refused as "already holds a run". Another launch's restart in the same allocation (the same
+    job id, not requeued) must not take it for its own."""
+    from nlptrain.runs import began_in_this_launch, launch_run_dir, prepare_run_dir
 
     job = {"SLURM_JOB_ID": "4271", "SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_STEP_ID": "0"}
     first = detect({**TORCHRUN, **job, "TORCHELASTIC_RESTART_COUNT": "0"})
-    folder = tmp_path / "run"
+    folder = tmp_path / "toy-20250101-000000"
     prepare_run_dir(folder, {"name": "toy"}, 2, resume=False, overwrite=False, launch=first)
     requeued = detect({**TORCHRUN, **job, "TORCHELASTIC_RUN_ID": "new", "TORCHELASTIC_RESTART_COUNT": "0",
                        "SLURM_RESTART_COUNT": "1"})
-    assert requeued.restart_count == 1 and began_in_this_launch(folder, requeued)
-    assert requeued.run_id == "slurm-4271" and requeued.rendezvous_id == "new"  # (its own store)
-    assert detect(TORCHRUN).run_id == "abc"  # outside SLURM: torchrun's
+    assert requeued.restart_count == 1 and requeued.job_id == "slurm-4271"
+    assert began_in_this_launch(folder, requeued) and launch_run_dir("toy", str(tmp_path), requeued) == folder
+    beside = detect({**TORCHRUN, **job, "TORCHELASTIC_RUN_ID": "other"})  # restart 1 of its own
+    assert not began_in_this_launch(folder, beside) and launch_run_dir("toy", str(tmp_path), beside) is None
+
 
 
 def test_torchruns_default_run_id_names_no_launch(tmp_path, caplog):
