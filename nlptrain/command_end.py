@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from nlptrain.errors import Interrupted, NlptrainError, RemoteRankError
-from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, await_local_report, tell_launcher
+from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, local_report_came, tell_launcher
 
 log = logging.getLogger("nlptrain")
 
@@ -26,15 +26,17 @@ def said_peer_error(error: RemoteRankError) -> int:
 def said_error(error: NlptrainError) -> int:
     """A mistake the user can act on, in one line; said once where every rank raised it."""
     rank, local_rank = _ranks()
-    if (error.raised_on_every_rank and rank) or (error.raised_on_every_local_rank and local_rank):
-        if local_rank:  # the rank that says it is on this machine: it speaks, and is dated, first
-            await_local_report()
+    left_to_another = (error.raised_on_every_rank and rank) or \
+        (error.raised_on_every_local_rank and local_rank)
+    if left_to_another and local_rank:  # the rank that says it is on this machine: it speaks,
+        left_to_another = local_report_came()  # and is dated, first (none came: this one says it)
+    if left_to_another:
         tell_launcher(f"stopped with {'rank 0' if error.raised_on_every_rank else 'local rank 0'} "
                       "(see the root cause)", follows=True)
     else:  # (a signal's agreed stop is what was asked for: no error)
         label = "" if isinstance(error, Interrupted) else "error: "
         print(f"{_rank_prefix()}{label}{error}", file=sys.stderr)
-        tell_launcher(f"{ERROR}{error}")
+        tell_launcher(f"{ERROR}{error}" if label else str(error))  # (torchrun's summary shows it)
     return error.exit_code
 
 

@@ -325,20 +325,22 @@ def tell_launcher(message: str | None, follows: bool = False) -> None:
 _told = False  # a record was written (an early one: a closed pipe, sys.exit)
 
 
-def await_local_report(timeout_s: float = 30.0) -> None:
+def local_report_came(timeout_s: float = 15.0) -> bool:
     """A rank that leaves an error to local rank 0 to say waits (up to `timeout_s`) for that
     rank's record, written once it has said it: exiting first, it had the launcher stop local
-    rank 0 before it spoke (no error shown at all). Under torchrun and --nproc alone: the ranks'
-    records are files side by side (`ATTEMPT_DIR/LOCAL_RANK/error.json`)."""
+    rank 0 before it spoke (no error shown at all). False where none came (the error was not
+    local rank 0's after all: this rank says it). Under torchrun and --nproc the ranks' records
+    are files side by side (`ATTEMPT_DIR/LOCAL_RANK/error.json`); elsewhere none is awaited."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
-        return
+        return True
     import time
 
     reporter = Path(path).parent.parent / "0" / "error.json"
     deadline = time.monotonic() + timeout_s
     while not reporter.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    return reporter.exists()
 
 
 def tell_stopped_by_launcher(stop: BaseException, signum: int) -> int:

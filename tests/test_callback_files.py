@@ -40,6 +40,13 @@ def test_a_callback_file_that_fails_to_load_on_every_rank_is_one_error(capsys, t
     said = f"{mine}:3: KeyError: 'HOOK_URL' (--callback {mine}:Notify)"
     assert done.returncode == 1 and done.stderr.count(said) == 1, done.stderr
     assert "[rank 1]" not in done.stderr and "rank 0 of 2 failed" in done.stderr
+    # An error of rank 1's alone (its environment, say): local rank 0 says nothing, so rank 1 does.
+    mine.write_text("import os\nfrom nlptrain import Callback\n\nclass Notify(Callback):\n"
+                    "    def __init__(self):\n        if os.environ['LOCAL_RANK'] == '1':\n"
+                    "            raise KeyError('HOOK_URL')\n")
+    done = run_cli(["train", "--task", str(toy_task), "--output-dir", str(tmp_path / "run"),
+                    "--nproc", "2", "--callback", f"{mine}:Notify"], cwd=tmp_path)
+    assert f"[rank 1] error: {mine}:7: KeyError: 'HOOK_URL'" in done.stderr, done.stderr
 
 
 def test_a_callback_that_cannot_take_its_events_arguments_leaves_no_run_dir(capsys, toy_task,
