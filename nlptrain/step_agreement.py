@@ -98,7 +98,9 @@ class StepAgreement:
         if agreed is None:
             return
         finite, rows, stop, save = agreed.read()
-        if not finite:
+        if not finite and self.progress.global_step > agreed.steps_done:  # read a step late, it
+            self.progress.samples_in_epoch += int(rows)  # was counted (skipped on the device): so
+        if not finite:  # are its rows, and a later fit() goes on after it
             raise TrainingError(
                 f"the loss is not finite at {agreed.where} on {agreed.ranks_not_finite(self.dist)} "
                 "rank(s); the weights were"
@@ -222,6 +224,11 @@ class StepWindow:
 
     def close(self) -> None:
         self.micro_batches, self._loss, self._rows, self._random = 0, None, 0, None
+
+    @property
+    def begun(self) -> bool:
+        """A micro-batch of a step began, and the step is neither taken nor undone (an error)."""
+        return self._random is not None
 
 
 class AgreedStep:

@@ -222,14 +222,15 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             warn_if_nothing_to_train(self.progress, self.config.epochs, self.should_stop)
         if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
             check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
-        if self._fits and self.progress.batch_in_epoch:  # the last fit ended inside an epoch (a
-            # stop, a signal, an error): this one trains the rest from its last whole step, as a
-            # resume from there would; a step an error cut short is undone, its rows counted.
-            if self.window.micro_batches:
+        if self._fits:  # the last fit may have ended inside an epoch (a stop, a signal, an
+            # error): this one trains the rest from its last whole step, as a resume from there
+            # would. A step an error cut short is undone (its gradients, its random state).
+            if self.window.begun:
                 self.progress.batch_in_epoch = self.window.undo()
-                self.optimizer.zero_grad(set_to_none=True)
-            self.settle()
-            self.train_batches.resume_samples = self.progress.samples_in_epoch
+            self.optimizer.zero_grad(set_to_none=True)
+            self.settle()  # (the last step's rows counted)
+            if self.progress.batch_in_epoch:
+                self.train_batches.resume_samples = self.progress.samples_in_epoch
         self._fits += 1
         loaded, self._loaded_optimizer = self._loaded_optimizer, None
         if loaded not in (None, self.optimizer):

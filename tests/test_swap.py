@@ -237,6 +237,54 @@ def test_fit_again_after_an_error_or_a_signal_trains_each_row_of_the_epoch_once(
     assert (trainer.epoch, trainer.global_step, trainer.batches_per_epoch) == (3, 18, 6)
 
 
+def test_fit_again_after_an_error_in_a_steps_first_backward_trains_as_the_whole_run(
+        tmp_path, tiny_model_dir):
+    """At a step's first micro-batch nothing was undone: its gradient stayed, and the next fit's
+    first step added it in."""
+    class FailInBackward(Callback):
+        failed = False
+
+        def on_backward_end(self, trainer) -> None:
+            if trainer.global_step == 2 and not self.failed:
+                self.failed = True
+                raise RuntimeError("in backward")
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [FailInBackward()], epochs=3, batch_size=4)
+    with pytest.raises(RuntimeError, match="in backward"):
+        trainer.fit()
+    trainer.fit()
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [], epochs=3, batch_size=4)
+    whole.fit()
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in trainer.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
+def test_fit_again_after_a_non_finite_step_goes_on_after_it(tmp_path, tiny_model_dir):
+    """Read a step late (fused AdamW skips it on the device), the step was counted but its rows
+    were not: the next fit trained them again, in an epoch one batch longer (19 steps for 18)."""
+    from nlptrain.errors import TrainingError
+
+    class NonFiniteOnce(Callback):
+        done = False
+
+        def on_batch_start(self, trainer, batch) -> None:
+            if trainer.global_step == 2 and not self.done:
+                self.done, own = True, trainer.loss_fn
+
+                def not_finite(logits, targets):
+                    trainer.loss_fn = own
+                    return own(logits, targets) * float("nan")
+                trainer.loss_fn = not_finite
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [NonFiniteOnce()], epochs=3, batch_size=4)
+    with pytest.raises(TrainingError, match="the loss is not finite at epoch 1, batch 3"):
+        trainer.fit()
+    trainer.fit()
+    assert (trainer.epoch, trainer.global_step, trainer.batches_per_epoch) == (3, 18, 6)
+
+
 def test_a_generator_of_batches_read_up_is_an_error_not_a_spin_for_ever(tmp_path, tiny_model_dir):
     """With steps_per_epoch (the advice for data without a length), epoch 2 read the used-up
     generator again and again: 100% CPU for ever, and SIGTERM waited for a step that never came."""
