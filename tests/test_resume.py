@@ -143,7 +143,7 @@ def test_sigterm_to_one_rank_stops_both_after_the_same_step(toy_task, tmp_path):
     # Sent to rank 0 after step 3: both ranks read the stop in step 4's flags and end after it.
     told = [line for line in out.stderr.splitlines() if "stopped by a signal after step 4" in line]
     assert len(told) == 2, told  # rank 0 reports, once; torchrun's root cause quotes it
-    assert told[0].startswith("error: ") and "traceback : error: " in told[1]
+    assert told[0].startswith("stopped by a signal") and "traceback : stopped by a signal" in told[1]
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000004"
 
 
