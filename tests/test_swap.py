@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
-from toy_trainer import crash_then_resume, make_trainer, toy_datasets
+from toy_trainer import assert_trained_as_the_whole_run, crash_then_resume, make_trainer, toy_datasets
 
 from nlptrain import Callback
 
@@ -201,12 +201,7 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
     trainer.should_stop = False  # trains on: the rest of the stopped epoch, then the others, as a
     trainer.fit()  # resume from there would (the rest of epoch 1 used to be skipped)
     assert (trainer.epoch, trainer.global_step) == (3, 3 * trainer.steps_per_epoch)
-    (tmp_path / "whole").mkdir()
-    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [], epochs=3, batch_size=4)
-    whole.fit()
-    expected = whole.unwrapped_model.state_dict()
-    for name, value in trainer.unwrapped_model.state_dict().items():
-        assert torch.equal(value, expected[name]), name
+    assert_trained_as_the_whole_run(trainer, tmp_path, tiny_model_dir, epochs=3, batch_size=4)
 
 
 def test_fit_again_after_an_error_or_a_signal_trains_each_row_of_the_epoch_once(tmp_path,
@@ -253,12 +248,7 @@ def test_fit_again_after_an_error_in_a_steps_first_backward_trains_as_the_whole_
     with pytest.raises(RuntimeError, match="in backward"):
         trainer.fit()
     trainer.fit()
-    (tmp_path / "whole").mkdir()
-    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [], epochs=3, batch_size=4)
-    whole.fit()
-    expected = whole.unwrapped_model.state_dict()
-    for name, value in trainer.unwrapped_model.state_dict().items():
-        assert torch.equal(value, expected[name]), name
+    assert_trained_as_the_whole_run(trainer, tmp_path, tiny_model_dir, epochs=3, batch_size=4)
 
 
 def test_fit_again_after_a_non_finite_step_goes_on_after_it(tmp_path, tiny_model_dir):

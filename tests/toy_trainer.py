@@ -75,6 +75,17 @@ def make_trainer(tmp_path, tiny_model_dir, callbacks, resume_from=None, **config
                    resume_from=resume_from)
 
 
+def assert_trained_as_the_whole_run(trainer: Trainer, tmp_path: Path, tiny_model_dir: Path,
+                                    **config) -> None:
+    """The trainer's weights equal, bit for bit, those of a run of `config` never stopped."""
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [], **config)
+    whole.fit()
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in trainer.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
 def weights(run: Path) -> dict[str, torch.Tensor]:
     return load_file(run / "model" / "model.safetensors")
 
