@@ -137,7 +137,8 @@ class TrainConfig:
     pad_to_multiple_of: int = opt(8, "dynamic padding: round each batch's length up to a multiple "
                                   "of N, not past max_length (fewer shapes for the kernels' "
                                   "per-shape caches; 1: the longest row exactly)")
-    group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups)")
+    group_by_length: bool = opt(True, "batch texts of similar length together (shuffled groups; "
+                                "max_tokens always does)")
     keep_freed_memory: bool = opt(True, "CPU: keep freed memory in the process for the next step's "
                                   "large buffers (glibc; no page faults each step); false: give it "
                                   "back to the system")
@@ -245,8 +246,12 @@ FILES = ("train", "valid", "test")  # [data] entries that may be a table of thei
 # What orders and cuts an epoch's batches: a resume skips the rows done in that order, so with
 # another order it would train some rows twice and others never (checked by the CLI against
 # config.json and by load_checkpoint against the checkpoint). grad_accum too: its windows are
-# counted from the epoch's start, so another one cut the first after a resume short.
-DATA_ORDER_KEYS = ("seed", "batch_size", "max_tokens", "padding", "group_by_length", "grad_accum")
+# counted from the epoch's start, so another one cut the first after a resume short. Batches of
+# batch_size rows are grouped by the rows' own lengths; a token budget's are planned on the
+# padded widths, and take neither batch_size nor group_by_length.
+DATA_ORDER_KEYS = ("seed", "max_tokens", "grad_accum")
+ROW_BATCH_KEYS = ("batch_size", "group_by_length")
+TOKEN_BUDGET_KEYS = ("padding", "pad_to_multiple_of")
 
 
 def data_order_harm(changed: list[str]) -> str:
@@ -261,9 +266,8 @@ def data_order_harm(changed: list[str]) -> str:
 
 
 def data_order_keys(max_tokens: int) -> tuple[str, ...]:
-    """DATA_ORDER_KEYS; with a token budget also pad_to_multiple_of, as the padded widths plan
-    the batches."""
-    return DATA_ORDER_KEYS + (("pad_to_multiple_of",) if max_tokens else ())
+    """The settings that order an epoch's batches, with a token budget (`max_tokens`) or not."""
+    return DATA_ORDER_KEYS + (TOKEN_BUDGET_KEYS if max_tokens else ROW_BATCH_KEYS)
 
 
 def file_spec(task: TaskConfig, which: str) -> FileSpec | None:

@@ -50,10 +50,11 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
             lengths = padded_width(np.asarray(lengths))
         longest = int(np.max(lengths, initial=0))
         if longest > config.max_tokens:  # a batch of that row alone would exceed the budget
+            multiple = "" if getattr(collate, "pad_to", None) else \
+                " (or pad_to_multiple_of, which rounds each row's width up)"  # (else: no effect)
             raise ConfigError(f"[train] max_tokens = {config.max_tokens} is less than the longest "
                               f"training row ({longest} tokens, as padded): set max_tokens to at "
-                              f"least {longest}, or lower [model] max_length (or "
-                              "pad_to_multiple_of, which rounds each row's width up)")
+                              f"least {longest}, or lower [model] max_length{multiple}")
         batches = TokenBudgetSampler(lengths, config.max_tokens, world_size, rank, config.seed)
         return DataLoader(data, batch_sampler=batches, **common)
     sampler = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,9 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         for key, number in vars(getattr(task, section)).items():
             if isinstance(number, float) and not math.isfinite(number):
                 raise ConfigError(f"{source}: [{section}] {key} = {number}; give a finite number")
+            if isinstance(number, int) and abs(number) > sys.maxsize:  # (a traceback in a loader)
+                raise ConfigError(f"{source}: [{section}] {key} = {number} is too large (at most "
+                                  f"{sys.maxsize})")
     for section, key in positive:
         if section in sections and value(section, key) < 1:
             raise ConfigError(f"{source}: [{section}] {key} must be at least 1")
@@ -148,6 +152,10 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         raise ConfigError(f"{source}: [train] timeout must be at most {MAX_WAIT_S:,} seconds")
     if "train" in sections and not 0 <= task.train.warmup_ratio <= 1:
         raise ConfigError(f"{source}: [train] warmup_ratio must be in [0, 1]")
+    if "train" in sections and task.train.max_tokens and not task.train.group_by_length:
+        raise ConfigError(f"{source}: [train] group_by_length = false has no effect under "
+                          "max_tokens, whose batches are of rows of like length (what fills them); "
+                          "drop one of the two")
     whole = set(sections) == set(SECTIONS)
     if "train" in sections:  # (the kinds they fit: only where the task's is known)
         validate_finetuning(task.train, KINDS[task.data.kind] if whole else None, source)

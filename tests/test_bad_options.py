@@ -134,6 +134,18 @@ def test_negative_counts_and_rates_are_refused_naming_the_key(capsys, toy_task, 
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    (["--batch-size", "100000000000000000000"], "--batch-size: [train] batch_size = "
+     "100000000000000000000 is too large (at most 9223372036854775807)"),  # (islice's traceback)
+    (["--max-tokens", "256", "--no-group-by-length"], "[train] group_by_length = false has no "
+     "effect under max_tokens"),  # (taken, logged, and without effect)
+])
+def test_values_that_cannot_act_are_refused_in_one_line(capsys, toy_task, tmp_path, given, said):
+    code, err = train(capsys, toy_task, tmp_path / "run", *given)
+    assert code == 1 and said in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(("option", "message"), [
     (["--nproc", "0"], "--nproc 0: give at least 1 process"),
     (["--nproc", "-1"], "--nproc -1: give at least 1 process"),

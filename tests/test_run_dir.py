@@ -217,27 +217,29 @@ def test_a_resume_may_change_the_plan_and_the_lr_but_not_the_groups(tmp_path: Pa
                                           "layer_lr_decay 1.0 -> 0.9"):
         prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
     # The order the resume skips into: another would train some rows twice and others never.
-    for key, value in {"seed": 7, "batch_size": 4, "max_tokens": 256, "padding": "max_length",
-                       "group_by_length": False, "grad_accum": 4}.items():
+    for key, value in {"seed": 7, "batch_size": 4, "max_tokens": 256, "group_by_length": False,
+                       "grad_accum": 4}.items():
         changed = copy.deepcopy(task)
         changed["train"][key] = value
         harm = "first step after it would sum" if key == "grad_accum" else "rows would be trained"
         with pytest.raises(ConfigError, match=f"data order, and these changed: {key} .*{harm}"):
             prepare_run_dir(folder, changed, 1, resume=True, overwrite=False)
-    # pad_to_multiple_of plans a token budget's batches (the padded widths), and only then.
+    # The padded widths plan a token budget's batches, and only those; batch_size plans only
+    # batches of rows (a change of it under a budget was refused as harmful).
     budget = copy.deepcopy(task)
     budget["train"]["max_tokens"] = 256
     budgeted = tmp_path / "budgeted"
     assert not prepare_run_dir(budgeted, budget, 1, resume=False, overwrite=False)
-    for run, train in ((folder, task["train"]), (budgeted, budget["train"])):
-        changed = copy.deepcopy(task)
-        changed["train"] = {**train, "pad_to_multiple_of": 1}
-        if train.get("max_tokens"):
-            with pytest.raises(ConfigError, match="data order, and these changed: "
-                                                  "pad_to_multiple_of 8 -> 1"):
-                prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
-        else:
-            assert prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
+    for key, value in {"pad_to_multiple_of": 1, "padding": "max_length", "batch_size": 4}.items():
+        for run, train in ((folder, task["train"]), (budgeted, budget["train"])):
+            changed = copy.deepcopy(task)
+            changed["train"] = {**train, key: value}
+            plans = (key in ("pad_to_multiple_of", "padding")) == bool(train.get("max_tokens"))
+            if plans:
+                with pytest.raises(ConfigError, match=f"data order, and these changed: {key} "):
+                    prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
+            else:
+                assert prepare_run_dir(run, changed, 1, resume=True, overwrite=False)
 
 
 def test_runs_started_in_the_same_second_get_folders_of_their_own(

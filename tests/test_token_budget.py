@@ -127,9 +127,11 @@ def test_a_budget_below_the_longest_row_is_refused(tmp_path, tiny_model_dir, pad
     longest = pad_to or int(train.lengths.max())
     assert max_tokens < longest
     with pytest.raises(ConfigError, match=f"max_tokens = {max_tokens} is less than the longest "
-                                          f"training row \\({longest} tokens, as padded\\)"):
+                                          f"training row \\({longest} tokens, as padded\\)") as said:
         train_loader(train, TrainConfig(max_tokens=max_tokens), 1, 0, Collator(0, pad_to),
                      torch.device("cpu"))
+    # Padded to max_length, pad_to_multiple_of rounds nothing: not offered as a cure.
+    assert ("pad_to_multiple_of" in str(said.value)) == (pad_to is None)
     loader = train_loader(train, TrainConfig(max_tokens=longest), 1, 0, Collator(0, pad_to),
                           torch.device("cpu"))
     assert sum(len(batch["labels"]) for batch in loader) == len(train)
