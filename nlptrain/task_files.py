@@ -136,7 +136,8 @@ def validate(task: TaskConfig, source: str, sections: tuple[str, ...] = ("data",
         for key, number in vars(getattr(task, section)).items():
             if isinstance(number, float) and not math.isfinite(number):
                 raise ConfigError(f"{source}: [{section}] {key} = {number}; give a finite number")
-            if isinstance(number, int) and abs(number) > sys.maxsize:  # (a traceback in a loader)
+            if section == "train" and isinstance(number, int) and abs(number) > sys.maxsize:  # (a
+                # loader's traceback; [model] max_length says the model's positions)
                 raise ConfigError(f"{source}: [{section}] {key} = {number} is too large (at most "
                                   f"{sys.maxsize})")
     for section, key in positive:
