@@ -293,10 +293,12 @@ def _no_batches(loader: Any, config: TrainConfig, dist: Backend) -> str:
     return f"{text}: is the training set empty?"
 
 
-def typical_batch(data: Any, collate: Any, rows: int) -> dict[str, torch.Tensor] | None:
+def typical_batch(data: Any, collate: Any, rows: int, max_tokens: int = 0
+                  ) -> dict[str, torch.Tensor] | None:
     """A batch of `rows` rows of the length most batches have (the middle of the rows sorted by
     length, where the dataset knows them; else its first rows), for timing a step before the
-    training starts. None for data that cannot be indexed without reading it (an iterable)."""
+    training starts; under a token budget (`max_tokens`), as many rows of that length as the
+    budget holds. None for data that cannot be indexed without reading it (an iterable)."""
     if isinstance(data, IterableDataset) or not hasattr(data, "__getitem__"):
         return None
     try:
@@ -305,9 +307,13 @@ def typical_batch(data: Any, collate: Any, rows: int) -> dict[str, torch.Tensor]
         return None
     if size == 0:
         return None
-    rows = min(rows, size)
     lengths = getattr(data, "lengths", None)
-    if lengths is not None and len(lengths) == size:
+    known = lengths is not None and len(lengths) == size
+    if max_tokens:
+        typical = int(np.median(np.asarray(lengths))) if known else len(data[0]["input_ids"])
+        rows = max_tokens // max(typical, 1)
+    rows = max(1, min(rows, size))
+    if known:
         middle = np.argsort(np.asarray(lengths), kind="stable")
         start = (size - rows) // 2
         picked = [int(i) for i in middle[start:start + rows]]

@@ -102,7 +102,7 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         self.collate = collate or default_collate(model, config)
         # "auto": what this device runs fastest (measured; rank 0's), or what a resumed run began in.
         self.precision = precision.choose(config.precision, self.device, self.dist, self.resumed_from,
-                                          job_step_of(model, train_data, self.collate, config.batch_size))
+                                          job_step_of(model, train_data, self.collate, config))
         self.config = replace(config, precision=self.precision.precision)
         if getattr(model, "config", None) is not None:  # an export then scores as it trained
             model.config.nlptrain_precision = self.precision.precision  # (eval, predict: "auto")

@@ -74,11 +74,12 @@ def task_of(model: Any, kind: TaskKind | str | None, label_names: Sequence[str] 
     return found, listed_label_names(label_names) or kinds.label_names_of(model_config, found)
 
 
-def job_step_of(model: Any, train_data: Any, collate: Any, batch_size: int
+def job_step_of(model: Any, train_data: Any, collate: Any, config: TrainConfig
                 ) -> Callable[[], JobStep | None]:
-    """What "auto" precision times on a GPU: the model's forward on a typical batch of the data."""
+    """What "auto" precision times on a GPU: the model's forward on a typical batch of the data
+    (`batch_size` rows, or as many as `max_tokens` holds)."""
     def job_step() -> JobStep | None:
-        batch = typical_batch(train_data, collate, batch_size)
+        batch = typical_batch(train_data, collate, config.batch_size, config.max_tokens)
         forward = lambda b: logits_of(model(**model_inputs(b)))  # noqa: E731
         return None if batch is None else JobStep(model, batch, forward)
     return job_step

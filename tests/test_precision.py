@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+import numpy as np
 import pytest
 import torch
 from cpu_speed import pretend_cpu_speedups
@@ -244,6 +245,20 @@ def test_the_timed_step_leaves_no_trace_on_the_model_or_the_rng(tiny_model_dir, 
     # nothing to take without reading it: no step, and auto falls back on what the GPU supports
     assert typical_batch(iter(train), Collator(0), 8) is None
     assert typical_batch([], Collator(0), 8) is None
+
+
+def test_the_timed_step_under_a_token_budget_is_a_budget_sized_batch(tiny_model_dir, tmp_path):
+    """Under max_tokens the step timed for "auto" on a GPU holds the budget's rows, not
+    batch_size's: bf16's gain depends on the batch's size."""
+    from toy_trainer import toy_datasets
+
+    from nlptrain.data import Collator
+
+    train, _ = toy_datasets(tmp_path, tiny_model_dir, rows=200)
+    typical = int(np.median(train.lengths))
+    batch = typical_batch(train, Collator(0), 8, max_tokens=64 * typical)
+    assert batch["input_ids"].shape[0] == 64
+    assert typical_batch(train, Collator(0), 8, max_tokens=1)["input_ids"].shape[0] == 1
 
 
 def test_the_cpu_probe_tries_again_while_bf16_looks_slow_and_keeps_its_best(monkeypatch):
