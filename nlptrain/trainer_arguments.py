@@ -64,14 +64,18 @@ def default_collate(model: Any, config: TrainConfig) -> Collator:
 def task_of(model: Any, kind: TaskKind | str | None, label_names: Sequence[str] | None
             ) -> tuple[TaskKind, list[str]]:
     """The kind and label names given, else the model's (a transformers config's `problem_type`,
-    `id2label`); a kind given is written into the model's config: an export predicts as it
-    trained."""
+    `id2label`); a kind and names given are written into the model's config: an export predicts
+    as it trained, with the names the data's ids meant."""
     model_config = getattr(model, "config", None)
     kind = checked_kind(kind)
     found = kind or kinds.from_model_config(model_config)
     if kind is not None and model_config is not None:
         kinds.record_kind(model_config, kind)
-    return found, listed_label_names(label_names) or kinds.label_names_of(model_config, found)
+    names = listed_label_names(label_names)
+    if names and len(names) == getattr(model_config, "num_labels", None):  # (else the first step
+        model_config.id2label = dict(enumerate(names))                    # refuses the width)
+        model_config.label2id = {name: i for i, name in enumerate(names)}
+    return found, names or kinds.label_names_of(model_config, found)
 
 
 def job_step_of(model: Any, train_data: Any, collate: Any, config: TrainConfig

@@ -79,3 +79,22 @@ def test_an_export_from_rows_read_per_rank_keeps_how_they_were_read(tmp_path, ti
     saved = json.loads((model / "config.json").read_text())
     assert (saved["nlptrain_max_length"], saved["nlptrain_text_pair"]) == (32, True)
     assert AutoTokenizer.from_pretrained(str(model)).model_max_length == 32
+
+
+def test_label_names_given_to_the_trainer_are_the_exports(tmp_path, tiny_model_dir):
+    """The ids of the data mean the names given to the Trainer, not those the model came with:
+    its export names them so (it kept the model's, and predict said every label the other way)."""
+    from transformers import AutoTokenizer
+
+    from nlptrain import Trainer
+    from nlptrain.data import TokenizedDataset
+    from nlptrain.models import load_model
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    train = TokenizedDataset.from_texts(["a", "b"], [0, 1], tokenizer, 16)
+    trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, tokenizer=tokenizer,
+                      label_names=["pos", "neg"])
+    trainer.strategy.export(trainer.model, tokenizer, tmp_path / "model")
+    saved = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert saved["id2label"] == {"0": "pos", "1": "neg"}
+    assert saved["label2id"] == {"pos": 0, "neg": 1}
