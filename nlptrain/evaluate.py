@@ -84,11 +84,14 @@ def check_eval_batch(dataset: Any, collate: Callable[[list[dict[str, Any]]], dic
 def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
             collate: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
             batch_size: int = 64, precision: str = "fp32",
-            kind: TaskKind | None = None, equal_steps: bool = False) -> Predictions:
+            kind: TaskKind | None = None, equal_steps: bool = False,
+            label_names: Sequence[str] | None = None) -> Predictions:
     """Score this rank's share of `dataset`, gather all shares, return them in row order.
 
     `model` unwrapped (a DDP wrapper's module; an FSDP2 model as it is). `equal_steps`: every
     forward is a collective (FSDP2), so every rank takes as many batches as the longest share.
+    `label_names`: the task's, to refuse a model whose outputs are not as many (a model of the
+    user's, scored without training: its metrics would be wrong, or fail in numpy).
     """
     kind = kind or SingleLabel()
     logits_in_fp32(model, getattr(getattr(model, "config", None), "num_labels", None))  # (a loaded one)
@@ -118,6 +121,11 @@ def predict(model: torch.nn.Module, dataset: TokenizedDataset, dist: Backend,
         inputs = {k: v.to(dist.device, non_blocking=True) for k, v in model_inputs(batch).items()}
         with autocast(dist.device, precision):
             logits = logits_of(model(**inputs))
+        if step == 0 and label_names is not None:
+            try:
+                kind.check_logits(logits, label_names)
+            except ConfigError as error:
+                raise every_rank(error) from None
         if step >= counted:
             continue
         outputs.append(kind.outputs(logits).cpu())

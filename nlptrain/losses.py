@@ -86,16 +86,9 @@ def task_loss(kind: TaskKind, config: Any, train_data: Any, label_names: Sequenc
     else:
         loss = partial(kind.loss, label_smoothing=config.label_smoothing) \
             if config.label_smoothing else kind.loss
-    width = kind.output_size(label_names)
 
     def checked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if logits.ndim != 2 or logits.shape[-1] != width:  # torch's error names sizes alone
-            what = f"{len(label_names)} labels" if kind.has_classes else "one score a row"
-            gives = f"{logits.shape[-1]} output(s) a row," if logits.ndim == 2 else \
-                f"logits of shape {tuple(logits.shape)}, not (rows, outputs),"
-            raise ConfigError(f"the model gives {gives} but this "
-                              f"{kind.name} task needs {width} ({what}); build its head with "
-                              f"{width} output(s)")
+        kind.check_logits(logits, label_names)
         return loss(logits, targets)
 
     return checked

@@ -324,7 +324,7 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
         with self.strategy.evaluating(self.model):
             found = predict(self.unwrapped_model, self._as_dataset(data, "eval"), self.dist,
                             self.collate, self.config.eval_batch_size, self.config.precision,
-                            self.kind, equal_steps=self.strategy.eval_needs_equal_steps)
+                            self.kind, self.strategy.eval_needs_equal_steps, self.label_names)
         self.predictions = found
         return compute_metrics(found, self.label_names, self.kind, self.metric_fns, warn=self.is_main)
 

@@ -122,6 +122,24 @@ def test_a_metric_for_best_that_no_metric_gives_is_refused_before_training(tmp_p
     Trainer(model, config=TrainConfig(metric_for_best="acc"), metrics=[positive_rate], **common)
 
 
+@pytest.mark.parametrize("outputs", [4, 3])
+def test_evaluate_alone_refuses_a_model_of_another_width_than_the_labels(tmp_path, tiny_model_dir,
+                                                                        outputs):
+    """fit() refuses it at its first step; evaluate() alone (to score a model without training
+    it) gave accuracy 0 for 4 outputs and 3 labels, unsaid, or a numpy error for 3 and 2."""
+    from transformers import AutoTokenizer
+
+    from nlptrain.errors import ConfigError
+
+    _, test = toy_sets(tmp_path, AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    names = ["a", "b", "c"] if outputs == 4 else ["neg", "pos"]
+    trainer = Trainer(MeanPoolClassifier(tiny_model_dir, outputs), kind=SingleLabel(),
+                      label_names=names)
+    with pytest.raises(ConfigError, match=rf"the model gives {outputs} output\(s\) a row, but "
+                                          rf"this single_label task needs {len(names)}"):
+        trainer.evaluate(test)
+
+
 def test_a_metric_of_numpy_or_torch_numbers_checkpoints_and_resumes(tmp_path, tiny_model_dir):
     # scikit-learn's scores are np.float64: kept as they came, they went into the checkpoint
     # (best_metric, the best model's metrics), which torch.load(weights_only=True) then refused.

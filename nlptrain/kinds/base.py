@@ -114,6 +114,17 @@ class TaskKind:
     def output_size(self, label_names: Sequence[str]) -> int:
         return len(label_names)
 
+    def check_logits(self, logits: torch.Tensor, label_names: Sequence[str]) -> None:
+        """Refuse logits of another shape than (rows, `output_size`): a user's own model, built
+        for another task, whose loss or metrics would fail in torch or numpy, or be wrong."""
+        width = self.output_size(label_names)
+        if logits.ndim != 2 or logits.shape[-1] != width:  # torch's error names sizes alone
+            what = f"{len(label_names)} labels" if self.has_classes else "one score a row"
+            gives = f"{logits.shape[-1]} output(s) a row," if logits.ndim == 2 else \
+                f"logits of shape {tuple(logits.shape)}, not (rows, outputs),"
+            raise ConfigError(f"the model gives {gives} but this {self.name} task needs {width} "
+                              f"({what}); build its head with {width} output(s)")
+
     def check_targets(self, targets: np.ndarray, label_names: Sequence[str], where: str) -> None:
         """Targets a user gave (a TokenizedDataset's, a list of rows'), as numbers and not empty:
         of the kind's shape, refused now rather than as a torch error in the first step (none by
