@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
@@ -72,16 +72,35 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
 class RankShard(IterableDataset):
     """A user's IterableDataset, sharded by rank as a DistributedSampler shards a Dataset: rank
     r of W keeps items r, r + W, r + 2W, ... of what its `__iter__` yields (in each DataLoader
-    worker, of that worker's share: workers shard in the dataset, as torch's docs ask)."""
+    worker, of that worker's share: workers shard in the dataset, as torch's docs ask). Where
+    the dataset says its length, the rows that do not divide are made up as DistributedSampler
+    does, with its first items again: every rank then takes as many, and none is left out (the
+    ranks agree on the shortest share's batches, which dropped the longer shares' last rows)."""
 
     def __init__(self, data: IterableDataset, world_size: int, rank: int) -> None:
         self.data, self.world_size, self.rank = data, world_size, rank
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.islice(iter(self.data), self.rank, None, self.world_size)
+        mine = itertools.islice(iter(self.data), self.rank, None, self.world_size)
+        # In a DataLoader worker the length counts no worker's share: nothing to make up there.
+        if not hasattr(self.data, "__len__") or get_worker_info() is not None:
+            return mine
+        return self._made_up_to(len(self), mine)
+
+    def _made_up_to(self, share: int, mine: Iterator[Any]) -> Iterator[Any]:
+        taken = 0
+        for item in mine:
+            yield item
+            taken += 1
+        # Position p of the padded order, past the dataset's rows, is row p - rows again; a
+        # dataset that yielded fewer rows than its length says is not padded (said later).
+        first = taken * self.world_size + self.rank - len(self.data)
+        if taken < share and first >= 0:
+            again = itertools.islice(iter(self.data), first, None, self.world_size)
+            yield from itertools.islice(again, share - taken)
 
     def __len__(self) -> int:  # this rank's share, where the dataset knows its length
-        return max(0, len(self.data) - self.rank + self.world_size - 1) // self.world_size
+        return math.ceil(len(self.data) / self.world_size)
 
     def set_epoch(self, epoch: int) -> None:  # a stream that reshuffles by epoch
         if hasattr(self.data, "set_epoch"):

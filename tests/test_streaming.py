@@ -259,6 +259,28 @@ def test_an_iterable_dataset_of_your_own_is_read_in_each_epochs_order_by_its_wor
     assert record.rows[0] != record.rows[1]
 
 
+@pytest.mark.parametrize(("rows", "world"), [(8, 3), (7, 2), (2, 3), (9, 3)])
+def test_an_iterable_dataset_of_your_own_leaves_no_row_out_where_ranks_do_not_divide_it(rows,
+                                                                                         world):
+    """As a DistributedSampler pads: each rank takes as many items, the short shares made up
+    with the first items again. The ranks agree on the shortest share, which dropped the longer
+    shares' last rows every epoch (8 rows on 3 ranks: rows 6 and 7 never trained)."""
+    from nlptrain.loaders import RankShard
+
+    class Counted(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(rows))
+
+        def __len__(self) -> int:
+            return rows
+
+    shares = [list(RankShard(Counted(), world, rank)) for rank in range(world)]
+    sampler = torch.utils.data.DistributedSampler(range(rows), world, 0, shuffle=False)
+    expected = [list(torch.utils.data.DistributedSampler(range(rows), world, rank, shuffle=False))
+                for rank in range(world)]
+    assert shares == expected and len(sampler) == len(RankShard(Counted(), world, 0))
+
+
 class OverstatedStream(OwnStream):
     """48 rows that say they are 60."""
 
