@@ -274,9 +274,12 @@ def final_metrics(trainer: DistTrainer, sets: Any, best: SaveBestModel | None,
             trainer.strategy.load_full_weights(trainer.model, run_dir / "best" / "model.safetensors")
             results["valid"] = best.saved_metrics
     if sets.test is not None:
-        # Without a validation set the loop evaluated on the test set: reuse it if it is current.
+        # Without a validation set the loop evaluated on the test set: reuse it if it is current
+        # and scored the weights kept (an EMA that exports what it did not evaluate, or evaluates
+        # what it does not export, changed them after).
+        scored_others = any(c.export != c.evaluate for c in trainer.callbacks.find(EMA))
         current = sets.valid is None and trainer.metrics.get("step") == trainer.global_step \
-            and trainer.predictions is not None  # (a resume gives back the metrics alone)
+            and trainer.predictions is not None and not scored_others  # (a resume: metrics alone)
         results["test"] = latest if current else trainer.evaluate(sets.test)
     return results
 

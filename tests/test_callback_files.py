@@ -251,3 +251,26 @@ def test_an_ema_exporting_an_average_it_never_evaluated_is_the_model_kept(capsys
     scored = json.loads(capsys.readouterr().out)
     valid = json.loads((run / "results.json").read_text())["valid"]
     assert scored["loss"] == pytest.approx(valid["loss"], rel=1e-5)  # its scores are the kept model's
+
+
+@pytest.mark.parametrize(("evaluate", "export"), [(False, True), (True, False)])
+def test_without_a_validation_set_the_test_scores_are_the_exported_models(capsys, toy_task, tmp_path,
+                                                                         evaluate, export):
+    """An EMA that exports what it did not evaluate (or evaluates what it does not export): the
+    last evaluation, on the test set, scored other weights than model/'s, and results.json kept
+    them (reviews 119, 120)."""
+    import json
+
+    from nlptrain.cli import main
+
+    mine = tmp_path / "ema.py"
+    mine.write_text("from nlptrain.callbacks import EMA\n\nclass Mine(EMA):\n    def __init__(self):\n"
+                    f"        super().__init__(0.5, evaluate={evaluate}, export={export})\n")
+    run = tmp_path / "run"
+    code, err = train(capsys, toy_task, run, "--callback", f"{mine}:Mine", "--precision", "fp32")
+    assert code == 0, err
+    assert main(["eval", "--model", str(run / "model"), "--task", str(toy_task), "--precision",
+                 "fp32", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    test = json.loads((run / "results.json").read_text())["test"]
+    assert scored["loss"] == pytest.approx(test["loss"], rel=1e-5)
