@@ -10,7 +10,8 @@ alone, and evaluation (which runs on every rank) sees the same averaged model ev
   list, as it does in `nlptrain train`) are those of the average; the training weights come back
   after.
 - `export=True`: at the end of training the averaged weights replace the trained ones, so the
-  final test metrics and `model/` are the average's.
+  final test metrics and `model/` are the average's. At the end of a fit that a stop, signal or
+  error cut short, the trained weights are kept too: a `fit()` that goes on trains on from them.
 - The average is saved in checkpoints (whole, also under FSDP2, where each rank averages its
   own shard) and a resume continues it exactly.
 """
@@ -36,6 +37,7 @@ class EMA(Callback):
         self.average: dict[str, torch.Tensor] | None = None
         self.step = -1  # the optimizer step the average includes
         self._kept: dict[str, torch.Tensor] | None = None  # training weights while swapped out
+        self._trained: dict[str, torch.Tensor] | None = None  # ... under an exported average
 
     @staticmethod
     def averaged(trainer: Trainer) -> dict[str, torch.nn.Parameter]:
@@ -68,6 +70,10 @@ class EMA(Callback):
 
     def on_train_start(self, trainer: Trainer) -> None:
         from nlptrain.callbacks.best_model import SaveBestModel
+
+        if self._trained is not None:  # a fit that goes on: from the weights trained, not the average
+            self._kept, self._trained = self._trained, None
+            self.swap_out(trainer)
 
         order = trainer.callbacks.callbacks
         later = order[next(i for i, c in enumerate(order) if c is self) + 1:]
@@ -104,9 +110,16 @@ class EMA(Callback):
             self.swap_out(trainer)
         if self.export and self.average is not None:
             self.update(trainer)
-            with torch.no_grad():
-                for name, param in self.averaged(trainer).items():
-                    param.copy_(self.average[name])
+            config = trainer.config
+            ended = trainer.epoch >= config.epochs or bool(config.max_steps) and \
+                trainer.global_step >= config.max_steps
+            if ended:
+                with torch.no_grad():
+                    for name, param in self.averaged(trainer).items():
+                        param.copy_(self.average[name])
+            else:  # a fit() may go on: it takes the trained weights back (on_train_start)
+                self.swap_in(trainer)
+                self._trained, self._kept = self._kept, None
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
         # A checkpoint written at on_step_end before this callback's turn still holds this step.

@@ -204,6 +204,28 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
     assert_trained_as_the_whole_run(trainer, tmp_path, tiny_model_dir, epochs=3, batch_size=4)
 
 
+def test_fit_again_after_a_stop_trains_on_from_the_trained_weights_not_an_emas_average(
+        tmp_path, tiny_model_dir):
+    """EMA(export=True) puts its average in at every fit's end: the next fit trained on from the
+    average, not from the weights the stopped one had trained (review 120)."""
+    from nlptrain.callbacks import EMA
+
+    class StopAtTwo(Callback):
+        def on_step_end(self, trainer) -> None:
+            trainer.should_stop = trainer.should_stop or trainer.global_step == 2
+
+    stopped = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo(), EMA(0.5)], batch_size=4)
+    stopped.fit()
+    stopped.should_stop = False
+    stopped.fit()
+    (tmp_path / "whole").mkdir()
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [EMA(0.5)], batch_size=4)
+    whole.fit()
+    expected = whole.unwrapped_model.state_dict()
+    for name, value in stopped.unwrapped_model.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+
+
 def test_fit_again_after_an_error_or_a_signal_trains_each_row_of_the_epoch_once(tmp_path,
                                                                                 tiny_model_dir):
     """After a failed fit the next went on unaware of where the epoch stood (22 steps for 18, an
