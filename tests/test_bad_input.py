@@ -107,6 +107,8 @@ def test_a_label_named_twice_is_refused_before_training(capsys, toy_task, tmp_pa
                         r"number per label \(2: neg, pos\)"),
     ('"balanced"', r"\[train\] class_weights = 'balanced': no training row has the label\(s\) "
                    r"\['pos'\]"),
+    ("[1, 0]", r"\[train\] class_weights = \[1, 0\]: weight 0 for 'pos' makes the loss of a "
+               r"batch of only those rows 0/0"),  # (a run stopped on a "non-finite loss")
 ])
 def test_class_weights_that_do_not_fit_the_labels_leave_no_run_dir(capsys, toy_task, tmp_path,
                                                                    weights, message):

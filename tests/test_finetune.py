@@ -61,6 +61,14 @@ def test_balanced_weights_come_from_the_training_targets(tmp_path, tiny_model_di
     pos_weight = torch.tensor([2 / 2, 3 / 1, 1 / 3])
     assert torch.allclose(bce(logits, torch.from_numpy(multi)),
                           torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)(logits, torch.from_numpy(multi)))
+    # A label of every row has no negatives: weighted 1, not 0 (never learned).
+    Targets.label_ids = everywhere = np.c_[multi, np.ones(4, dtype=np.float32)]
+    bce = task_loss(MultiLabel(), TrainConfig(class_weights="balanced"), Targets(), ["x", "y", "z", "w"])
+    logits = torch.randn(4, 4)
+    pos_weight = torch.tensor([2 / 2, 3 / 1, 1 / 3, 1])
+    targets = torch.from_numpy(everywhere)
+    assert torch.allclose(bce(logits, targets),
+                          torch.nn.BCEWithLogitsLoss(pos_weight=pos_weight)(logits, targets))
 
 
 def test_class_weights_and_smoothing_refuse_what_they_do_not_fit():

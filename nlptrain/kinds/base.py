@@ -148,6 +148,10 @@ class TaskKind:
         class weigh the same (a kind that `takes_class_weights`)."""
         raise NotImplementedError
 
+    def check_class_weights(self, weights: Sequence[float], label_names: Sequence[str]) -> None:
+        """`[train] class_weights` given as numbers, one a label: refused where the loss cannot
+        take them (none by default)."""
+
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         """What evaluation keeps of the logits (float32, one row per example)."""
         raise NotImplementedError

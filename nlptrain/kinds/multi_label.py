@@ -145,7 +145,10 @@ class MultiLabel(TaskKind):
         missing = [label_names[i] for i in np.flatnonzero(positives == 0)]
         if missing:
             raise unseen_labels_error(missing)
-        return np.asarray((len(targets) - positives) / np.maximum(positives, 1), dtype=np.float32)
+        weights = (len(targets) - positives) / np.maximum(positives, 1)
+        # A label of every row has no negatives: 0 would weigh its every target 0, and it would
+        # never be learned. It keeps weight 1, as without class_weights.
+        return np.asarray(np.where(weights == 0, 1.0, weights), dtype=np.float32)
 
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:

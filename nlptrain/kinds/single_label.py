@@ -97,6 +97,16 @@ class SingleLabel(TaskKind):
             raise unseen_labels_error(missing)
         return np.asarray(compute_class_weight("balanced", classes=classes, y=targets), dtype=np.float32)
 
+    def check_class_weights(self, weights: Sequence[float], label_names: Sequence[str]) -> None:
+        # Cross-entropy's mean divides by the batch's weights: a batch of a weight-0 class alone
+        # is 0/0, and the run stopped on a "non-finite loss" that no lr or precision cures.
+        zero = [name for name, weight in zip(label_names, weights, strict=True) if weight == 0]
+        if zero:
+            raise ConfigError(f"[train] class_weights = {list(weights)}: weight 0 for "
+                              f"{', '.join(map(repr, zero))} makes the loss of a batch of only those "
+                              "rows 0/0 (not a number); give a small weight (e.g. 0.01), or leave "
+                              "those rows out of the training file")
+
     def loss(self, logits: torch.Tensor, targets: torch.Tensor, class_weights: torch.Tensor | None = None,
              label_smoothing: float = 0.0) -> torch.Tensor:
         import torch.nn.functional as F
