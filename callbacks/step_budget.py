@@ -5,12 +5,15 @@ the step count, so no flag is agreed and no micro-batch is begun past it (a `sho
 in a step event is read with the next step's flags: step_agreement.py, `_agree_on_step`). This callback
 stops a run resumed at or past its budget, and says where the run ends. The epoch's end follows
 as after any stop: its evaluation, `on_epoch_end` (and its checkpoint). The lr schedule plans
-over at most max_steps (`LRSchedule.planned_total`), so it ends where the run does.
+over at most max_steps (`LRSchedule.planned_total`), so it ends where the run does. A
+StepBudget of the user's (which replaces the config's) sets the trainer's `max_steps` to its own:
+the loop and the schedule read it there.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from nlptrain.events import Callback
@@ -26,6 +29,8 @@ class StepBudget(Callback):
         self.max_steps = max_steps
 
     def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.config.max_steps != self.max_steps:  # it logged its budget, trained them all
+            trainer.config = replace(trainer.config, max_steps=self.max_steps)
         if trainer.global_step >= self.max_steps:  # resumed at (or past) the budget
             if trainer.is_main:
                 log.info("max_steps %d: the run has done %d steps; nothing left to train",

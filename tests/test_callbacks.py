@@ -191,6 +191,19 @@ def test_progress_counts_to_max_steps_where_it_ends_the_run_inside_the_epoch(
     assert end and end[0].startswith("epoch 1/2 stopped after batch 4 of 6: 4 batches in "), end
 
 
+def test_a_step_budget_of_your_own_ends_the_run_and_its_schedule_there(tmp_path, tiny_model_dir):
+    """It replaces the config's (as any callback of yours does the config's of its class), but
+    the loop and the schedule read max_steps from the config: it said "the run ends at this
+    step" at step 3 and trained all 12 (review 120)."""
+    from nlptrain.callbacks import StepBudget
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StepBudget(3)], batch_size=8,
+                           warmup_ratio=0.0)
+    trainer.fit()
+    assert trainer.global_step == 3  # the linear decay ended there, not at step 12:
+    assert [group["lr"] for group in trainer.optimizer.param_groups] == [0.0, 0.0]
+
+
 def test_progress_in_windows_of_micro_batches_counts_to_max_steps_and_shows_the_lr(
         tmp_path, tiny_model_dir, capsys):
     """grad_accum 2: the totals went 1/5, 2/4, 3/5 (a window's micro-batches counted twice), and
