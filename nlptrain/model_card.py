@@ -71,7 +71,9 @@ def model_card(run_dir: Path) -> str:
     out += [f"| {key} | {train[key]} |" for key in SETTINGS if key in train
             and (picked or key != "metric_for_best")]
     kind = from_run_config(run)
-    pairs = task.get("data", {}).get("text_pair_column", "") != ""
+    # The model's own record: a pair column may be named in a file's table, not in [data]'s.
+    pairs = model_config.get("nlptrain_text_pair",
+                             task.get("data", {}).get("text_pair_column", "") != "")
     rule = [kind.decision_rule[0].upper() + kind.decision_rule[1:] + ".", ""] \
         if kind.decision_rule else []
     out += ["", "## Metrics", "", *metrics_table(results), "", *rule, "## Use", "",

@@ -246,6 +246,24 @@ def test_an_undefined_score_reads_n_a_in_the_report_and_the_model_card():
     assert metrics_text(results["valid"]) == "rows 40  Pearson n/a  MSE 0.2500"
 
 
+def test_the_model_card_of_a_pair_model_shows_pairs_also_when_a_file_names_the_pair_column(
+        tmp_path):
+    """The pair column named in a file's own table, not [data]'s: the card said "a single-label
+    model" and showed a single text, which a pair model scores without an error, wrongly."""
+    import json
+
+    from nlptrain.model_card import model_card
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "nlptrain_text_pair": True, "id2label": {"0": "no", "1": "yes"}}))
+    task = {"name": "t", "data": {"train": {"path": "t.tsv", "text_pair_column": "hypothesis"}}}
+    (tmp_path / "config.json").write_text(json.dumps({"task": task}))
+    card = model_card(tmp_path)
+    assert "A single-label model of sentence pairs." in card
+    assert '"text_pair": "second sentence"' in card
+
+
 def test_a_regression_loss_keeps_its_targets_in_float32_under_bf16():
     """Cast to the bf16 logits' type, 3.8 trained as 3.796875."""
     logits = torch.tensor([[3.0], [4.0]], dtype=torch.bfloat16)
