@@ -16,6 +16,7 @@ A resume given another lr, scheduler or warmup_ratio goes on with them from the 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from transformers import get_scheduler
 
+from nlptrain.errors import ConfigError
 from nlptrain.events import Callback
 from nlptrain.optim import logged_lr
 
@@ -68,7 +70,7 @@ class LRSchedule(Callback):
         self.warmup_steps = warmup_steps  # when > 0: the warmup's length, not warmup_ratio
         self.warmup = warmup_ratio  # the fraction of the planned steps that warms up
         self._kept_warmup: float | None = None  # a resumed run's, when its settings are unchanged
-        self.shape = schedule_shape(name, warmup_ratio)
+        self.shape = self.make_shape(warmup_ratio)
         self.plan: Plan | None = None
         self._saved: dict | None = None
         self.scaled = 1.0  # every `multiply` so far, multiplied: checkpoints keep it
@@ -93,6 +95,13 @@ class LRSchedule(Callback):
 
     def on_batch_start(self, trainer: Trainer, batch: dict) -> None:
         total = self.planned_total(trainer)
+        if trainer.scheduler is not None and self.plan is None:  # set by the user before fit()
+            raise ConfigError(
+                f"trainer.scheduler is a {type(trainer.scheduler).__name__} of yours, which "
+                "nothing steps: the LRSchedule callback makes and steps the run's schedule "
+                "([train] scheduler, warmup_ratio, warmup_steps); for a shape of your own, "
+                "subclass LRSchedule, override make_shape(warmup) to return a function of the "
+                "run's progress (0 to 1) to the lr's factor, and give it in the callbacks")
         if trainer.scheduler is None:
             self._make(trainer, total)
         elif self.plan.end_step != total:  # continue from the progress reached, not a jump
@@ -169,7 +178,12 @@ class LRSchedule(Callback):
         or warmup_steps out of the `total` steps planned."""
         if fraction is None:
             fraction = min(self.warmup_steps / total, 1.0) if self.warmup_steps else self.warmup_ratio
-        self.warmup, self.shape = fraction, schedule_shape(self.name, fraction)
+        self.warmup, self.shape = fraction, self.make_shape(fraction)
+
+    def make_shape(self, warmup: float) -> Callable[[float], float]:
+        """The lr's factor as a function of the run's progress (0 to 1), warming up over the
+        first `warmup` of it: transformers' schedule `name`. A subclass may return its own."""
+        return schedule_shape(self.name, warmup)
 
 
 def multiply_lr(trainer: Trainer, factor: float) -> None:
