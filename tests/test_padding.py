@@ -103,3 +103,14 @@ def test_padding_to_max_length_is_the_collate_given(tiny_model_dir):
             config=TrainConfig(padding="max_length", epochs=1, batch_size=4),
             collate=Collator(0, pad_to=16), callbacks=[Widths()]).fit()
     assert Widths.seen == [16, 16]
+
+
+def test_label_names_in_a_users_rows_are_one_error_naming_the_cure():
+    """A Dataset of the user's that gives "pos" for a label: numpy's "invalid literal for int()"
+    from deep in the collate, before (review 122)."""
+    from nlptrain.errors import DataError
+
+    rows = [{"input_ids": [1, 2], "labels": 0}, {"input_ids": [1], "labels": "pos"}]
+    with pytest.raises(DataError, match=r"^in a batch of your dataset's rows, the label at row "
+                                        r"index 1 is 'pos': give class ids"):
+        Collator(0)(rows)

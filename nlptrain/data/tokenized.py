@@ -237,6 +237,13 @@ class Collator:
             if type_ids is not None:
                 type_ids[i, :n] = row["token_type_ids"]
         labels = np.stack([np.asarray(r["labels"]) for r in rows])
+        if labels.dtype.kind in "USO":  # names from a dataset of the user's: numpy's int() error
+            given = np.empty(len(rows), dtype=object)  # as given: stacked, 0 beside "pos" is "0"
+            for i, row in enumerate(rows):
+                given[i] = row["labels"]
+            wrong = not_ids(given if labels.ndim == 1 else labels)  # (rows of names: all names)
+            if wrong:
+                raise DataError(f"in a batch of your dataset's rows, {wrong}")
         batch = {
             "input_ids": torch.from_numpy(input_ids),
             "attention_mask": torch.from_numpy(mask),
