@@ -34,6 +34,7 @@ from nlptrain.step_agreement import AgreedStep, LatestStepReadings, StepAgreemen
 from nlptrain.task_files import train_config, validate_finetuning
 from nlptrain.train_batches import TrainBatches
 from nlptrain.trainer_arguments import (
+    check_metric_for_best_given,
     default_collate,
     job_step_of,
     listed_metrics,
@@ -222,6 +223,8 @@ class Trainer(ProgressCounters, LatestStepReadings, StepAgreement):
             warn_if_nothing_to_train(self.progress, self.config.epochs, self.should_stop)
         if self.eval_data is not None:  # (training reads no index: a collate may have dropped it)
             check_eval_batch(self._as_dataset(self.eval_data, "eval"), self.collate)
+            if self.metric_fns and not self._fits:
+                check_metric_for_best_given(self)
         if self._fits:  # the last fit may have ended inside an epoch (a stop, a signal, an
             # error): this one trains the rest from its last whole step, as a resume from there
             # would. A step an error cut short is undone (its gradients, its random state).

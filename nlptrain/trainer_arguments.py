@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nlptrain import kinds
 from nlptrain.config import TrainConfig
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
-from nlptrain.evaluate import logits_of, model_inputs
+from nlptrain.evaluate import compute_metrics, logits_of, model_inputs, predict
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import typical_batch
 from nlptrain.models import usable_positions
 from nlptrain.precision import JobStep
 from nlptrain.progress import Progress
+from nlptrain.scores import best_score
+
+if TYPE_CHECKING:
+    from nlptrain.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +111,27 @@ def warn_if_nothing_to_train(progress: Progress, epochs: int, stopped: bool) -> 
     elif stopped:  # (a callback's stop)
         log.warning("fit(): this trainer's run was stopped at step %d (should_stop); nothing "
                     "to train", progress.global_step)
+
+
+SAMPLE_ROWS = 8  # the evaluation rows a user's metrics are first computed on
+
+
+def check_metric_for_best_given(trainer: Trainer) -> None:
+    """A metric_for_best that the kind does not give may be a user's metric (`metrics=`), known
+    once computed: computed now on the evaluation set's first rows, so a misspelt name is refused
+    before an epoch's training rather than after it (and before any checkpoint). A metric that
+    cannot be computed on so few rows is left to the first evaluation."""
+    if trainer.metric_for_best in trainer.kind.metric_names:
+        return
+    data = trainer._as_dataset(trainer.eval_data, "eval")
+    sample = data.select(range(min(len(data), SAMPLE_ROWS)))
+    with trainer.strategy.evaluating(trainer.model):
+        found = predict(trainer.unwrapped_model, sample, trainer.dist, trainer.collate,
+                        trainer.config.eval_batch_size, trainer.config.precision, trainer.kind,
+                        trainer.strategy.eval_needs_equal_steps, trainer.label_names)
+    try:
+        metrics = compute_metrics(found, trainer.label_names, trainer.kind, trainer.metric_fns,
+                                  warn=False)
+    except Exception:  # noqa: BLE001 (a metric of the whole set's; said at the first evaluation)
+        return
+    best_score(metrics, trainer.metric_for_best)

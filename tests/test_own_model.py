@@ -140,6 +140,23 @@ def test_evaluate_alone_refuses_a_model_of_another_width_than_the_labels(tmp_pat
         trainer.evaluate(test)
 
 
+def test_a_misspelt_metric_of_your_own_is_refused_before_the_first_step(tmp_path, tiny_model_dir):
+    """Known once computed, it was found at the first evaluation, after an epoch's training and
+    before its checkpoint: computed first on a few evaluation rows (review 122)."""
+    from transformers import AutoTokenizer
+
+    from nlptrain.errors import ConfigError
+
+    train, test = toy_sets(tmp_path, AutoTokenizer.from_pretrained(str(tiny_model_dir)))
+    trainer = Trainer(MeanPoolClassifier(tiny_model_dir, 2), train, test,
+                      config=TrainConfig(**{**CONFIG, "metric_for_best": "positive_rte"}),
+                      kind=SingleLabel(), label_names=["neg", "pos"], metrics=[positive_rate])
+    with pytest.raises(ConfigError, match=r"metric_for_best = 'positive_rte' is not among the "
+                                          r"evaluation's metrics: pick one of .*positive_rate"):
+        trainer.fit()
+    assert trainer.global_step == 0
+
+
 def test_a_metric_of_numpy_or_torch_numbers_checkpoints_and_resumes(tmp_path, tiny_model_dir):
     # scikit-learn's scores are np.float64: kept as they came, they went into the checkpoint
     # (best_metric, the best model's metrics), which torch.load(weights_only=True) then refused.
@@ -178,7 +195,8 @@ def test_best_is_tells_which_way_the_users_own_metric_improves(tmp_path, tiny_mo
     calls = []
 
     def rmse(found):
-        calls.append(None)
+        if len(found.labels) == len(test):  # (not the few rows metric_for_best is checked on)
+            calls.append(None)
         return {"rmse": float(len(calls))}
 
     trainer = Trainer(load_model(str(tiny_model_dir), ["neg", "pos"]), train, test,
