@@ -204,8 +204,14 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
     from nlptrain.data import Collator, TokenizedDataset
     from nlptrain.data.readers import read_texts
     from nlptrain.evaluate import predict
-    from nlptrain.models import check_max_length, load_saved_model, load_tokenizer
+    from nlptrain.models import (
+        check_max_length,
+        load_saved_model,
+        load_tokenizer,
+        resolve_model_path,
+    )
 
+    resolve_model_path(args.model)  # a wrong --model is said first, not a column its absence hid
     check_model_kind(args)
     fmt = output_format(args.output, args.format)
     environment = dist.environment  # (a worker of an agent, or of srun or mpirun: not the shell's child)

@@ -68,6 +68,15 @@ def test_model_path_without_a_model(capsys, toy_task, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_predict_says_a_missing_model_before_the_columns_it_would_have_read(capsys, tmp_path):
+    """Without the model, its recorded columns were unknown: the input's 'no text column' was
+    said first, and the missing model only once that was put right (review 119)."""
+    (tmp_path / "in.tsv").write_text("sentence\tx\na film\t1\n")
+    assert main(["predict", "--model", str(tmp_path / "none"), "--input", str(tmp_path / "in.tsv")]) == 1
+    err = capsys.readouterr().err
+    assert "none: no model here (no config.json)" in err and "no text column" not in err, err
+
+
 def test_a_checkpoint_given_as_the_model_to_score_names_the_runs_model(capsys, tmp_path):
     """It said 'no config.json; give ... a short name (minilm)', which predict then refuses."""
     step = tmp_path / "run" / "checkpoints" / "step-00000004"
