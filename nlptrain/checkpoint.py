@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import pickle
 import re
 import shutil
@@ -122,7 +123,12 @@ def prune_checkpoints(newest: Path, keep: int) -> None:
     go, oldest first. (The Checkpointer has set aside any numbered past where the run began.)"""
     others = [p for p in list_checkpoints(newest.parent) if p != newest]
     for old in others[: max(len(others) - (keep - 1), 0)]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Renamed first (at once): a kill inside rmtree left a folder without its meta.json,
+        # no checkpoint any more, kept for ever; a `.tmp-` one is cleared at the next start.
+        doomed = old.with_name(f".tmp-{old.name}")
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 def list_checkpoints(folder: Path) -> list[Path]:

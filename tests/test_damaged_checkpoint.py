@@ -168,6 +168,32 @@ def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000009"]
 
 
+def test_a_kill_inside_pruning_leaves_what_the_next_start_clears(tmp_path, monkeypatch):
+    """Killed inside rmtree once the pruned checkpoint's meta.json was gone: the rest (its
+    state.pt, 2/3 of it) was no checkpoint and no leftover, and stayed for ever (review 121)."""
+    import shutil
+
+    from nlptrain import checkpoint
+    from nlptrain.durable import clear_leftovers
+
+    for name in ("step-00000004", "step-00000008"):
+        fake_checkpoint(tmp_path / name)
+    (tmp_path / "step-00000004" / "state.pt").write_bytes(b"x" * 100)
+    rmtree = shutil.rmtree
+
+    def killed_midway(path, ignore_errors=False):
+        if (path / "meta.json").exists():
+            (path / "meta.json").unlink()
+            raise KeyboardInterrupt  # (a kill: the process ends here)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        prune_checkpoints(tmp_path / "step-00000008", keep=1)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", rmtree)
+    assert clear_leftovers(tmp_path) == [".tmp-step-00000004"]
+    assert [p.name for p in tmp_path.iterdir()] == ["step-00000008"]
+
+
 def test_a_worker_death_raised_into_a_checkpoint_write_is_not_said_as_a_write_failure(tmp_path):
     """torch raises a DataLoader worker's death from its SIGCHLD handler wherever the main process
     is: in a checkpoint write it was said as the disk's failure ("cannot be written (DataLoader
