@@ -187,10 +187,9 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     if _known_length(loader, config):
         local = len(loader) - skip
         if config.steps_per_epoch:  # counted from the epoch's start, also on resume
-            local = min(local, config.steps_per_epoch * config.grad_accum
-                        - progress.batch_in_epoch)
+            local = min(local, _left_of_steps(config, progress, dist))
     elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
-        local = config.steps_per_epoch * config.grad_accum - progress.batch_in_epoch
+        local = _left_of_steps(config, progress, dist)
         loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
     elif config.num_workers > 1 and _has_len(getattr(loader, "dataset", None)):
         raise ConfigError(f"{config.num_workers} DataLoader workers each batch their own share of "
@@ -214,6 +213,16 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     dataset = getattr(loader, "dataset", None)
     return _first_checked(_as_long_as_said(batches, agreed, dataset)
                           if isinstance(dataset, IterableDataset) else batches)
+
+
+def _left_of_steps(config: TrainConfig, progress: Progress, dist: Backend) -> int:
+    """The epoch's micro-batches left under steps_per_epoch; none where a resume lowered it below
+    those done (the epoch ends there: islice took the negative count with a traceback)."""
+    left = config.steps_per_epoch * config.grad_accum - progress.batch_in_epoch
+    if left < 0 and dist.is_main:
+        log.info("steps_per_epoch %d: epoch %d has done %d batches already, and ends here",
+                 config.steps_per_epoch, progress.epoch + 1, progress.batch_in_epoch)
+    return max(left, 0)
 
 
 def planned_batch_rows(loader: DataLoader, world_size: int) -> np.ndarray | None:

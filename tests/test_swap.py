@@ -226,6 +226,25 @@ def test_fit_again_after_a_stop_trains_on_from_the_trained_weights_not_an_emas_a
         assert torch.equal(value, expected[name]), name
 
 
+def test_a_steps_per_epoch_lowered_below_the_steps_done_ends_the_epoch_there(tmp_path,
+                                                                           tiny_model_dir):
+    """A resume given --steps-per-epoch under the batches its epoch had done: a negative count
+    reached islice, a traceback, and every later resume failed alike (review 121)."""
+    from dataclasses import replace
+
+    class StopAtFour(Callback):  # (asked at step 3, read with step 4's flags)
+        def on_step_end(self, trainer) -> None:
+            trainer.should_stop = trainer.should_stop or trainer.global_step == 3
+
+    trainer = make_trainer(tmp_path, tiny_model_dir, [StopAtFour()], epochs=2, batch_size=4)
+    trainer.fit()
+    assert (trainer.epoch, trainer.batch_in_epoch) == (0, 4)
+    trainer.config = replace(trainer.config, steps_per_epoch=2)
+    trainer.should_stop = False
+    trainer.fit()
+    assert (trainer.epoch, trainer.global_step) == (2, 4 + 2)
+
+
 def test_fit_again_after_an_error_or_a_signal_trains_each_row_of_the_epoch_once(tmp_path,
                                                                                 tiny_model_dir):
     """After a failed fit the next went on unaware of where the epoch stood (22 steps for 18, an
