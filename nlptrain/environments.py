@@ -22,6 +22,7 @@ from nlptrain.slurm_nodes import first_host, slurm_job_id
 
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
+LAUNCHER_PID = "NLPTRAIN_LAUNCHER_PID"  # the --nproc agent's process, its workers' parent
 DEFAULT_PORT = 29500
 PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
@@ -269,6 +270,11 @@ class TorchElastic(Environment):
         # (Linux's parent-death signal), which stops them after the step, with a checkpoint.
         if "TORCHELASTIC_RESTART_COUNT" in self.environ and sys.platform == "linux":
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            # An agent killed before that (the seconds of the imports) sends nothing: the
+            # workers waited out the rendezvous timeout, orphans. `--nproc` names its agent.
+            launcher = self.environ.get(LAUNCHER_PID, "")
+            if launcher.isdigit() and os.getppid() != int(launcher):
+                os.kill(os.getpid(), signal.SIGTERM)
 
     @property
     def nodes(self) -> int:

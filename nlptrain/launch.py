@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from nlptrain.environments import LAUNCHER_MARK
+from nlptrain.environments import LAUNCHER_MARK, LAUNCHER_PID
 from nlptrain.errors import ConfigError, Interrupted
 from nlptrain.signals import STOPPED_AFTER_STEP
 
@@ -39,7 +39,7 @@ def cpu_threads(nproc: int) -> int:
 @contextlib.contextmanager
 def _worker_environment(nproc: int) -> Iterator[None]:
     """The workers inherit this process's environment: mark it as ours while they start."""
-    added = {LAUNCHER_MARK: "nproc"}
+    added = {LAUNCHER_MARK: "nproc", LAUNCHER_PID: str(os.getpid())}
     if "OMP_NUM_THREADS" not in os.environ:
         added["OMP_NUM_THREADS"] = str(cpu_threads(nproc))
     before = {key: os.environ.get(key) for key in added}

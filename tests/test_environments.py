@@ -338,3 +338,23 @@ def test_a_process_group_of_ones_own_is_joined_not_taken_for_one_process(monkeyp
     mp.start_processes(own_group_worker, args=(2, tiny_model_dir, tmp_path, results), nprocs=2,
                        start_method="spawn")
     assert sorted(results.get() for _ in range(2)) == [(0, 2, 3, True), (1, 2, 3, True)]
+
+
+@pytest.mark.parametrize(("launcher_is_parent", "ends"), [(True, False), (False, True)])
+def test_an_nproc_worker_whose_launcher_died_before_it_was_tied_ends(launcher_is_parent, ends):
+    """The parent-death signal is set after the imports: an agent SIGKILLed in those seconds
+    sent nothing, and both workers waited out --timeout in the rendezvous (review 121)."""
+    import os
+    import subprocess
+    import sys
+
+    from nlptrain.environments import LAUNCHER_MARK, LAUNCHER_PID
+
+    environ = {**os.environ, **TORCHRUN, LAUNCHER_MARK: "nproc",
+               LAUNCHER_PID: str(os.getpid() if launcher_is_parent else 1)}
+    worker = subprocess.run(
+        [sys.executable, "-c", "from nlptrain.environments import detect\n"
+                               "detect().tie_to_launcher()\nprint('went on')"],
+        env=environ, capture_output=True, text=True, timeout=60)
+    assert (worker.returncode == -15) == ends, worker.stderr
+    assert ("went on" in worker.stdout) != ends
