@@ -38,7 +38,7 @@ def check_resume(folder: Path, task: dict[str, Any], saved: dict[str, Any] | Non
                           "--output-dir")
     check_optimizer_kept(folder, task["train"], saved["task"].get("train", {}))
     check_best_metric_kept(folder, task, saved["task"])
-    check_data_kept(folder, given, was.get("data_dir") or "")
+    check_data_kept(folder, given, was.get("data_dir") or "", saved.get("data_digests"))
     check_a_checkpoint_is_left(folder)
 
 
@@ -55,27 +55,58 @@ def check_a_checkpoint_is_left(folder: Path) -> None:
                           "them, another --output-dir")
 
 
-def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str) -> None:
-    """A resume reading its files from another data folder: the same files moved are fine, other
-    files are refused (a resume may change no data); where the run's folder is gone, said."""
+def data_digests(task: dict[str, Any], source: str) -> dict[str, str]:
+    """The digest of each data entry's files as the run reads them now (an entry not there is
+    left out: its own error comes with the read), recorded in config.json for its resumes."""
+    from nlptrain.data.tokenized import file_digest
+
+    found = {}
+    for path, files_in in _entry_files(task, source).items():
+        try:
+            found[path] = file_digest(files_in(task.get("data_dir") or ""))
+        except (NlptrainError, OSError):
+            continue
+    return found
+
+
+def _entry_files(task: dict[str, Any], source: str) -> dict[str, Any]:
+    """Each data entry's path -> a function of a data folder giving its files."""
     from nlptrain.config import FILES, file_spec
     from nlptrain.data import entry_files
     from nlptrain.data.split import MANIFEST
+
+    parsed = task_from_dict({**task, "data_dir": ""}, source)
+    named = {spec.path: lambda base, which=which: entry_files(parsed, which, base)
+             for which in FILES if (spec := file_spec(parsed, which)) is not None}
+    if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
+        named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
+    return named
+
+
+def check_data_kept(folder: Path, task: dict[str, Any], was_dir: str,
+                    recorded: dict[str, str] | None = None) -> None:
+    """A resume may change no data: each file's bytes as the run recorded them (`recorded`, its
+    config.json's), wherever the data folder now is. A run recorded before digests were: files
+    read from another folder are compared with those of the run's folder, if it is still there."""
     from nlptrain.data.tokenized import file_digest
 
     now_dir = task.get("data_dir") or ""
+    if recorded:
+        now = data_digests(task, str(folder / CONFIG_FILE))
+        changed = [path for path, digest in recorded.items() if now.get(path, digest) != digest]
+        if changed:  # (edited in place: the split drew other held-out rows, trained ones among them)
+            raise ConfigError(f"{folder}: {changed[0]} in {now_dir or '.'} is not the data the run "
+                              "read (its bytes have changed since); a resume may change no data: "
+                              "put the file back as it was, or start a new run (--overwrite, or "
+                              "another --output-dir)")
+        return
     if not was_dir or Path(now_dir).resolve() == Path(was_dir).resolve():
         return
     if not Path(was_dir).is_dir():
         log.warning("%s: the run read its data in %s, which is gone; going on with the files of "
                     "the same names in %s (not compared)", folder, was_dir, now_dir)
         return
-    parsed = task_from_dict({**task, "data_dir": ""}, str(folder / CONFIG_FILE))
-    named = {spec.path: lambda base, which=which: entry_files(parsed, which, base)
-             for which in FILES if (spec := file_spec(parsed, which)) is not None}
-    if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
-        named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
-    for path, files_in in named.items():
+    for path, files_in in _entry_files(task, str(folder / CONFIG_FILE)).items():
         try:
             now = file_digest(files_in(now_dir))
         except (NlptrainError, OSError):  # not there: its own error comes with the read

@@ -33,6 +33,7 @@ from nlptrain.resume_checks import (
     check_a_checkpoint_is_whole,
     check_resume,
     check_strategy_fits,
+    data_digests,
 )
 from nlptrain.run_record import CONFIG_FILE, read_config, record_and_why
 from nlptrain.signals import stopped_message
@@ -220,7 +221,8 @@ def prepare_run_dir(folder: Path, task: dict[str, Any], world_size: int, *, resu
               "git_commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "launcher_run_id": launch.run_id if launch else None,
               "launcher_job_id": launch.job_id if launch else None,
-              "launch": launch.record() if launch else None, "callbacks": callbacks}
+              "launch": launch.record() if launch else None, "callbacks": callbacks,
+              "data_digests": data_digests(task, str(folder / CONFIG_FILE))}  # (its resumes')
     write_text(folder / CONFIG_FILE, json.dumps(record, indent=2))
     return False
 

@@ -248,6 +248,33 @@ def test_a_resume_reading_another_data_folder_needs_the_run_s_own_files(tmp_path
     assert f"the run read its data in {was}, which is gone" in caplog.text
 
 
+def test_a_resume_after_the_data_was_edited_in_place_is_refused(toy_task, tmp_path, capsys):
+    """Only another --data-dir was compared: rows appended to train.tsv where it lay were taken,
+    the held-out split drawn again from them (trained rows among the validation ones) (review
+    121). The run records each file's digest; the same bytes, moved, still resume."""
+    import shutil
+
+    run = tmp_path / "run"
+    args = ["train", "--task", str(toy_task), "--output-dir", str(run), "--epochs", "1",
+            "--valid-size", "0.1"]
+    assert main(args) == 0
+    recorded = json.loads((run / "config.json").read_text())["data_digests"]
+    assert set(recorded) == {"train.tsv", "test.tsv"}
+    moved = tmp_path / "moved"
+    shutil.copytree(toy_task.parent, moved, ignore=shutil.ignore_patterns("cache", "run"))
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "2", "--data-dir",
+                 str(moved), "--max-steps", "19"]) == 0
+    with open(moved / "train.tsv", "a", encoding="utf-8") as train_file:
+        train_file.write("one more good film\tpos\n")
+    capsys.readouterr()
+    assert main(["train", "--output-dir", str(run), "--resume", "--epochs", "2", "--data-dir",
+                 str(moved)]) == 1
+    err = capsys.readouterr().err
+    assert f"train.tsv in {moved} is not the data the run read (its bytes have changed since); a " \
+        "resume may change no data" in err, err
+
+
 def test_a_resume_reading_other_per_rank_files_is_refused(tmp_path):
     """train_shards in another --data-dir, of other rows: only 'split again since the checkpoint'
     was said, and the run trained on them."""
