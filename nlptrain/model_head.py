@@ -12,9 +12,10 @@ import copy
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: --help imports none of it
+    import torch
 
 log = logging.getLogger(__name__)
 DEFAULT_NAME = re.compile(r"LABEL_\d+")  # transformers' names where a config was given none
@@ -33,6 +34,8 @@ def fit_head_to_labels(model: Any, saved_names: Sequence[str], names: Sequence[s
     rows = head_rows(model)
     if not rows:  # a head transformers does not build with one row a label: left as it is
         return
+    import torch
+
     say = log.info if says else log.debug
     if sorted(saved) == sorted(names):
         order = torch.tensor([saved.index(name) for name in names])
@@ -56,6 +59,7 @@ def fit_head_to_labels(model: Any, saved_names: Sequence[str], names: Sequence[s
 def head_rows(model: Any) -> dict[str, torch.nn.Parameter]:
     """The parameters of `model` with a row a label: those that a model built with one more
     label has of another shape (built on the meta device: no memory, no weights)."""
+    import torch
     from transformers import AutoModelForSequenceClassification
 
     config = copy.deepcopy(model.config)
@@ -63,7 +67,7 @@ def head_rows(model: Any) -> dict[str, torch.nn.Parameter]:
     try:
         with torch.device("meta"):
             wider = AutoModelForSequenceClassification.from_config(config)
-    except Exception:  # (a model class transformers cannot rebuild from its config)
+    except (ValueError, TypeError, KeyError):  # (a class transformers cannot build from its config)
         return {}
     shapes = {name: param.shape for name, param in wider.named_parameters()}
     return {name: param for name, param in model.named_parameters()
