@@ -271,9 +271,10 @@ class TorchElastic(Environment):
         if "TORCHELASTIC_RESTART_COUNT" in self.environ and sys.platform == "linux":
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
             # An agent killed before that (the seconds of the imports) sends nothing: the
-            # workers waited out the rendezvous timeout, orphans. `--nproc` names its agent.
+            # workers waited out the rendezvous timeout, orphans. `--nproc` names its agent
+            # (not always the parent: a forkserver's workers are the fork server's children).
             launcher = self.environ.get(LAUNCHER_PID, "")
-            if launcher.isdigit() and os.getppid() != int(launcher):
+            if launcher.isdigit() and not _alive(int(launcher)):
                 os.kill(os.getpid(), signal.SIGTERM)
 
     @property
@@ -281,6 +282,16 @@ class TorchElastic(Environment):
         if "GROUP_WORLD_SIZE" in self.environ:  # torchrun: the number of agents
             return self._int("GROUP_WORLD_SIZE")
         return self._nodes_of(self._int("LOCAL_WORLD_SIZE", self.world_size))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal sent: only whether the process is there
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # there, another user's
+        return True
+    return True
 
 
 class NlptrainLaunch(TorchElastic):

@@ -211,8 +211,8 @@ def run_predict(args: argparse.Namespace, dist: Backend) -> None:
         resolve_model_path,
     )
 
-    resolve_model_path(args.model)  # a wrong --model is said first, not a column its absence hid
     check_model_kind(args)
+    resolve_model_path(args.model)  # a wrong --model is said first, not a column its absence hid
     fmt = output_format(args.output, args.format)
     environment = dist.environment  # (a worker of an agent, or of srun or mpirun: not the shell's child)
     if environment.has_agent or dist.world_size > 1:

@@ -350,8 +350,10 @@ def test_an_nproc_worker_whose_launcher_died_before_it_was_tied_ends(launcher_is
 
     from nlptrain.environments import LAUNCHER_MARK, LAUNCHER_PID
 
+    ended = subprocess.Popen(["true"])  # reaped below: its pid is no process now
+    ended.wait()
     environ = {**os.environ, **TORCHRUN, LAUNCHER_MARK: "nproc",
-               LAUNCHER_PID: str(os.getpid() if launcher_is_parent else 1)}
+               LAUNCHER_PID: str(os.getpid() if launcher_is_parent else ended.pid)}
     worker = subprocess.run(
         [sys.executable, "-c", "from nlptrain.environments import detect\n"
                                "detect().tie_to_launcher()\nprint('went on')"],
