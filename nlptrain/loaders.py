@@ -82,25 +82,34 @@ class RankShard(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         mine = itertools.islice(iter(self.data), self.rank, None, self.world_size)
-        # In a DataLoader worker the length counts no worker's share: nothing to make up there.
-        if not hasattr(self.data, "__len__") or get_worker_info() is not None:
-            return mine
-        return self._made_up_to(len(self), mine)
+        return self._made_up_to(len(self), mine) if self._padded() else mine
+
+    def _padded(self) -> bool:
+        # Several DataLoader workers each shard their own share, which the length does not count.
+        worker = get_worker_info()
+        return hasattr(self.data, "__len__") and (worker is None or worker.num_workers == 1)
 
     def _made_up_to(self, share: int, mine: Iterator[Any]) -> Iterator[Any]:
         taken = 0
         for item in mine:
             yield item
             taken += 1
-        # Position p of the padded order, past the dataset's rows, is row p - rows again; a
-        # dataset that yielded fewer rows than its length says is not padded (said later).
-        first = taken * self.world_size + self.rank - len(self.data)
-        if taken < share and first >= 0:
-            again = itertools.islice(iter(self.data), first, None, self.world_size)
-            yield from itertools.islice(again, share - taken)
+        rows = len(self.data)
+        if taken == share or taken * self.world_size + self.rank < rows:
+            return  # whole, or the dataset yielded fewer rows than it says (said later)
+        # Position p of the padded order, past the dataset's rows, is row p mod rows again.
+        wanted = [(k * self.world_size + self.rank) % rows for k in range(taken, share)]
+        needed = set(wanted)
+        found = {i: item for i, item in enumerate(itertools.islice(iter(self.data), max(wanted) + 1))
+                 if i in needed}
+        yield from (found[i] for i in wanted if i in found)
 
-    def __len__(self) -> int:  # this rank's share, where the dataset knows its length
-        return math.ceil(len(self.data) / self.world_size)
+    def __len__(self) -> int:  # this rank's share, where the dataset knows its length (else 0)
+        if not hasattr(self.data, "__len__"):
+            return 0
+        if self._padded():
+            return math.ceil(len(self.data) / self.world_size)
+        return max(0, len(self.data) - self.rank + self.world_size - 1) // self.world_size
 
     def set_epoch(self, epoch: int) -> None:  # a stream that reshuffles by epoch
         if hasattr(self.data, "set_epoch"):

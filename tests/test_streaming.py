@@ -259,7 +259,7 @@ def test_an_iterable_dataset_of_your_own_is_read_in_each_epochs_order_by_its_wor
     assert record.rows[0] != record.rows[1]
 
 
-@pytest.mark.parametrize(("rows", "world"), [(8, 3), (7, 2), (2, 3), (9, 3)])
+@pytest.mark.parametrize(("rows", "world"), [(8, 3), (7, 2), (2, 3), (9, 3), (1, 3), (3, 8)])
 def test_an_iterable_dataset_of_your_own_leaves_no_row_out_where_ranks_do_not_divide_it(rows,
                                                                                          world):
     """As a DistributedSampler pads: each rank takes as many items, the short shares made up
@@ -279,6 +279,23 @@ def test_an_iterable_dataset_of_your_own_leaves_no_row_out_where_ranks_do_not_di
     expected = [list(torch.utils.data.DistributedSampler(range(rows), world, rank, shuffle=False))
                 for rank in range(world)]
     assert shares == expected and len(sampler) == len(RankShard(Counted(), world, 0))
+
+
+def test_a_counted_stream_read_by_one_dataloader_worker_is_made_up_as_without_one():
+    """One worker holds the whole share: its length said the made-up count and the worker
+    yielded one row fewer, an error on rank 1 and a timeout on rank 0 (review 123)."""
+    from nlptrain.loaders import RankShard
+
+    class Counted(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(7))
+
+        def __len__(self) -> int:
+            return 7
+
+    share = RankShard(Counted(), 2, 1)
+    read = list(DataLoader(share, batch_size=None, num_workers=1))
+    assert [int(i) for i in read] == [1, 3, 5, 0] and len(share) == 4
 
 
 class OverstatedStream(OwnStream):
