@@ -10,8 +10,8 @@ alone, and evaluation (which runs on every rank) sees the same averaged model ev
   list, as it does in `nlptrain train`) are those of the average; the training weights come back
   after.
 - `export=True`: at the end of training the averaged weights replace the trained ones, so the
-  final test metrics and `model/` are the average's. At the end of a fit that a stop, signal or
-  error cut short, the trained weights are kept too: a `fit()` that goes on trains on from them.
+  final test metrics and `model/` are the average's. The trained weights are kept too (one copy
+  of them): a `fit()` that goes on (after a stop, or with more epochs) trains on from them.
 - The average is saved in checkpoints (whole, also under FSDP2, where each rank averages its
   own shard) and a resume continues it exactly.
 """
@@ -110,16 +110,10 @@ class EMA(Callback):
             self.swap_out(trainer)
         if self.export and self.average is not None:
             self.update(trainer)
-            config = trainer.config
-            ended = trainer.epoch >= config.epochs or bool(config.max_steps) and \
-                trainer.global_step >= config.max_steps
-            if ended:
-                with torch.no_grad():
-                    for name, param in self.averaged(trainer).items():
-                        param.copy_(self.average[name])
-            else:  # a fit() may go on: it takes the trained weights back (on_train_start)
-                self.swap_in(trainer)
-                self._trained, self._kept = self._kept, None
+            # A fit() may go on (after a stop, or with more epochs): it takes the trained
+            # weights back (on_train_start), and trains on from them, not from the average.
+            self.swap_in(trainer)
+            self._trained, self._kept = self._kept, None
 
     def on_save_checkpoint(self, trainer: Trainer, state: dict[str, Any]) -> None:
         # A checkpoint written at on_step_end before this callback's turn still holds this step.

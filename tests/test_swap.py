@@ -207,19 +207,26 @@ def test_fit_again_after_a_callbacks_stop_says_it_trains_nothing(tmp_path, tiny_
 def test_fit_again_after_a_stop_trains_on_from_the_trained_weights_not_an_emas_average(
         tmp_path, tiny_model_dir):
     """EMA(export=True) puts its average in at every fit's end: the next fit trained on from the
-    average, not from the weights the stopped one had trained (review 120)."""
+    average, not from the weights the stopped one had trained (review 120), nor those of a run
+    given more epochs after it ended (review 123)."""
+    from dataclasses import replace
+
     from nlptrain.callbacks import EMA
 
     class StopAtTwo(Callback):
         def on_step_end(self, trainer) -> None:
             trainer.should_stop = trainer.should_stop or trainer.global_step == 2
 
-    stopped = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo(), EMA(0.5)], batch_size=4)
+    constant = dict(batch_size=4, scheduler="constant", warmup_ratio=0.0)  # (more epochs: the
+    stopped = make_trainer(tmp_path, tiny_model_dir, [StopAtTwo(), EMA(0.5)], epochs=1,  # same lr)
+                           **constant)
     stopped.fit()
     stopped.should_stop = False
+    stopped.fit()  # the rest of epoch 1, then (its run ended) one more epoch from the trained
+    stopped.config = replace(stopped.config, epochs=2)  # weights, not from the average
     stopped.fit()
     (tmp_path / "whole").mkdir()
-    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [EMA(0.5)], batch_size=4)
+    whole = make_trainer(tmp_path / "whole", tiny_model_dir, [EMA(0.5)], epochs=2, **constant)
     whole.fit()
     expected = whole.unwrapped_model.state_dict()
     for name, value in stopped.unwrapped_model.state_dict().items():
