@@ -346,9 +346,10 @@ def typical_batch(data: Any, collate: Any, rows: int, max_tokens: int = 0
         return None
     lengths = getattr(data, "lengths", None)
     known = lengths is not None and len(lengths) == size
-    if max_tokens:
+    if max_tokens:  # the budget counts padded tokens: the width the collate pads them to
         typical = int(np.median(np.asarray(lengths))) if known else len(data[0]["input_ids"])
-        rows = max_tokens // max(typical, 1)
+        width = collate.width(typical) if hasattr(collate, "width") else typical
+        rows = max_tokens // max(int(width), 1)
     rows = max(1, min(rows, size))
     if known:
         middle = np.argsort(np.asarray(lengths), kind="stable")

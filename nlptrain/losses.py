@@ -58,7 +58,10 @@ def class_weights(kind: TaskKind, spec: str | list, train_data: Any,
         raise every_local_rank(ConfigError(
             f"[train] class_weights = {spec!r}: give 'balanced' or one number per "
             f"label ({len(label_names)}: {', '.join(label_names)})"))
-    kind.check_class_weights(spec, label_names)
+    try:
+        kind.check_class_weights(spec, label_names)
+    except ConfigError as error:  # every rank finds it: said once
+        raise every_local_rank(error) from None
     return np.asarray(spec, dtype=np.float32)
 
 

@@ -259,6 +259,9 @@ def test_the_timed_step_under_a_token_budget_is_a_budget_sized_batch(tiny_model_
     batch = typical_batch(train, Collator(0), 8, max_tokens=64 * typical)
     assert batch["input_ids"].shape[0] == 64
     assert typical_batch(train, Collator(0), 8, max_tokens=1)["input_ids"].shape[0] == 1
+    # padded wider (pad_to): as many rows of that width as the budget holds (review 123)
+    padded = typical_batch(train, Collator(0, pad_to=64), 8, max_tokens=256)["input_ids"]
+    assert padded.shape == (4, 64)
 
 
 def test_the_cpu_probe_tries_again_while_bf16_looks_slow_and_keeps_its_best(monkeypatch):
