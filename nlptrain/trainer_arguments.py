@@ -12,15 +12,17 @@ from typing import TYPE_CHECKING, Any
 
 from nlptrain import kinds
 from nlptrain.config import TrainConfig
+from nlptrain.data.hf_datasets import RowList
 from nlptrain.data.tokenized import Collator
 from nlptrain.errors import ConfigError
 from nlptrain.evaluate import compute_metrics, logits_of, model_inputs, predict
 from nlptrain.kinds import TaskKind
 from nlptrain.loaders import typical_batch
+from nlptrain.model_head import fit_head_to_labels
 from nlptrain.models import usable_positions
 from nlptrain.precision import JobStep
 from nlptrain.progress import Progress
-from nlptrain.scores import best_score
+from nlptrain.scores import scalar_metrics
 
 if TYPE_CHECKING:
     from nlptrain.trainer import Trainer
@@ -77,7 +79,9 @@ def task_of(model: Any, kind: TaskKind | str | None, label_names: Sequence[str] 
         kinds.record_kind(model_config, kind)
     names = listed_label_names(label_names)
     if names and len(names) == getattr(model_config, "num_labels", None):  # (else the first step
-        model_config.id2label = dict(enumerate(names))                    # refuses the width)
+        had = [model_config.id2label[i] for i in range(model_config.num_labels)]  # refuses it)
+        fit_head_to_labels(model, had, names)  # its head's rows, in the order of the names
+        model_config.id2label = dict(enumerate(names))
         model_config.label2id = {name: i for i, name in enumerate(names)}
     return found, names or kinds.label_names_of(model_config, found)
 
@@ -118,13 +122,15 @@ SAMPLE_ROWS = 8  # the evaluation rows a user's metrics are first computed on
 
 def check_metric_for_best_given(trainer: Trainer) -> None:
     """A metric_for_best that the kind does not give may be a user's metric (`metrics=`), known
-    once computed: computed now on the evaluation set's first rows, so a misspelt name is refused
-    before an epoch's training rather than after it (and before any checkpoint). A metric that
-    cannot be computed on so few rows is left to the first evaluation."""
+    once computed: computed now on the evaluation set's first rows, so that a misspelt name is
+    said before an epoch's training rather than after it (and before any checkpoint). Said, not
+    refused: a metric's keys may depend on the rows (a recall of each class present). A metric
+    that cannot be computed on so few rows is left to the first evaluation."""
     if trainer.metric_for_best in trainer.kind.metric_names:
         return
     data = trainer._as_dataset(trainer.eval_data, "eval")
-    sample = data.select(range(min(len(data), SAMPLE_ROWS)))
+    first = range(min(len(data), SAMPLE_ROWS))
+    sample = data.select(first) if hasattr(data, "select") else RowList([data[i] for i in first], "eval")
     with trainer.strategy.evaluating(trainer.model):
         found = predict(trainer.unwrapped_model, sample, trainer.dist, trainer.collate,
                         trainer.config.eval_batch_size, trainer.config.precision, trainer.kind,
@@ -134,4 +140,8 @@ def check_metric_for_best_given(trainer: Trainer) -> None:
                                   warn=False)
     except Exception:  # noqa: BLE001 (a metric of the whole set's; said at the first evaluation)
         return
-    best_score(metrics, trainer.metric_for_best)
+    if trainer.metric_for_best not in metrics and trainer.is_main:
+        log.warning("metric_for_best = %r is not among the metrics of the evaluation set's first "
+                    "%d rows (%s): if it is misspelt, the first evaluation will fail on it, "
+                    "after training its epoch", trainer.metric_for_best, len(first),
+                    ", ".join(scalar_metrics(metrics)))

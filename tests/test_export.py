@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from kinds_data import write_kind_task
 
 from nlptrain.cli import main
@@ -98,3 +99,8 @@ def test_label_names_given_to_the_trainer_are_the_exports(tmp_path, tiny_model_d
     saved = json.loads((tmp_path / "model" / "config.json").read_text())
     assert saved["id2label"] == {"0": "pos", "1": "neg"}
     assert saved["label2id"] == {"pos": 0, "neg": 1}
+    # the head trained for neg, pos: its rows follow the names given (review 123)
+    model = load_model(str(tiny_model_dir), ["neg", "pos"])
+    rows = model.classifier.weight.detach().clone()
+    Trainer(model, train, tokenizer=tokenizer, label_names=["pos", "neg"])
+    assert torch.equal(model.classifier.weight, rows[[1, 0]])

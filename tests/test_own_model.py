@@ -140,21 +140,33 @@ def test_evaluate_alone_refuses_a_model_of_another_width_than_the_labels(tmp_pat
         trainer.evaluate(test)
 
 
-def test_a_misspelt_metric_of_your_own_is_refused_before_the_first_step(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("given", ["dataset", "rows"])
+def test_a_misspelt_metric_of_your_own_is_said_before_the_first_step(tmp_path, tiny_model_dir,
+                                                                     caplog, given):
     """Known once computed, it was found at the first evaluation, after an epoch's training and
-    before its checkpoint: computed first on a few evaluation rows (review 122)."""
+    before its checkpoint: computed first on a few evaluation rows, and said then (not refused:
+    a metric's keys may depend on the rows) (reviews 122, 124). An evaluation set given as a list
+    of rows has no select()."""
     from transformers import AutoTokenizer
 
     from nlptrain.errors import ConfigError
 
     train, test = toy_sets(tmp_path, AutoTokenizer.from_pretrained(str(tiny_model_dir)))
-    trainer = Trainer(MeanPoolClassifier(tiny_model_dir, 2), train, test,
+    evaluated = test if given == "dataset" else [test[i] for i in range(len(test))]
+    trainer = Trainer(MeanPoolClassifier(tiny_model_dir, 2), train, evaluated,
                       config=TrainConfig(**{**CONFIG, "metric_for_best": "positive_rte"}),
                       kind=SingleLabel(), label_names=["neg", "pos"], metrics=[positive_rate])
-    with pytest.raises(ConfigError, match=r"metric_for_best = 'positive_rte' is not among the "
-                                          r"evaluation's metrics: pick one of .*positive_rate"):
-        trainer.fit()
-    assert trainer.global_step == 0
+    seen = []
+
+    class FirstStep(Callback):
+        def on_batch_start(self, trainer, batch) -> None:
+            seen.append(caplog.text)
+
+    trainer.callbacks.callbacks.append(FirstStep())
+    with caplog.at_level("WARNING", logger="nlptrain"), pytest.raises(ConfigError):
+        trainer.fit()  # (the first evaluation)
+    assert "metric_for_best = 'positive_rte' is not among the metrics of the evaluation set's " \
+        "first 8 rows (accuracy, macro_f1, mcc, loss, f1, positive_rate)" in seen[0]
 
 
 def test_a_metric_of_numpy_or_torch_numbers_checkpoints_and_resumes(tmp_path, tiny_model_dir):
