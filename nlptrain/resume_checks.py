@@ -76,9 +76,11 @@ def _entry_files(task: dict[str, Any], source: str) -> dict[str, Any]:
     from nlptrain.data.split import MANIFEST
 
     parsed = task_from_dict({**task, "data_dir": ""}, source)
+    # Per-rank files replace the train file (not read): their manifest holds each one's checksum.
+    read = [which for which in FILES if not (which == "train" and parsed.data.train_shards)]
     named = {spec.path: lambda base, which=which: entry_files(parsed, which, base)
-             for which in FILES if (spec := file_spec(parsed, which)) is not None}
-    if parsed.data.train_shards:  # per-rank files: their manifest holds each one's checksum
+             for which in read if (spec := file_spec(parsed, which)) is not None}
+    if parsed.data.train_shards:
         named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
     return named
 
