@@ -61,7 +61,9 @@ def data_digests(task: dict[str, Any], source: str) -> dict[str, str]:
     from nlptrain.data.tokenized import file_digest
 
     found = {}
-    for path, files_in in _entry_files(task, source).items():
+    # Per-rank files are left to their own check (their manifest's checksums, by part): split
+    # again, they resume at an epoch's start, and mid-epoch is refused with its reason.
+    for path, files_in in _entry_files(task, source, shards=False).items():
         try:
             found[path] = file_digest(files_in(task.get("data_dir") or ""))
         except (NlptrainError, OSError):
@@ -69,7 +71,7 @@ def data_digests(task: dict[str, Any], source: str) -> dict[str, str]:
     return found
 
 
-def _entry_files(task: dict[str, Any], source: str) -> dict[str, Any]:
+def _entry_files(task: dict[str, Any], source: str, shards: bool = True) -> dict[str, Any]:
     """Each data entry's path -> a function of a data folder giving its files."""
     from nlptrain.config import FILES, file_spec
     from nlptrain.data import entry_files
@@ -80,7 +82,7 @@ def _entry_files(task: dict[str, Any], source: str) -> dict[str, Any]:
     read = [which for which in FILES if not (which == "train" and parsed.data.train_shards)]
     named = {spec.path: lambda base, which=which: entry_files(parsed, which, base)
              for which in read if (spec := file_spec(parsed, which)) is not None}
-    if parsed.data.train_shards:
+    if parsed.data.train_shards and shards:
         named[parsed.data.train_shards] = lambda base: [Path(base) / parsed.data.train_shards / MANIFEST]
     return named
 
