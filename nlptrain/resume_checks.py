@@ -4,6 +4,7 @@ that picks the best model, and whole checkpoints for the strategy."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Any
@@ -58,17 +59,33 @@ def check_a_checkpoint_is_left(folder: Path) -> None:
 def data_digests(task: dict[str, Any], source: str) -> dict[str, str]:
     """The digest of each data entry's files as the run reads them now (an entry not there is
     left out: its own error comes with the read), recorded in config.json for its resumes."""
-    from nlptrain.data.tokenized import file_digest
-
     found = {}
     # Per-rank files are left to their own check (their manifest's checksums, by part): split
     # again, they resume at an epoch's start, and mid-epoch is refused with its reason.
     for path, files_in in _entry_files(task, source, shards=False).items():
         try:
-            found[path] = file_digest(files_in(task.get("data_dir") or ""))
+            found[path] = _digest_of(files_in(task.get("data_dir") or ""))
         except (NlptrainError, OSError):
             continue
     return found
+
+
+def _digest_of(files: list[Path]) -> str:
+    """`file_digest` of `files`, read once a process while they are unchanged (size, mtime): a
+    resume checks its data where config.json is written and again where the run begins."""
+    return _digest_while_unchanged(tuple((str(f), *_stamp(f)) for f in files))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    stat = Path(path).stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_while_unchanged(stamped: tuple[tuple[str, int, int], ...]) -> str:
+    from nlptrain.data.tokenized import file_digest
+
+    return file_digest([Path(name) for name, _, _ in stamped])
 
 
 def _entry_files(task: dict[str, Any], source: str, shards: bool = True) -> dict[str, Any]:
