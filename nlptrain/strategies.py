@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_model, save_model
 from torch.nn.parallel import DistributedDataParallel
 
+from nlptrain import grad_norm
 from nlptrain.checkpoint import export_model
 from nlptrain.cpu_gradient_sync import CpuGradientSync, register_cpu_gradient_sync
 from nlptrain.distributed import Backend
@@ -99,7 +100,7 @@ class SingleDevice:
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> torch.Tensor:
         """Clip in place; the global norm before clipping, on the device (read it when needed)."""
-        return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return grad_norm.clip_grad_norm_(model.parameters(), max_norm)
 
     def whole(self, tensor: torch.Tensor) -> torch.Tensor:
         """A tensor held as a parameter is (a callback's copy of it: EMA), whole; under
@@ -318,7 +319,7 @@ class FSDP2(SingleDevice):
         norm = torch.nn.utils.get_total_norm(grads)
         if isinstance(norm, DTensor):  # a partial norm per shard: the global one is a collective
             norm = norm.full_tensor()
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+        grad_norm.clip_by_norm_(model.parameters(), max_norm, norm)
         return norm
 
     def checkpoint_weights(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
