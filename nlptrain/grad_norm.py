@@ -28,7 +28,8 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if not grads or any(g.device.type != "cpu" or g.dtype != torch.float32 or g.is_sparse
                         or type(g) is not torch.Tensor for g in grads):  # (DTensors: FSDP2)
         return torch.nn.utils.get_total_norm(grads)
-    return torch.linalg.vector_norm(torch.cat([part for g in grads for part in _row_norms(g)]))
+    parts = [part for g in grads for part in _row_norms(g)]
+    return torch.linalg.vector_norm(torch.cat(parts)) if parts else torch.zeros(())  # (all empty)
 
 
 def _row_norms(grad: torch.Tensor) -> list[torch.Tensor]:
@@ -54,9 +55,10 @@ def reading_is_free(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(parameters: Iterable[torch.Tensor] | torch.Tensor, max_norm: float) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` (2-norm): clip in place, return the norm before."""
-    parameters = [p for p in parameters if p.grad is not None]
+    parameters = [p for p in ([parameters] if isinstance(parameters, torch.Tensor) else parameters)
+                  if p.grad is not None]
     norm = total_norm([p.grad for p in parameters])
     clip_by_norm_(parameters, max_norm, norm)
     return norm

@@ -64,6 +64,15 @@ def test_other_gradients_take_torchs_norm():
     halves = [g.to(torch.bfloat16) for g in _grads()]
     assert torch.equal(grad_norm.total_norm(halves), torch.nn.utils.get_total_norm(halves))
     assert torch.equal(grad_norm.total_norm([]), torch.nn.utils.get_total_norm([]))
+    assert float(grad_norm.total_norm([torch.empty(0), torch.empty(0, 3)])) == 0.0
+
+
+def test_one_tensor_is_clipped_as_torch_clips_it():
+    ours, theirs = _parameters(_grads()[1:2]), _parameters(_grads()[1:2])
+    norm = grad_norm.clip_grad_norm_(ours[0], 1e-3)  # one tensor, not its rows
+    assert torch.allclose(norm, torch.nn.utils.get_total_norm([theirs[0].grad]), rtol=1e-5)
+    torch.nn.utils.clip_grads_with_norm_(theirs[0], 1e-3, norm)
+    assert torch.equal(ours[0].grad, theirs[0].grad)
 
 
 @pytest.mark.parametrize("max_norm", [1e-3, 0.5])
