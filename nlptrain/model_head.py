@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where used: --help imports none of it
@@ -22,18 +22,20 @@ DEFAULT_NAME = re.compile(r"LABEL_\d+")  # transformers' names where a config wa
 
 
 def fit_head_to_labels(model: Any, saved_names: Sequence[str], names: Sequence[str],
-                       says: bool = True) -> None:
+                       says: bool = True, missing: Collection[str] = ()) -> None:
     """The head's rows of `model` (loaded over a classifier whose outputs were `saved_names`)
     put in the order of `names` where both name the same labels; a new head where they name
     others. Saved names that are transformers' defaults (LABEL_0, ...) tell nothing: the head
-    is kept as it is. `says`: the rank that logs what was done."""
+    is kept as it is. `missing`: the parameters the saved model lacked (transformers' loading
+    info): a head among them is new already, whatever the names (an encoder saved alone keeps
+    its classifier's config). `says`: the rank that logs what was done."""
     saved, names = list(saved_names), list(names)
     if saved == names or len(saved) != len(names) or len(names) < 2 \
             or all(DEFAULT_NAME.fullmatch(str(name)) for name in saved):
         return
     rows = head_rows(model)
-    if not rows:  # a head transformers does not build with one row a label: left as it is
-        return
+    if not rows or set(rows) & set(missing):  # (a head transformers does not build with one row
+        return  # a label is left as it is)
     import torch
 
     say = log.info if says else log.debug

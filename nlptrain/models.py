@@ -120,18 +120,19 @@ def load_model(name: str, label_names: list[str], num_hidden_layers: int = 0,
         raise every_local_rank(ConfigError(
             f"num_hidden_layers {num_hidden_layers}: {name} has {depth} encoder "
             f"layers; keep at most {depth} (0: all)"))
-    model = classifier_from_folder(
+    model, loading = classifier_from_folder(
         resolve_model_path(name),
         num_labels=kind.output_size(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={n: i for i, n in enumerate(label_names)},
         problem_type=kind.problem_type,
         ignore_mismatched_sizes=True,  # a saved classifier for other labels gets a new head
+        output_loading_info=True,
         **extra,
     )
     record_kind(model.config, kind)
     saved_names = [saved.id2label[i] for i in sorted(saved.id2label)]
-    fit_head_to_labels(model, saved_names, label_names, says)
+    fit_head_to_labels(model, saved_names, label_names, says, missing=loading["missing_keys"])
     return model
 
 

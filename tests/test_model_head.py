@@ -56,3 +56,16 @@ def test_transformers_default_label_names_keep_the_head(saved_classifier, tmp_pa
     unnamed.save_pretrained(tmp_path / "unnamed")
     model = load_model(str(tmp_path / "unnamed"), ["pos", "neg"])
     assert torch.equal(model.classifier.weight, weight)
+
+
+def test_an_encoder_saved_alone_with_its_classifiers_names_gets_a_new_head_unsaid(
+        saved_classifier, tmp_path, caplog):
+    """`clf.bert.save_pretrained`: the config keeps the classifier's label names, the weights
+    hold no head. transformers starts one; nothing is reordered, nor said to be (review 123)."""
+    folder, _, _ = saved_classifier
+    load_model(str(folder), ["neg", "pos"]).bert.save_pretrained(tmp_path / "encoder")
+    with caplog.at_level("INFO", logger="nlptrain"):
+        model = load_model(str(tmp_path / "encoder"), ["pos", "neg"])
+    assert "classifier head" not in caplog.text
+    assert torch.equal(model.classifier.bias, torch.zeros(2))  # as transformers starts a head
+    assert model.config.id2label == {0: "pos", 1: "neg"}
