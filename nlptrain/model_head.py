@@ -27,15 +27,15 @@ def fit_head_to_labels(model: Any, saved_names: Sequence[str], names: Sequence[s
     put in the order of `names` where both name the same labels; a new head where they name
     others. Saved names that are transformers' defaults (LABEL_0, ...) tell nothing: the head
     is kept as it is. `missing`: the parameters the saved model lacked (transformers' loading
-    info): a head among them is new already, whatever the names (an encoder saved alone keeps
-    its classifier's config). `says`: the rank that logs what was done."""
+    info): a head whose every row-a-label parameter is among them is new already, whatever the
+    names (an encoder saved alone keeps its classifier's config). `says`: the rank that logs what was done."""
     saved, names = list(saved_names), list(names)
     if saved == names or len(saved) != len(names) or len(names) < 2 \
             or all(DEFAULT_NAME.fullmatch(str(name)) for name in saved):
         return
     rows = head_rows(model)
-    if not rows or set(rows) & set(missing):  # (a head transformers does not build with one row
-        return  # a label is left as it is)
+    if not rows or set(rows) <= set(missing):  # (a head transformers does not build with one row
+        return  # a label is left as it is; a head partly saved has its saved rows reordered)
     import torch
 
     say = log.info if says else log.debug

@@ -69,3 +69,20 @@ def test_an_encoder_saved_alone_with_its_classifiers_names_gets_a_new_head_unsai
     assert "classifier head" not in caplog.text
     assert torch.equal(model.classifier.bias, torch.zeros(2))  # as transformers starts a head
     assert model.config.id2label == {0: "pos", 1: "neg"}
+
+
+def test_a_head_saved_in_part_has_its_saved_rows_reordered(saved_classifier, tmp_path):
+    """Only the bias missing from the file: the weight's rows are still the saved labels' (review
+    126: the whole head was left in the saved order, each label predicted as the other)."""
+    from safetensors.torch import load_file, save_file
+
+    folder, weight, _ = saved_classifier
+    (tmp_path / "part").mkdir()
+    for path in folder.iterdir():
+        if path.name != "model.safetensors":
+            (tmp_path / "part" / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if k != "classifier.bias"},
+              tmp_path / "part" / "model.safetensors", metadata={"format": "pt"})
+    model = load_model(str(tmp_path / "part"), ["pos", "neg"])
+    assert torch.equal(model.classifier.weight, weight[[1, 0]])
