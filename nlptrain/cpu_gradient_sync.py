@@ -56,14 +56,12 @@ class CpuGradientSync:
 
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
-        world = dist.get_world_size(self.group)
         grads = bucket.gradients()  # views into `buffer` (gradient_as_bucket_view or not)
         at = next((i for i, p in enumerate(bucket.parameters()) if p is self.embedding), None)
         if at is None and self.shared is None:  # DDP's own all-reduce of the mean
             return default_hooks.allreduce_hook(self.group, bucket)
         if at is None:
-            buffer.div_(world)
-            self.shared(buffer)
+            self.shared(buffer, mean=True)
             return _done(buffer)
         grad = grads[at]
         touched = grad.any(dim=1).to(torch.uint8)  # no bool copy of the gradient: 2.7x faster
@@ -72,8 +70,7 @@ class CpuGradientSync:
         self.rows_sent = len(rows)
         others = [g for i, g in enumerate(grads) if i != at]
         packed = torch.cat([g.reshape(-1) for g in others] + [grad.index_select(0, rows).reshape(-1)])
-        packed.div_(world)
-        self._sum(packed)
+        self._mean(packed)
         start = 0
         for g in others:
             g.copy_(packed[start:start + g.numel()].view_as(g))
@@ -81,10 +78,11 @@ class CpuGradientSync:
         grad.index_copy_(0, rows, packed[start:].view(len(rows), -1))  # the rest stay zero
         return _done(buffer)
 
-    def _sum(self, tensor: torch.Tensor) -> None:
+    def _mean(self, tensor: torch.Tensor) -> None:
         if self.shared is not None:
-            self.shared(tensor)
+            self.shared(tensor, mean=True)
         else:
+            tensor.div_(dist.get_world_size(self.group))
             dist.all_reduce(tensor, group=self.group)
 
 

@@ -33,8 +33,12 @@ def sums_worker(rank: int, world: int, folder: str) -> dict:
             values = torch.randn(n, generator=torch.Generator().manual_seed(100 * rank + n)).to(dtype)
             expected = values.clone()
             dist.all_reduce(expected)
+            mean, expected_mean = values.clone(), values / world  # DDP's order: divide, then sum
+            dist.all_reduce(expected_mean)
             shared(values)
+            shared(mean, mean=True)
             out[dtype, n] = (values.float().tolist(), expected.float().tolist())  # lists: no fds
+            out["mean", dtype, n] = (mean.float().tolist(), expected_mean.float().tolist())
     # Added in rank order wherever an element lies ((1e8 + 1) - 1e8 = 0 in float32, while
     # rank 2's own-first order gave (-1e8 + 1e8) + 1 = 1): DDP's bucket layout, which a resume's
     # first step has another of, moves elements between the ranks that sum them.
@@ -63,12 +67,13 @@ def test_the_shared_memory_sum_is_glooss_on_every_rank(tmp_path, world):
         assert rank["files_left"] == []  # unlinked once every rank had mapped it
         for dtype in (torch.float32, torch.bfloat16):
             for n in SIZES:
-                got, expected = rank[dtype, n]
-                if world == 2:  # a + b either way
-                    assert got == expected, (dtype, n)
-                else:  # only the order of the additions differs from gloo's
-                    assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=0.05)
-                assert got == ranks[0][dtype, n][0]  # the same values on every rank
+                for key in ((dtype, n), ("mean", dtype, n)):
+                    got, expected = rank[key]
+                    if world == 2:  # a + b either way; (a + b) / 2 = a / 2 + b / 2
+                        assert got == expected, key
+                    else:  # only the order of the additions (and division) differs from gloo's
+                        assert torch.allclose(torch.tensor(got), torch.tensor(expected), atol=0.05)
+                    assert got == ranks[0][key][0]  # the same values on every rank
         assert rank["rank_order"] == [0.0 if world == 3 else 1e8]
         assert not rank["apart"] and not rank["no_room"]
         assert rank["files_at_end"] == []
