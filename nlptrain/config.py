@@ -146,7 +146,7 @@ class TrainConfig:
                             "draws a bernoulli for each) and run attention dropout outside SDPA's "
                             "fp32 math path: 1.16-1.43x a bf16 MiniLM step; other masks than torch's "
                             "for a seed, at the same rate; false: torch's own")
-    sync_touched_rows: bool = opt(True, "ddp on a CPU over gloo's sockets: all-reduce only the "
+    sync_touched_rows: bool = opt(True, "ddp on a CPU: sum only the "
                                   "word-embedding rows some rank's batch touched (the same "
                                   "result; the others are zero); false: all of them")
     shared_memory_all_reduce: bool = opt(True, "ddp on a CPU, ranks on one host: sum gradients "

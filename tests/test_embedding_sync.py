@@ -71,3 +71,51 @@ def test_only_a_trainable_embedding_layer_is_synced_by_rows(tiny_model_dir):
     model.bert.embeddings.word_embeddings.weight.requires_grad_(False)  # frozen: no gradient
     assert input_embedding_weight(model) is None
     assert input_embedding_weight(torch.nn.Linear(2, 2)) is None  # not a transformers model
+
+
+class EmbeddingThenHead(torch.nn.Module):
+    """A table and a head: in DDP's first bucket layout (the parameters' order) the embedding's
+    gradient comes before the head's; once rebuilt (the order gradients are ready in), last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(500, 8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def get_input_embeddings(self) -> torch.nn.Embedding:
+        return self.table
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.table(ids).tanh()).sum()
+
+
+def hook_worker(rank: int, world: int) -> dict:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from nlptrain.cpu_gradient_sync import register_cpu_gradient_sync
+
+    dist.init_process_group("gloo")
+    ids = torch.randint(0, 500, (4, 6), generator=torch.Generator().manual_seed(rank))
+    out: dict = {}
+    for levers in (None, (True, False), (True, True)):  # dense; rows over gloo; rows through /dev/shm
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(EmbeddingThenHead(), gradient_as_bucket_view=True)
+        hook = register_cpu_gradient_sync(ddp, *levers) if levers else None
+        out[levers] = {"grads": [], "rows": []}
+        for _ in range(2):  # DDP's first bucket layout, then the rebuilt one
+            ddp.zero_grad()
+            ddp(ids).backward()
+            out[levers]["grads"].append({n: p.grad.clone() for n, p in ddp.module.named_parameters()})
+            out[levers]["rows"].append(hook.rows_sent if hook else None)
+    dist.destroy_process_group()
+    return out
+
+
+def test_rows_come_out_right_where_the_embedding_is_not_last_in_its_bucket(tmp_path):
+    for rank in run_ranks(hook_worker, 2, tmp_path):
+        for step, dense in enumerate(rank[None]["grads"]):
+            for levers in ((True, False), (True, True)):
+                assert 0 < rank[levers]["rows"][step] <= 2 * 4 * 6  # both ranks' batches' tokens
+                for name, grad in dense.items():
+                    assert torch.equal(rank[levers]["grads"][step][name], grad), (levers, name)

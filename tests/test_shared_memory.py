@@ -108,8 +108,9 @@ def test_ddp_through_shared_memory_trains_bit_for_bit_like_gloo(tmp_path, tiny_m
     for rank in ranks:
         gloo = rank[False, False]
         assert not gloo["through_shared_memory"]
-        assert rank[True, False]["by_rows"]  # over gloo the untouched rows are left out...
-        assert not rank[True, True]["by_rows"]  # ...through shared memory every row is summed
+        assert rank[True, False]["by_rows"]  # the untouched rows are left out over gloo...
+        assert rank[True, True]["by_rows"]  # ...and through shared memory
+        assert not rank[False, True]["by_rows"]
         for touched in (False, True):
             assert rank[touched, True]["through_shared_memory"]
             for name, value in gloo["params"].items():
