@@ -10,7 +10,6 @@ reads a mapping (`os.environ` by default), so tests can hand it exactly what a l
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import sys
@@ -18,13 +17,13 @@ import zlib
 from collections.abc import Mapping
 
 from nlptrain.errors import ConfigError
+from nlptrain.processes import alive, end_with_parent
 from nlptrain.slurm_nodes import first_host, slurm_job_id
 
 # Set by nlptrain's own launcher in the workers it starts (see nlptrain/launch.py).
 LAUNCHER_MARK = "NLPTRAIN_LAUNCHER"
 LAUNCHER_PID = "NLPTRAIN_LAUNCHER_PID"  # the --nproc agent's process, its workers' parent
 DEFAULT_PORT = 29500
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent ends
 
 
 class Environment:
@@ -268,13 +267,13 @@ class TorchElastic(Environment):
         # and stops them when it exits, but a SIGKILLed agent stops nobody: its workers would
         # train on unwatched, writing into the run folder. The kernel sends them SIGTERM instead
         # (Linux's parent-death signal), which stops them after the step, with a checkpoint.
-        if "TORCHELASTIC_RESTART_COUNT" in self.environ and sys.platform == "linux":
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if "TORCHELASTIC_RESTART_COUNT" in self.environ:
+            end_with_parent(signal.SIGTERM)
             # An agent killed before that (the seconds of the imports) sends nothing: the
             # workers waited out the rendezvous timeout, orphans. `--nproc` names its agent
             # (not always the parent: a forkserver's workers are the fork server's children).
             launcher = self.environ.get(LAUNCHER_PID, "")
-            if launcher.isdigit() and not _alive(int(launcher)):
+            if launcher.isdigit() and not alive(int(launcher)):
                 os.kill(os.getpid(), signal.SIGTERM)
 
     @property
@@ -282,16 +281,6 @@ class TorchElastic(Environment):
         if "GROUP_WORLD_SIZE" in self.environ:  # torchrun: the number of agents
             return self._int("GROUP_WORLD_SIZE")
         return self._nodes_of(self._int("LOCAL_WORLD_SIZE", self.world_size))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)  # no signal sent: only whether the process is there
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # there, another user's
-        return True
-    return True
 
 
 class NlptrainLaunch(TorchElastic):

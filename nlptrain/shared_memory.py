@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from nlptrain.processes import alive
+
 log = logging.getLogger(__name__)
 
 SHM = Path("/dev/shm")
@@ -163,29 +165,17 @@ def remove_stale_files(directory: Path, now: float | None = None) -> None:
     the name) is gone. A live run's file lives for seconds, so no job in flight loses one."""
     now = time.time() if now is None else now
     for path in directory.glob(f"{PREFIX}*"):
-        maker = path.name[len(PREFIX):].split("-")[0]
+        maker = path.name[len(PREFIX):].split("-")[0]  # an older nlptrain's name: no digits
         try:
             info = path.stat()
-            if info.st_uid != os.getuid() or now - info.st_mtime < STALE_S or _alive(maker):
+            running = maker.isdigit() and alive(int(maker))
+            if info.st_uid != os.getuid() or now - info.st_mtime < STALE_S or running:
                 continue
             path.unlink()
         except OSError:  # another run removed it first
             continue
         log.info("removed %s (%.0f MiB of shared memory), left by a run that was killed",
                  path, info.st_size / 2**20)
-
-
-def _alive(pid: str) -> bool:
-    """Whether process `pid` (a name's text: a digit-less one, of an older nlptrain, is dead)."""
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except (ProcessLookupError, OverflowError):  # (an older name's digits alone: no pid)
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def _map(path: Path, size: int) -> torch.Tensor | None:
