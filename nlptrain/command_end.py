@@ -5,13 +5,24 @@ told (`launch.tell_launcher`). `cli.main` maps each exception it catches to one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from nlptrain.errors import Interrupted, NlptrainError, RemoteRankError
+from nlptrain.errors import (
+    Interrupted,
+    NlptrainError,
+    RemoteRankError,
+    WorkerDied,
+    WorkerStuck,
+    dataloader_worker_death,
+    dataloader_worker_stuck,
+)
 from nlptrain.launch import ERROR, INTERRUPTED_AT_ONCE, PIPE_CLOSED, local_report_came, tell_launcher
+from nlptrain.signals import stopped_message
 
 log = logging.getLogger("nlptrain")
 
@@ -145,3 +156,35 @@ def _drop_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):  # a stdout without a file (a capture)
         pass
+
+
+@contextlib.contextmanager
+def resume_said(run_dir: Path) -> Iterator[None]:
+    """A training stopped by a signal, or by the death of a DataLoader worker of its own (or one
+    stuck), ends with the command that goes on from its last checkpoint."""
+    try:
+        yield
+    except Interrupted as stop:
+        raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
+                          stop.step) from None
+    except RuntimeError as err:
+        from nlptrain.distributed import peer_failure_in  # (torch: imported once training ran)
+
+        stuck = dataloader_worker_stuck(err)
+        if stuck:
+            raise WorkerStuck(f"{stuck}: a DataLoader worker gave no batch in --timeout "
+                              "seconds (its dataset waiting on a lock, a file or the network?); "
+                              f"what was saved before it is kept: train --resume --output-dir "
+                              f"{run_dir}") from None
+        died = dataloader_worker_death(err)
+        if died is None or peer_failure_in(err) is not None:  # a worker ended as a peer's failure
+            raise                                             # unwound this rank: that is said
+        # The out-of-memory killer sends SIGKILL ("Killed"); an exit code is the worker's own end.
+        # torch's other line ("pid(s) N exited unexpectedly") is one it found gone, cause unseen:
+        # a SIGKILL too, in 2 of 5 kills measured.
+        memory = " (the kernel's out-of-memory killer? dmesg names it)" if died.endswith("Killed.") \
+            else " (how is not known here: the kernel's out-of-memory killer, if dmesg names it)" \
+            if died.endswith("exited unexpectedly") else ""
+        fewer = ", with fewer --num-workers (0 reads in this process)" if memory else ""
+        raise WorkerDied(f"{died}{memory}; what was saved before it is kept: train --resume "
+                         f"--output-dir {run_dir}{fewer}") from None

@@ -172,7 +172,8 @@ class TrainConfig:
                          "epoch, the lr schedule ending there; the epochs may end the run sooner "
                          "(0: epochs decide)")
     num_workers: int = opt(0, "DataLoader worker processes per rank")
-    timeout: int = opt(600, "seconds a rank waits for the others in a collective before failing")
+    timeout: int = opt(600, "seconds a rank waits for the others in a collective (and for a "
+                       "DataLoader worker's batch) before failing")
     strategy: str = opt("auto", "auto (ddp when more than one rank) | ddp (a full replica per rank) "
                         "| fsdp (FSDP2: weights, gradients, Adam state sharded across ranks)")
     reshard_after_forward: bool = opt(True, "fsdp: free each layer's gathered weights after its "

@@ -72,6 +72,18 @@ class WorkerDied(NlptrainError):
     often); the checkpoints written before it are kept."""
 
 
+class WorkerStuck(NlptrainError):
+    """A DataLoader worker of this process gave no batch in `[train] timeout` seconds; the
+    checkpoints written before it are kept."""
+
+
+def dataloader_worker_stuck(error: BaseException) -> str | None:
+    """torch's line where a DataLoader worker gave no batch in the loader's `timeout`."""
+    text = str(error).strip()
+    return text.splitlines()[0] if isinstance(error, RuntimeError) and \
+        text.startswith("DataLoader timed out after") else None
+
+
 def dataloader_worker_death(error: BaseException | None) -> str | None:
     """torch's line for a DataLoader worker's death in `error`'s chain, if any. torch raises it
     from its SIGCHLD handler in whatever the main process was doing then (a step, a checkpoint

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, DataError, every_rank
+from nlptrain.errors import ConfigError, DataError, dataloader_worker_stuck, every_rank
 from nlptrain.progress import Progress
 from nlptrain.random_state import rng_state, set_rng_state
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
@@ -38,6 +38,9 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         collate_fn=collate, num_workers=config.num_workers,
         pin_memory=device.type == "cuda", persistent_workers=config.num_workers > 0 and epoch_reaches,
         worker_init_fn=leave_stops_to_the_main_process,
+        # A worker stuck for good (its dataset waiting on a lock, a file, the network) stops its
+        # rank after as long as ranks wait for each other, with torch's "DataLoader timed out".
+        timeout=config.timeout if config.num_workers > 0 else 0,
         # Its own generator: creating the iterator then draws no number from the global RNG, so
         # dropout after a resume is exactly that of an uninterrupted run.
         generator=torch.Generator().manual_seed(config.seed))
@@ -218,7 +221,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     if skip and epoch_random is not None:
         return _first_checked(_read_past(loader, skip, agreed, epoch_random))
-    batches = itertools.islice(iter(loader), skip, skip + agreed)
+    batches = itertools.islice(_stuck_workers_ended(iter(loader)), skip, skip + agreed)
     dataset = getattr(loader, "dataset", None)
     return _first_checked(_as_long_as_said(batches, agreed, dataset)
                           if isinstance(dataset, IterableDataset) else batches)
@@ -258,6 +261,35 @@ def _first_checked(batches: Iterator) -> Iterator:
         if at == 0:
             check_batch(batch, ("input_ids", "attention_mask", "labels"), "a training batch")
         yield batch
+
+
+def _stuck_workers_ended(batches: Iterator) -> Iterator:
+    """A loader's batches; where a worker gave none in the loader's timeout, the loader's workers
+    are killed before torch's error goes on. They ignore SIGTERM (a Ctrl-C is the main process's
+    to handle: `leave_stops_to_the_main_process`), so a stuck one outlived torch's shutdown, and
+    the process hung at exit, where multiprocessing joins its children."""
+    try:
+        yield from batches
+    except RuntimeError as err:
+        if dataloader_worker_stuck(err):
+            _kill_workers(batches)
+        raise
+
+
+def _kill_workers(batches: Iterator) -> None:
+    """SIGKILL the worker processes of torch's loader iterator `batches`, first taken off the
+    list its SIGCHLD handler watches (which raises "killed by signal" for a watched worker's
+    death). torch has no public call for either; without these attributes, nothing is done."""
+    from torch.utils.data._utils import signal_handling
+
+    workers = getattr(batches, "_workers", None)
+    if workers is None or not hasattr(batches, "_worker_pids_set"):
+        return
+    if batches._worker_pids_set:
+        signal_handling._remove_worker_pids(id(batches))
+        batches._worker_pids_set = False
+    for worker in workers:
+        worker.kill()
 
 
 def check_batch(batch: Any, keys: tuple[str, ...], what: str) -> None:
@@ -309,7 +341,7 @@ def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]
     from the global RNG, as the run first did; then the checkpoint's state again (dropout)."""
     now = rng_state()
     set_rng_state(epoch_random)
-    batches = iter(loader)
+    batches = _stuck_workers_ended(iter(loader))
     for _ in itertools.islice(batches, skip):
         pass
     set_rng_state(now)

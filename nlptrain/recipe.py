@@ -19,6 +19,7 @@ import numpy as np
 
 from nlptrain import distributed, kinds, losses, models
 from nlptrain.callbacks import EMA, Checkpointer, MetricLogger, ProgressBar, SaveBestModel
+from nlptrain.command_end import resume_said
 from nlptrain.config import TaskConfig, file_spec
 from nlptrain.data import Collator, build_datasets
 from nlptrain.data.readers import read_format
@@ -42,7 +43,6 @@ from nlptrain.runs import (
     out_of_space_said,
     prepare_run_dir,
     refused_before_training,
-    resume_said,
 )
 from nlptrain.scores import strict_json
 from nlptrain.task_files import validate

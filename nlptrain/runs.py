@@ -22,11 +22,8 @@ from nlptrain.environments import Environment
 from nlptrain.errors import (
     CheckpointWriteError,
     ConfigError,
-    Interrupted,
     NlptrainError,
     OutOfSpace,
-    WorkerDied,
-    dataloader_worker_death,
 )
 from nlptrain.resume_checks import (
     changed_settings,
@@ -36,7 +33,6 @@ from nlptrain.resume_checks import (
     data_digests,
 )
 from nlptrain.run_record import CONFIG_FILE, read_config, record_and_why
-from nlptrain.signals import stopped_message
 
 LOCK_FILE = ".lock"  # held by the run's main process while it runs (`RunDirLock`)
 log = logging.getLogger(__name__)
@@ -371,29 +367,3 @@ def refused_before_training(put_back: Callable[[], None], steps: Callable[[], in
         if steps() == 0:
             put_back()
         raise
-
-
-@contextlib.contextmanager
-def resume_said(run_dir: Path) -> Iterator[None]:
-    """A training stopped by a signal, or by the death of a DataLoader worker of its own, ends
-    with the command that goes on from its last checkpoint."""
-    try:
-        yield
-    except Interrupted as stop:
-        raise Interrupted(stopped_message(stop.step, True, f"--resume --output-dir {run_dir}"),
-                          stop.step) from None
-    except RuntimeError as err:
-        from nlptrain.distributed import peer_failure_in  # (torch: imported once training ran)
-
-        died = dataloader_worker_death(err)
-        if died is None or peer_failure_in(err) is not None:  # a worker ended as a peer's failure
-            raise                                             # unwound this rank: that is said
-        # The out-of-memory killer sends SIGKILL ("Killed"); an exit code is the worker's own end.
-        # torch's other line ("pid(s) N exited unexpectedly") is one it found gone, cause unseen:
-        # a SIGKILL too, in 2 of 5 kills measured.
-        memory = " (the kernel's out-of-memory killer? dmesg names it)" if died.endswith("Killed.") \
-            else " (how is not known here: the kernel's out-of-memory killer, if dmesg names it)" \
-            if died.endswith("exited unexpectedly") else ""
-        fewer = ", with fewer --num-workers (0 reads in this process)" if memory else ""
-        raise WorkerDied(f"{died}{memory}; what was saved before it is kept: train --resume "
-                         f"--output-dir {run_dir}{fewer}") from None

@@ -227,3 +227,24 @@ class SigtermProcessGroup(Callback):
     def on_step_end(self, trainer) -> None:
         if trainer.global_step == at_step() and not os.environ.get("NO_FAULT"):
             os.killpg(os.getpgid(0), signal.SIGTERM)
+
+
+class StuckDataLoaderWorker(Callback):
+    """Training data that no DataLoader worker ever gives a row of (its reads wait for good, as a
+    deadlocked reader's would): the loader's timeout must end the run."""
+
+    def on_train_start(self, trainer) -> None:
+        trainer.train_data = _StuckInWorkers(trainer.train_data)
+
+
+class _StuckInWorkers(torch.utils.data.Dataset):
+    def __init__(self, data) -> None:
+        self.data, self.lengths = data, data.lengths
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        if torch.utils.data.get_worker_info() is not None:
+            time.sleep(3600)
+        return self.data[i]

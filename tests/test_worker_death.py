@@ -13,9 +13,9 @@ from conftest import REPO, child_env
 
 from nlptrain.checkpoint import list_checkpoints
 from nlptrain.cli import main
+from nlptrain.command_end import resume_said
 from nlptrain.distributed import PeerFailed, as_peer_failure, peer_failure_in
 from nlptrain.errors import NlptrainError, WorkerDied, dataloader_worker_death
-from nlptrain.runs import resume_said
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 
@@ -86,3 +86,23 @@ def test_a_dataloader_worker_killed_is_said_as_such_and_the_run_resumes(toy_task
     # (the kill precedes the Checkpointer in on_step_end: step 3's checkpoint is not begun)
     assert list_checkpoints(run / "checkpoints")[-1].name == "step-00000002"
     assert main(["train", "--resume", "--output-dir", str(run)]) == 0
+
+
+def test_a_stuck_dataloader_worker_ends_its_run_after_the_timeout_with_its_resume(toy_task,
+                                                                                  tmp_path):
+    """A worker whose dataset never answers (a deadlocked reader): the run ends after --timeout
+    with a line that says so, not a hang (in the loop, or at exit joining a worker that ignores
+    SIGTERM)."""
+    run = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "nlptrain", "train", "--task", str(toy_task), "--output-dir", str(run),
+         "--set", "train.num_workers=1", "--timeout", "2",
+         "--callback", f"{SCAFFOLD}:StuckDataLoaderWorker"],
+        env=child_env(), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == ("error: DataLoader timed out after 2 seconds: a DataLoader worker gave no "
+                    "batch in --timeout seconds (its dataset waiting on a lock, a file or the "
+                    "network?); what was saved before it is kept: train --resume --output-dir "
+                    f"{run}"), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
