@@ -10,7 +10,8 @@ element, so every rank gets the same values, added in rank order (((a + b) + c) 
 the element lies. On 2 ranks these equal gloo's to the bit (a + b); on more, gloo's ring adds in
 an order that depends on the element's place in the bucket, so only that order can differ. A
 mean (DDP's gradients) is divided after the sum, in the last copies: on 2 ranks (a + b) / 2 is
-a / 2 + b / 2, DDP's order, to the bit (subnormals aside).
+a / 2 + b / 2, DDP's order, to the bit (subnormals and overflow aside: a + b
+can overflow where the halves do not, near float32's 3.4e38 or float16's 65504).
 
 `attach` falls back (returns None) when any rank cannot map the file (another host, another
 /dev/shm, no room), so a job that spans hosts keeps gloo. The file is unlinked as soon as every
@@ -118,7 +119,8 @@ def _copy(source: torch.Tensor, to: torch.Tensor, divisor: int) -> None:
     """`to = source / divisor`, the division in the copy's pass: a pass of its own over a bucket
     (DDP divides before the all-reduce) cost 14 ms of MiniLM's step where a core copies 6 GB/s.
     For a world size that is a power of 2 a sum halved equals the halves summed, to the bit
-    (short of subnormals); for others only the rounding differs."""
+    (short of subnormals, and of a sum that overflows where its halves do not); for others
+    only the rounding differs."""
     if divisor == 1:
         to.copy_(source)
     else:
