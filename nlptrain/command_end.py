@@ -174,8 +174,7 @@ def resume_said(run_dir: Path) -> Iterator[None]:
         if stuck:
             raise WorkerStuck(f"{stuck}: a DataLoader worker gave no batch in --timeout "
                               "seconds (its dataset waiting on a lock, a file or the network?); "
-                              f"what was saved before it is kept: train --resume --output-dir "
-                              f"{run_dir}") from None
+                              f"{_going_on(run_dir)}") from None
         died = dataloader_worker_death(err)
         if died is None or peer_failure_in(err) is not None:  # a worker ended as a peer's failure
             raise                                             # unwound this rank: that is said
@@ -186,5 +185,14 @@ def resume_said(run_dir: Path) -> Iterator[None]:
             else " (how is not known here: the kernel's out-of-memory killer, if dmesg names it)" \
             if died.endswith("exited unexpectedly") else ""
         fewer = ", with fewer --num-workers (0 reads in this process)" if memory else ""
-        raise WorkerDied(f"{died}{memory}; what was saved before it is kept: train --resume "
-                         f"--output-dir {run_dir}{fewer}") from None
+        raise WorkerDied(f"{died}{memory}; {_going_on(run_dir)}{fewer}") from None
+
+
+def _going_on(run_dir: Path) -> str:
+    """How a run its own DataLoader worker ended goes on: from its latest checkpoint; before the
+    first, by running the command again (a new run's folder is then removed: no --resume)."""
+    from nlptrain.checkpoint import list_checkpoints
+
+    if list_checkpoints(run_dir / "checkpoints"):
+        return f"what was saved before it is kept: train --resume --output-dir {run_dir}"
+    return "no checkpoint was written before it: run the command again"

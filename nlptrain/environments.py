@@ -267,7 +267,7 @@ class TorchElastic(Environment):
         # and stops them when it exits, but a SIGKILLed agent stops nobody: its workers would
         # train on unwatched, writing into the run folder. The kernel sends them SIGTERM instead
         # (Linux's parent-death signal), which stops them after the step, with a checkpoint.
-        if "TORCHELASTIC_RESTART_COUNT" in self.environ:
+        if "TORCHELASTIC_RESTART_COUNT" in self.environ and sys.platform == "linux":
             end_with_parent(signal.SIGTERM)
             # An agent killed before that (the seconds of the imports) sends nothing: the
             # workers waited out the rendezvous timeout, orphans. `--nproc` names its agent

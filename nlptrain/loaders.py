@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -40,7 +41,10 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         worker_init_fn=leave_stops_to_the_main_process,
         # A worker stuck for good (its dataset waiting on a lock, a file, the network) stops its
         # rank after as long as ranks wait for each other, with torch's "DataLoader timed out".
-        timeout=config.timeout if config.num_workers > 0 else 0,
+        # Not off the main thread: there torch has no SIGCHLD watch, and a timeout replaces the
+        # 5 s poll that finds a dead worker with one wait of the whole timeout.
+        timeout=config.timeout if config.num_workers > 0 and
+        threading.current_thread() is threading.main_thread() else 0,
         # Its own generator: creating the iterator then draws no number from the global RNG, so
         # dropout after a resume is exactly that of an uninterrupted run.
         generator=torch.Generator().manual_seed(config.seed))
@@ -202,7 +206,8 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
             local = min(local, _left_of_steps(config, progress, dist))
     elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
         local = _left_of_steps(config, progress, dist)
-        loader = repeat_forever(loader)  # a stream too short for the agreed steps starts again
+        # (each pass of a stream too short for the agreed steps starts again)
+        loader = repeat_forever(_PassesEndingStuckWorkers(loader))
     elif config.num_workers > 1 and _has_len(getattr(loader, "dataset", None)):
         raise ConfigError(f"{config.num_workers} DataLoader workers each batch their own share of "
                           "an IterableDataset, so its __len__ does not count the epoch's batches: "
@@ -274,6 +279,17 @@ def _stuck_workers_ended(batches: Iterator) -> Iterator:
         if dataloader_worker_stuck(err):
             _kill_workers(batches)
         raise
+
+
+class _PassesEndingStuckWorkers:
+    """`loader`, each pass read through `_stuck_workers_ended` (where `repeat_forever` starts
+    pass after pass, the torch iterator that holds the workers is each pass's own)."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator:
+        return _stuck_workers_ended(iter(self.loader))
 
 
 def _kill_workers(batches: Iterator) -> None:

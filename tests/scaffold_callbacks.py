@@ -237,6 +237,24 @@ class StuckDataLoaderWorker(Callback):
         trainer.train_data = _StuckInWorkers(trainer.train_data)
 
 
+class StuckStreamWorker(Callback):
+    """The same as a stream (an IterableDataset read for [train] steps_per_epoch), which nlptrain
+    reads pass after pass."""
+
+    def on_train_start(self, trainer) -> None:
+        trainer.train_data = _StuckStreamInWorkers(trainer.train_data)
+
+
+class _StuckStreamInWorkers(torch.utils.data.IterableDataset):
+    def __init__(self, data) -> None:
+        self.data = data
+
+    def __iter__(self):
+        if torch.utils.data.get_worker_info() is not None:
+            time.sleep(3600)
+        return (self.data[i] for i in range(len(self.data)))
+
+
 class _StuckInWorkers(torch.utils.data.Dataset):
     def __init__(self, data) -> None:
         self.data, self.lengths = data, data.lengths

@@ -15,7 +15,7 @@ from nlptrain.checkpoint import list_checkpoints
 from nlptrain.cli import main
 from nlptrain.command_end import resume_said
 from nlptrain.distributed import PeerFailed, as_peer_failure, peer_failure_in
-from nlptrain.errors import NlptrainError, WorkerDied, dataloader_worker_death
+from nlptrain.errors import NlptrainError, WorkerDied, WorkerStuck, dataloader_worker_death
 
 SCAFFOLD = str(REPO / "tests" / "scaffold_callbacks.py")
 
@@ -50,10 +50,20 @@ def test_a_dataloader_workers_death_is_its_own_not_another_ranks_failure():
      "out-of-memory killer, if dmesg names it); what was saved before it is kept: train --resume "
      "--output-dir run, with fewer --num-workers (0 reads in this process)"),
 ])
-def test_a_workers_death_ends_a_run_with_its_resume_and_its_likely_cause(death, said):
+def test_a_workers_death_ends_a_run_with_its_resume_and_its_likely_cause(death, said, tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run" / "checkpoints" / "step-00000003").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "step-00000003" / "meta.json").write_text("{}")
     with pytest.raises(WorkerDied) as ended, resume_said(Path("run")):
         raise RuntimeError(death)
     assert str(ended.value) == said
+    (tmp_path / "run" / "checkpoints" / "step-00000003" / "meta.json").unlink()  # none whole
+    with pytest.raises(WorkerDied) as ended, resume_said(Path("run")):
+        raise RuntimeError(death)
+    assert str(ended.value) == said.replace("what was saved before it is kept: train --resume "
+                                            "--output-dir run", "no checkpoint was written before "
+                                            "it: run the command again")
 
 
 def test_a_workers_death_over_a_peers_failure_is_said_as_the_peers():
@@ -88,21 +98,33 @@ def test_a_dataloader_worker_killed_is_said_as_such_and_the_run_resumes(toy_task
     assert main(["train", "--resume", "--output-dir", str(run)]) == 0
 
 
-def test_a_stuck_dataloader_worker_ends_its_run_after_the_timeout_with_its_resume(toy_task,
-                                                                                  tmp_path):
-    """A worker whose dataset never answers (a deadlocked reader): the run ends after --timeout
-    with a line that says so, not a hang (in the loop, or at exit joining a worker that ignores
-    SIGTERM)."""
+@pytest.mark.parametrize(("stuck", "more"), [("StuckDataLoaderWorker", []),
+                                             ("StuckStreamWorker", ["--steps-per-epoch", "3"])])
+def test_a_stuck_dataloader_worker_ends_its_run_after_the_timeout(toy_task, tmp_path, stuck, more):
+    """A worker whose dataset never answers (a deadlocked reader), of a Dataset or of a stream
+    read pass after pass: the run ends after --timeout with a line that says so, not a hang (in
+    the loop, or at exit joining a worker that ignores SIGTERM); stuck before any checkpoint,
+    the command is to run again (the new run's folder is removed: no --resume)."""
     run = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "nlptrain", "train", "--task", str(toy_task), "--output-dir", str(run),
-         "--set", "train.num_workers=1", "--timeout", "2",
-         "--callback", f"{SCAFFOLD}:StuckDataLoaderWorker"],
+         "--set", "train.num_workers=1", "--timeout", "2", *more,
+         "--callback", f"{SCAFFOLD}:{stuck}"],
         env=child_env(), capture_output=True, text=True, timeout=240)
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last == ("error: DataLoader timed out after 2 seconds: a DataLoader worker gave no "
                     "batch in --timeout seconds (its dataset waiting on a lock, a file or the "
-                    "network?); what was saved before it is kept: train --resume --output-dir "
-                    f"{run}"), done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
+                    "network?); no checkpoint was written before it: run the command again"), \
+        done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and not run.exists()
+
+
+def test_a_worker_ended_after_a_checkpoint_says_the_resume(tmp_path):
+    """A checkpoint written: the line says the --resume that goes on from it."""
+    (tmp_path / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-00000002" / "meta.json").write_text("{}")
+    with pytest.raises(WorkerStuck) as ended, resume_said(tmp_path):
+        raise RuntimeError("DataLoader timed out after 5 seconds")
+    assert str(ended.value).endswith(f"; what was saved before it is kept: train --resume "
+                                     f"--output-dir {tmp_path}")
