@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,7 +19,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, default_colla
 
 from nlptrain.config import TrainConfig
 from nlptrain.distributed import Backend
-from nlptrain.errors import ConfigError, DataError, dataloader_worker_stuck, every_rank
+from nlptrain.errors import ConfigError, DataError, every_rank
+from nlptrain.loader_workers import PassesEndingStuckWorkers, stuck_workers_ended, worker_timeout
 from nlptrain.progress import Progress
 from nlptrain.random_state import rng_state, set_rng_state
 from nlptrain.samplers import ShardedSampler, TokenBudgetSampler, repeat_forever
@@ -39,12 +39,7 @@ def train_loader(data: Dataset, config: TrainConfig, world_size: int, rank: int,
         collate_fn=collate, num_workers=config.num_workers,
         pin_memory=device.type == "cuda", persistent_workers=config.num_workers > 0 and epoch_reaches,
         worker_init_fn=leave_stops_to_the_main_process,
-        # A worker stuck for good (its dataset waiting on a lock, a file, the network) stops its
-        # rank after as long as ranks wait for each other, with torch's "DataLoader timed out".
-        # Not off the main thread: there torch has no SIGCHLD watch, and a timeout replaces the
-        # 5 s poll that finds a dead worker with one wait of the whole timeout.
-        timeout=config.timeout if config.num_workers > 0 and
-        threading.current_thread() is threading.main_thread() else 0,
+        timeout=worker_timeout(config.num_workers, config.timeout),
         # Its own generator: creating the iterator then draws no number from the global RNG, so
         # dropout after a resume is exactly that of an uninterrupted run.
         generator=torch.Generator().manual_seed(config.seed))
@@ -207,7 +202,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     elif config.steps_per_epoch:  # a stream: the epoch is the agreed steps, less those done
         local = _left_of_steps(config, progress, dist)
         # (each pass of a stream too short for the agreed steps starts again)
-        loader = repeat_forever(_PassesEndingStuckWorkers(loader))
+        loader = repeat_forever(PassesEndingStuckWorkers(loader))
     elif config.num_workers > 1 and _has_len(getattr(loader, "dataset", None)):
         raise ConfigError(f"{config.num_workers} DataLoader workers each batch their own share of "
                           "an IterableDataset, so its __len__ does not count the epoch's batches: "
@@ -226,7 +221,7 @@ def epoch_batches(loader: Any, config: TrainConfig, progress: Progress, dist: Ba
     progress.steps_per_epoch = math.ceil(progress.batches_per_epoch / config.grad_accum)
     if skip and epoch_random is not None:
         return _first_checked(_read_past(loader, skip, agreed, epoch_random))
-    batches = itertools.islice(_stuck_workers_ended(iter(loader)), skip, skip + agreed)
+    batches = itertools.islice(stuck_workers_ended(iter(loader)), skip, skip + agreed)
     dataset = getattr(loader, "dataset", None)
     return _first_checked(_as_long_as_said(batches, agreed, dataset)
                           if isinstance(dataset, IterableDataset) else batches)
@@ -266,46 +261,6 @@ def _first_checked(batches: Iterator) -> Iterator:
         if at == 0:
             check_batch(batch, ("input_ids", "attention_mask", "labels"), "a training batch")
         yield batch
-
-
-def _stuck_workers_ended(batches: Iterator) -> Iterator:
-    """A loader's batches; where a worker gave none in the loader's timeout, the loader's workers
-    are killed before torch's error goes on. They ignore SIGTERM (a Ctrl-C is the main process's
-    to handle: `leave_stops_to_the_main_process`), so a stuck one outlived torch's shutdown, and
-    the process hung at exit, where multiprocessing joins its children."""
-    try:
-        yield from batches
-    except RuntimeError as err:
-        if dataloader_worker_stuck(err):
-            _kill_workers(batches)
-        raise
-
-
-class _PassesEndingStuckWorkers:
-    """`loader`, each pass read through `_stuck_workers_ended` (where `repeat_forever` starts
-    pass after pass, the torch iterator that holds the workers is each pass's own)."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def __iter__(self) -> Iterator:
-        return _stuck_workers_ended(iter(self.loader))
-
-
-def _kill_workers(batches: Iterator) -> None:
-    """SIGKILL the worker processes of torch's loader iterator `batches`, first taken off the
-    list its SIGCHLD handler watches (which raises "killed by signal" for a watched worker's
-    death). torch has no public call for either; without these attributes, nothing is done."""
-    from torch.utils.data._utils import signal_handling
-
-    workers = getattr(batches, "_workers", None)
-    if workers is None or not hasattr(batches, "_worker_pids_set"):
-        return
-    if batches._worker_pids_set:
-        signal_handling._remove_worker_pids(id(batches))
-        batches._worker_pids_set = False
-    for worker in workers:
-        worker.kill()
 
 
 def check_batch(batch: Any, keys: tuple[str, ...], what: str) -> None:
@@ -357,7 +312,7 @@ def _read_past(loader: Any, skip: int, agreed: int, epoch_random: dict[str, Any]
     from the global RNG, as the run first did; then the checkpoint's state again (dropout)."""
     now = rng_state()
     set_rng_state(epoch_random)
-    batches = _stuck_workers_ended(iter(loader))
+    batches = stuck_workers_ended(iter(loader))
     for _ in itertools.islice(batches, skip):
         pass
     set_rng_state(now)
