@@ -20,9 +20,15 @@ def worker_timeout(num_workers: int, timeout: int) -> int:
 
 
 def stuck_workers_ended(batches: Iterator) -> Iterator:
-    """A loader's batches; where a worker gave none in the loader's timeout, the loader's workers
-    are killed before torch's error goes on (a stuck one outlived torch's shutdown, and the
-    process hung at exit, where multiprocessing joins its children)."""
+    """A loader's batches; where its torch iterator has worker processes, read so that if one
+    gave no batch in the loader's timeout, they are killed before torch's error goes on (a stuck
+    one outlived torch's shutdown, and the process hung at exit, where multiprocessing joins its
+    children). Without workers (or `batches` another iterator) it is `batches` itself: nothing
+    is added to the loop."""
+    return _killing_stuck_workers(batches) if hasattr(batches, "_workers") else batches
+
+
+def _killing_stuck_workers(batches: Iterator) -> Iterator:
     try:
         yield from batches
     except RuntimeError as err:
@@ -49,7 +55,7 @@ def kill_workers(batches: Iterator) -> None:
     from torch.utils.data._utils import signal_handling
 
     workers = getattr(batches, "_workers", None)
-    if workers is None or not hasattr(batches, "_worker_pids_set"):
+    if workers is None or not hasattr(batches, "_worker_pids_set"):  # (torch changed them)
         return
     if batches._worker_pids_set:
         signal_handling._remove_worker_pids(id(batches))
